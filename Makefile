@@ -1,0 +1,23 @@
+# The test command the README gives and .ci/run calls. Tests start their own
+# PostgreSQL (from the installed binaries) and nats-server (embedded).
+GO ?= go
+PKGS := ./...
+
+.PHONY: test lint unit bench-smoke demo
+
+test: lint unit bench-smoke
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+unit:
+	$(GO) test -race -count=1 -timeout 12m $(PKGS)
+
+# Every Go benchmark once, so they keep compiling and running.
+bench-smoke:
+	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x $(PKGS)
+
+demo:
+	$(GO) run ./cmd/jetinbox demo

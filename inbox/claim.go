@@ -1,0 +1,188 @@
+package inbox
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Claim is one message to claim: its identity and its payload's fingerprint.
+type Claim struct {
+	ID          string
+	Fingerprint [32]byte
+	// StreamSeq and Subject are stored with the row for operators. Optional.
+	StreamSeq uint64
+	Subject   string
+}
+
+// ClaimState says whether a claim is new.
+type ClaimState uint8
+
+// The states a claim can end in.
+const (
+	// ClaimFresh: the row is new in this transaction; apply the effect in
+	// the same transaction.
+	ClaimFresh ClaimState = iota + 1
+	// ClaimDuplicate: the row existed with the same fingerprint (or the ID
+	// appeared earlier in the same call). Do nothing.
+	ClaimDuplicate
+	// ClaimConflict: the row existed with a different fingerprint (or the ID
+	// appeared earlier in the same call with a different one). Do not apply.
+	ClaimConflict
+)
+
+func (s ClaimState) String() string {
+	switch s {
+	case ClaimFresh:
+		return "fresh"
+	case ClaimDuplicate:
+		return "duplicate"
+	case ClaimConflict:
+		return "conflict"
+	}
+	return fmt.Sprintf("ClaimState(%d)", uint8(s))
+}
+
+// ClaimResult is the result of one claim.
+type ClaimResult struct {
+	State ClaimState
+	// PriorStatus and PriorReason are the stored row's status ("applied" or
+	// "rejected") and reason, for duplicates and conflicts found in the table.
+	PriorStatus string
+	PriorReason string
+	// InBatch is true when the duplicate or conflict was with an earlier
+	// claim of the same call rather than with a stored row.
+	InBatch bool
+}
+
+// claimSQL inserts every claim in one statement, in ID order so that two
+// transactions claiming overlapping sets lock keys in the same order and
+// cannot deadlock, and returns the ordinals of the claims that were NOT
+// inserted: usually none. A row held by a concurrent transaction makes the
+// INSERT wait; if that transaction commits, the claim conflicts.
+const claimSQL = `WITH t AS (
+	SELECT * FROM unnest($2::text[], $3::bytea[], $4::bigint[], $5::text[]) WITH ORDINALITY AS t(id, fp, seq, subj, ord)
+), ins AS (
+	INSERT INTO inbox (scope, message_id, fingerprint, stream_seq, subject)
+	SELECT $1, t.id, t.fp, t.seq, t.subj FROM t ORDER BY t.id
+	ON CONFLICT (scope, message_id) DO NOTHING
+	RETURNING message_id
+)
+SELECT t.ord FROM t WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.message_id = t.id)`
+
+// existingSQL reads the rows that were already there. It runs as a new
+// statement, so under READ COMMITTED it sees rows committed by a concurrent
+// transaction the claim waited for.
+const existingSQL = `SELECT message_id, fingerprint, status, coalesce(reason, '')
+FROM inbox WHERE scope = $1 AND message_id = ANY($2::text[])`
+
+// ClaimTx claims messages for scope inside the caller's transaction, with one
+// INSERT for the whole slice (plus one SELECT when some were already there).
+// It returns one result per claim, in order. The rows become permanent only
+// when tx commits; the caller applies the effects of the fresh claims in the
+// same transaction, before committing, and acks only after the commit.
+//
+// Claims must have valid IDs (see [ValidateID]).
+func ClaimTx(ctx context.Context, tx pgx.Tx, scope string, claims []Claim) ([]ClaimResult, error) {
+	res := make([]ClaimResult, len(claims))
+	if len(claims) == 0 {
+		return res, nil
+	}
+	if err := ValidateID(scope); err != nil {
+		return nil, fmt.Errorf("inbox: scope: %w", err)
+	}
+	n := len(claims)
+	ids := make([]string, 0, n)
+	fps := make([][]byte, 0, n)
+	seqs := make([]int64, 0, n)
+	subjects := make([]string, 0, n)
+	// pos[k] is the index in claims of the k-th unique ID sent.
+	pos := make([]int, 0, n)
+	var first map[string]int
+	if n > 1 {
+		first = make(map[string]int, n)
+	}
+	for i := range claims {
+		c := &claims[i]
+		if err := ValidateID(c.ID); err != nil {
+			return nil, fmt.Errorf("inbox: claim %d: %w", i, err)
+		}
+		if first != nil {
+			if j, dup := first[c.ID]; dup {
+				res[i] = ClaimResult{State: ClaimDuplicate, InBatch: true}
+				if claims[j].Fingerprint != c.Fingerprint {
+					res[i].State = ClaimConflict
+				}
+				continue
+			}
+			first[c.ID] = i
+		}
+		ids = append(ids, c.ID)
+		fps = append(fps, c.Fingerprint[:])
+		seqs = append(seqs, int64(c.StreamSeq))
+		subjects = append(subjects, c.Subject)
+		pos = append(pos, i)
+		res[i].State = ClaimFresh
+	}
+
+	rows, err := tx.Query(ctx, claimSQL, scope, ids, fps, seqs, subjects)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: claim: %w", err)
+	}
+	var taken []string
+	for rows.Next() {
+		var ord int64
+		if err := rows.Scan(&ord); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("inbox: claim: %w", err)
+		}
+		taken = append(taken, ids[ord-1])
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("inbox: claim: %w", err)
+	}
+	if len(taken) == 0 {
+		return res, nil
+	}
+
+	rows, err = tx.Query(ctx, existingSQL, scope, taken)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: claim: read existing: %w", err)
+	}
+	defer rows.Close()
+	byID := make(map[string]ClaimResult, len(taken))
+	stored := make(map[string][]byte, len(taken))
+	for rows.Next() {
+		var id, status, reason string
+		var fp []byte
+		if err := rows.Scan(&id, &fp, &status, &reason); err != nil {
+			return nil, fmt.Errorf("inbox: claim: read existing: %w", err)
+		}
+		byID[id] = ClaimResult{State: ClaimDuplicate, PriorStatus: status, PriorReason: reason}
+		stored[id] = fp
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("inbox: claim: read existing: %w", err)
+	}
+	for k, id := range ids {
+		r, ok := byID[id]
+		if !ok {
+			continue
+		}
+		i := pos[k]
+		if !bytes.Equal(stored[id], claims[i].Fingerprint[:]) {
+			r.State = ClaimConflict
+		}
+		res[i] = r
+	}
+	for _, id := range taken {
+		if _, ok := byID[id]; !ok {
+			// Not inserted yet not there: it cannot happen under the unique
+			// key; refuse to guess rather than report a false fresh claim.
+			return nil, fmt.Errorf("inbox: claim: row %q neither inserted nor found", id)
+		}
+	}
+	return res, nil
+}

@@ -1,0 +1,15 @@
+package inbox
+
+// SetMutation switches a deliberate bug on; tests use it to check that the
+// guarantee tests can fail. It returns a function that switches it off.
+func SetMutation(name string) (undo func()) {
+	switch name {
+	case "effect-before-claim":
+		mutation.effectBeforeClaim = true
+	case "effect-outside-tx":
+		mutation.effectOutsideTx = true
+	default:
+		panic("unknown mutation " + name)
+	}
+	return func() { mutation.effectBeforeClaim, mutation.effectOutsideTx = false, false }
+}

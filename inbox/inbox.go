@@ -1,0 +1,155 @@
+package inbox
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"unicode"
+	"unicode/utf8"
+)
+
+// MaxIDLen is the longest message ID or scope accepted, in bytes.
+const MaxIDLen = 200
+
+// Sentinel errors. Match them with [errors.Is].
+var (
+	// ErrOutcomeUnknown wraps a COMMIT that failed in a way that leaves its
+	// outcome unknown (the connection broke while committing). The messages
+	// of such a batch must not be acked: a redelivery settles it either way.
+	ErrOutcomeUnknown = errors.New("inbox: commit outcome unknown")
+	// ErrInvalidID is returned for an empty, overlong or non-printable
+	// message ID or scope.
+	ErrInvalidID = errors.New("inbox: invalid message ID")
+	// ErrUnsafeHorizon is returned by [Prune] for a retention horizon shorter
+	// than the horizon over which messages can come back.
+	ErrUnsafeHorizon = errors.New("inbox: retention horizon shorter than the redelivery/replay horizon")
+)
+
+// Message is one delivery of an intent, as the transport received it.
+type Message struct {
+	// ID is the intent's stable identity (the Nats-Msg-Id header). Required.
+	ID string
+	// Payload is the intent's body; its fingerprint detects an ID reused
+	// with a different payload.
+	Payload []byte
+	// Subject and StreamSeq locate the message in its stream; stored with
+	// the inbox row for operators. Optional.
+	Subject   string
+	StreamSeq uint64
+	// Deliveries is how many times the transport has delivered this
+	// message, 1 on the first delivery. Optional.
+	Deliveries uint64
+	// Final marks the last delivery the transport will make (MaxDeliver
+	// reached). A retryable failure of a final delivery is recorded as a
+	// rejection instead, so that no intent is dropped silently.
+	Final bool
+}
+
+// Fingerprint returns the SHA-256 of the payload. Publishers must send the
+// same bytes for every retry of one intent.
+func Fingerprint(payload []byte) [32]byte { return sha256.Sum256(payload) }
+
+// ValidateID reports whether id is usable as a message ID or a scope:
+// 1 to [MaxIDLen] bytes of valid UTF-8 with no control or space characters.
+func ValidateID(id string) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: empty", ErrInvalidID)
+	case len(id) > MaxIDLen:
+		return fmt.Errorf("%w: %d bytes, more than %d", ErrInvalidID, len(id), MaxIDLen)
+	}
+	for i := 0; i < len(id); {
+		c := id[i]
+		if c < utf8.RuneSelf {
+			if c <= ' ' || c == 0x7f {
+				return fmt.Errorf("%w: control or space character at byte %d", ErrInvalidID, i)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(id[i:])
+		if r == utf8.RuneError && size == 1 {
+			return fmt.Errorf("%w: invalid UTF-8 at byte %d", ErrInvalidID, i)
+		}
+		if unicode.IsControl(r) || unicode.IsSpace(r) {
+			return fmt.Errorf("%w: control or space character at byte %d", ErrInvalidID, i)
+		}
+		i += size
+	}
+	return nil
+}
+
+// Status is what happened to one message of a batch, and so what the
+// transport does with it.
+type Status uint8
+
+// The statuses a batch reports.
+const (
+	// StatusRetry: nothing was committed for this message. Do not ack;
+	// redeliver later (NakWithDelay with a jittered delay).
+	StatusRetry Status = iota
+	// StatusApplied: the inbox row and the effect committed now. Ack.
+	StatusApplied
+	// StatusDuplicate: the inbox already held this (scope, ID) with the same
+	// fingerprint and an applied effect. Nothing was done. Ack.
+	StatusDuplicate
+	// StatusRejected: the message can never be applied (bad input, a
+	// permanent effect error, a panic, or retries exhausted on the final
+	// delivery). The inbox row records status rejected and the reason.
+	// Dead-letter it, then terminate it.
+	StatusRejected
+	// StatusConflict: the inbox already held this ID with a different
+	// fingerprint. Not applied; recorded in inbox_conflicts. Dead-letter it,
+	// then terminate it.
+	StatusConflict
+)
+
+var statusNames = [...]string{"retry", "applied", "duplicate", "rejected", "conflict"}
+
+func (s Status) String() string {
+	if int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("Status(%d)", uint8(s))
+}
+
+// Outcome is the result for one message of a batch.
+type Outcome struct {
+	Status Status
+	// Reason explains a rejection, a conflict or a retry, for people and
+	// for the dead-letter message.
+	Reason string
+	// Redelivered is true when the inbox already held the row, so this
+	// delivery changed nothing (a duplicate, or a message rejected before).
+	Redelivered bool
+	// Err is the underlying error of a retry or rejection, if any.
+	Err error
+}
+
+// Ackable reports whether the transport may ack the message: its inbox row
+// is committed and its effect applied, now or before.
+func (o Outcome) Ackable() bool { return o.Status == StatusApplied || o.Status == StatusDuplicate }
+
+// PermanentError marks an effect error that no retry can fix: bad input,
+// a business rule, a missing account. Create one with [Permanent].
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the wrapped error.
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent marks err as permanent: the message is rejected instead of
+// retried. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// IsPermanent reports whether err is, or wraps, a [PermanentError].
+func IsPermanent(err error) bool {
+	var p *PermanentError
+	return errors.As(err, &p)
+}

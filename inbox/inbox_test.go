@@ -1,0 +1,406 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/jetinbox/jetinbox/effects"
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/internal/failpoint"
+)
+
+func claimOne(t *testing.T, pool *pgxpool.Pool, scope string, c inbox.Claim) inbox.ClaimResult {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := inbox.ClaimTx(ctx, tx, scope, []inbox.Claim{c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return res[0]
+}
+
+func TestClaimFreshDuplicateConflict(t *testing.T) {
+	t.Parallel()
+	pool := newDB(t)
+	a := inbox.Claim{ID: "m-1", Fingerprint: inbox.Fingerprint([]byte("a"))}
+	b := inbox.Claim{ID: "m-1", Fingerprint: inbox.Fingerprint([]byte("b"))}
+	if got := claimOne(t, pool, "s", a).State; got != inbox.ClaimFresh {
+		t.Fatalf("first claim: %v, want fresh", got)
+	}
+	if got := claimOne(t, pool, "s", a); got.State != inbox.ClaimDuplicate || got.PriorStatus != "applied" {
+		t.Fatalf("same ID, same payload: %+v, want duplicate of applied", got)
+	}
+	if got := claimOne(t, pool, "s", b).State; got != inbox.ClaimConflict {
+		t.Fatalf("same ID, other payload: %v, want conflict", got)
+	}
+	if got := claimOne(t, pool, "other-worker", a).State; got != inbox.ClaimFresh {
+		t.Fatalf("same ID in another scope: %v, want fresh", got)
+	}
+}
+
+func TestClaimBatchOneStatement(t *testing.T) {
+	t.Parallel()
+	pool := newDB(t)
+	ctx := context.Background()
+	claimOne(t, pool, "s", inbox.Claim{ID: "old", Fingerprint: inbox.Fingerprint([]byte("x"))})
+	claims := []inbox.Claim{
+		{ID: "n1", Fingerprint: inbox.Fingerprint([]byte("1"))},
+		{ID: "old", Fingerprint: inbox.Fingerprint([]byte("x"))},
+		{ID: "n1", Fingerprint: inbox.Fingerprint([]byte("1"))},
+		{ID: "n1", Fingerprint: inbox.Fingerprint([]byte("other"))},
+		{ID: "old", Fingerprint: inbox.Fingerprint([]byte("y"))},
+		{ID: "n2", Fingerprint: inbox.Fingerprint([]byte("2"))},
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	res, err := inbox.ClaimTx(ctx, tx, "s", claims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []inbox.ClaimState{inbox.ClaimFresh, inbox.ClaimDuplicate, inbox.ClaimDuplicate, inbox.ClaimConflict, inbox.ClaimConflict, inbox.ClaimFresh}
+	for i := range want {
+		if res[i].State != want[i] {
+			t.Errorf("claim %d (%s): %v, want %v", i, claims[i].ID, res[i].State, want[i])
+		}
+	}
+	if _, err := inbox.ClaimTx(ctx, tx, "s", []inbox.Claim{{ID: "bad id"}}); !errors.Is(err, inbox.ErrInvalidID) {
+		t.Fatalf("claim with a space in the ID: %v, want ErrInvalidID", err)
+	}
+}
+
+// TestProcessMixedBatch: fresh, duplicate, conflicting and poison messages in
+// one batch each get their outcome, and the ledger holds the fresh ones once.
+func TestProcessMixedBatch(t *testing.T) {
+	t.Parallel()
+	pool := newDB(t)
+	ctx := context.Background()
+	p := newLedgerProcessor(t, pool)
+
+	first := []inbox.Message{intent("dup", 1, 100), intent("conflict", 2, 200)}
+	if out, err := p.Process(ctx, first); err != nil || statuses(out) != "applied,applied" {
+		t.Fatalf("setup batch: %s, %v", statuses(out), err)
+	}
+	batch := []inbox.Message{
+		intent("fresh-1", 3, 10),
+		intent("dup", 1, 100),
+		intent("conflict", 2, 999),
+		{ID: "bad-json", Payload: []byte(`{"account":1,`)},
+		intent("unknown-account", 999, 5),
+		intent("fresh-2", 3, 20),
+		{ID: "", Payload: []byte(`{}`)},
+		intent("fresh-1", 3, 10),
+	}
+	out, err := p.Process(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := statuses(out), "applied,duplicate,conflict,rejected,rejected,applied,rejected,duplicate"; got != want {
+		t.Fatalf("outcomes %s, want %s", got, want)
+	}
+	for _, i := range []int{3, 4, 6} {
+		if out[i].Reason == "" {
+			t.Errorf("rejection %d has no reason", i)
+		}
+	}
+	if !strings.Contains(out[4].Reason, "unknown account 999") {
+		t.Errorf("unknown account reason: %q", out[4].Reason)
+	}
+	assertClean(t, pool, map[string]inbox.Message{
+		"dup": first[0], "conflict": first[1], "fresh-1": batch[0], "fresh-2": batch[5],
+	})
+	var rejected, conflicts int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'rejected') FROM inbox`).Scan(&rejected); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM inbox_conflicts WHERE message_id = 'conflict'`).Scan(&conflicts); err != nil {
+		t.Fatal(err)
+	}
+	if rejected != 2 || conflicts != 1 {
+		t.Fatalf("rejected rows %d (want 2), conflict rows %d (want 1)", rejected, conflicts)
+	}
+	// Redelivering a rejected message reports the stored rejection again.
+	out, err = p.Process(ctx, batch[3:4])
+	if err != nil || out[0].Status != inbox.StatusRejected || !out[0].Redelivered || out[0].Reason == "" {
+		t.Fatalf("redelivered poison: %+v, %v", out[0], err)
+	}
+}
+
+// TestPoisonDoesNotStallNeighbours: effects that panic or abort the
+// transaction are isolated; their neighbours commit.
+func TestPoisonDoesNotStallNeighbours(t *testing.T) {
+	t.Parallel()
+	pool := newDB(t)
+	ctx := context.Background()
+	ledger := effects.NewLedger()
+	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+		switch m.ID {
+		case "panics":
+			panic("boom")
+		case "aborts":
+			_, err := tx.Exec(ctx, "SELECT 1/0") // aborts the transaction
+			return err
+		case "transient":
+			return errors.New("downstream busy")
+		}
+		errs := make([]error, 1)
+		if err := ledger.Handle(ctx, tx, []inbox.Message{m}, errs); err != nil {
+			return err
+		}
+		return errs[0]
+	})
+	p, err := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := []inbox.Message{intent("ok-1", 1, 5), intent("panics", 1, 5), intent("aborts", 1, 5), intent("transient", 1, 5), intent("ok-2", 2, 7)}
+	out, err := p.Process(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := statuses(out), "applied,rejected,rejected,retry,applied"; got != want {
+		t.Fatalf("outcomes %s, want %s", got, want)
+	}
+	if !strings.Contains(out[1].Reason, "panicked") || !strings.Contains(out[2].Reason, "division by zero") {
+		t.Fatalf("reasons: %q / %q", out[1].Reason, out[2].Reason)
+	}
+	assertClean(t, pool, map[string]inbox.Message{"ok-1": batch[0], "ok-2": batch[4]})
+	// The transient one left no claim behind: a later delivery applies it...
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE message_id = 'transient'`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("retried message left %d inbox rows (%v)", n, err)
+	}
+	// ...and on its final delivery a transient failure becomes a rejection.
+	final := batch[3]
+	final.Final, final.Deliveries = true, 5
+	out, err = p.Process(ctx, []inbox.Message{final})
+	if err != nil || out[0].Status != inbox.StatusRejected || !strings.Contains(out[0].Reason, "gave up after 5 deliveries") {
+		t.Fatalf("final delivery: %+v, %v", out[0], err)
+	}
+}
+
+// TestConcurrentClaimWaits: two transactions claim one ID; the second waits
+// on the key, then sees a duplicate if the first commits, or claims it fresh
+// if the first rolls back.
+func TestConcurrentClaimWaits(t *testing.T) {
+	t.Parallel()
+	for _, commit := range []bool{true, false} {
+		name := map[bool]string{true: "first-commits", false: "first-rolls-back"}[commit]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			pool := newDB(t)
+			ctx := context.Background()
+			c := inbox.Claim{ID: "same", Fingerprint: inbox.Fingerprint([]byte("p"))}
+			tx1, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r, err := inbox.ClaimTx(ctx, tx1, "s", []inbox.Claim{c}); err != nil || r[0].State != inbox.ClaimFresh {
+				t.Fatalf("first claim: %v %v", r, err)
+			}
+			var pid1 uint32
+			if err := tx1.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid1); err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan inbox.ClaimState, 1)
+			go func() {
+				tx2, err := pool.Begin(ctx)
+				if err != nil {
+					t.Error(err)
+					got <- 0
+					return
+				}
+				defer tx2.Rollback(ctx)
+				r, err := inbox.ClaimTx(ctx, tx2, "s", []inbox.Claim{c})
+				if err != nil {
+					t.Error(err)
+					got <- 0
+					return
+				}
+				got <- r[0].State
+			}()
+			// Wait until the second transaction is blocked by the first.
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				var blocked bool
+				if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid)))`, int(pid1)).Scan(&blocked); err != nil {
+					t.Fatal(err)
+				}
+				if blocked {
+					break
+				}
+				select {
+				case s := <-got:
+					t.Fatalf("second claim returned %v without waiting for the first", s)
+				default:
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("second claim never blocked")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			want := inbox.ClaimDuplicate
+			if commit {
+				err = tx1.Commit(ctx)
+			} else {
+				err, want = tx1.Rollback(ctx), inbox.ClaimFresh
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := <-got; s != want {
+				t.Fatalf("second claim: %v, want %v", s, want)
+			}
+		})
+	}
+}
+
+// TestCrashBeforeCommit is the seed's atomic_dedupe.py on PostgreSQL: a crash
+// before COMMIT leaves neither the inbox row nor the effect; the retry applies
+// once; a duplicate changes nothing.
+func TestCrashBeforeCommit(t *testing.T) {
+	t.Parallel()
+	pool := newDB(t)
+	p := newLedgerProcessor(t, pool)
+	fp := failpoint.New()
+	fp.Enable(failpoint.BeforeCommit, 1)
+	ctx := failpoint.With(context.Background(), fp)
+	m := intent("k1", 1, 100)
+
+	out, err := p.Process(ctx, []inbox.Message{m})
+	var fpErr *failpoint.Error
+	if !errors.As(err, &fpErr) || out[0].Status != inbox.StatusRetry || out[0].Ackable() {
+		t.Fatalf("crashed attempt: %+v, %v", out[0], err)
+	}
+	assertClean(t, pool, map[string]inbox.Message{})
+
+	if out, err = p.Process(ctx, []inbox.Message{m}); err != nil || out[0].Status != inbox.StatusApplied {
+		t.Fatalf("retry: %+v, %v", out[0], err)
+	}
+	if out, err = p.Process(ctx, []inbox.Message{m}); err != nil || out[0].Status != inbox.StatusDuplicate {
+		t.Fatalf("duplicate: %+v, %v", out[0], err)
+	}
+	assertClean(t, pool, map[string]inbox.Message{"k1": m})
+}
+
+// TestCommitOutcomeUnknownIsNotAckable: a batch stopped after COMMIT (the
+// process died before acking) reports ErrOutcomeUnknown; the redelivery finds
+// the rows and applies nothing twice.
+func TestCommitOutcomeUnknownIsNotAckable(t *testing.T) {
+	t.Parallel()
+	pool := newDB(t)
+	p := newLedgerProcessor(t, pool)
+	fp := failpoint.New()
+	fp.Enable(failpoint.AfterCommit, 1)
+	ctx := failpoint.With(context.Background(), fp)
+	batch := []inbox.Message{intent("a", 1, 1), intent("b", 2, 2)}
+	out, err := p.Process(ctx, batch)
+	if !errors.Is(err, inbox.ErrOutcomeUnknown) || out[0].Ackable() || out[1].Ackable() {
+		t.Fatalf("after-commit crash: %s, %v", statuses(out), err)
+	}
+	out, err = p.Process(ctx, batch)
+	if err != nil || statuses(out) != "duplicate,duplicate" {
+		t.Fatalf("redelivery: %s, %v", statuses(out), err)
+	}
+	assertClean(t, pool, map[string]inbox.Message{"a": batch[0], "b": batch[1]})
+}
+
+// runGuaranteeScenario replays a crash before commit, a redelivery after
+// commit and a batch with duplicates, then returns the broken invariants.
+func runGuaranteeScenario(t *testing.T) []string {
+	pool := newDB(t)
+	p := newLedgerProcessor(t, pool)
+	fp := failpoint.New()
+	fp.Enable(failpoint.BeforeCommit, 1)
+	ctx := failpoint.With(context.Background(), fp)
+	a, b := intent("a", 1, 100), intent("b", 2, 50)
+	_, _ = p.Process(ctx, []inbox.Message{a, b}) // crashes before commit
+	_, _ = p.Process(ctx, []inbox.Message{a, b}) // redelivery
+	_, _ = p.Process(ctx, []inbox.Message{b, a}) // duplicate delivery
+	return ledgerViolations(t, pool, map[string]inbox.Message{"a": a, "b": b})
+}
+
+func TestGuaranteeScenarioClean(t *testing.T) {
+	if v := runGuaranteeScenario(t); len(v) > 0 {
+		t.Fatalf("violations: %v", v)
+	}
+}
+
+// TestMutationsAreCaught breaks the processor on purpose and checks that the
+// guarantee scenario turns red. Not parallel: mutations are package state.
+func TestMutationsAreCaught(t *testing.T) {
+	for _, m := range []string{"effect-before-claim", "effect-outside-tx"} {
+		t.Run(m, func(t *testing.T) {
+			undo := inbox.SetMutation(m)
+			defer undo()
+			v := runGuaranteeScenario(t)
+			if len(v) == 0 {
+				t.Fatalf("mutation %s went unnoticed: the guarantee test cannot fail", m)
+			}
+			t.Logf("mutation %s caught: %v", m, v)
+		})
+	}
+}
+
+func TestPrune(t *testing.T) {
+	t.Parallel()
+	pool := newDB(t)
+	ctx := context.Background()
+	p := newLedgerProcessor(t, pool)
+	var batch []inbox.Message
+	for i := range 25 {
+		batch = append(batch, intent("m"+string(rune('a'+i)), 1, 1))
+	}
+	if _, err := p.Process(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE inbox SET received_at = now() - interval '10 days' WHERE message_id < 'mq'`); err != nil {
+		t.Fatal(err)
+	}
+	opts := inbox.PruneOptions{OlderThan: 24 * time.Hour, ReplayHorizon: 7 * 24 * time.Hour, BatchSize: 4}
+	if _, err := inbox.Prune(ctx, pool, opts); !errors.Is(err, inbox.ErrUnsafeHorizon) {
+		t.Fatalf("unsafe horizon: %v, want ErrUnsafeHorizon", err)
+	}
+	if _, err := inbox.Prune(ctx, pool, inbox.PruneOptions{OlderThan: time.Hour}); err == nil {
+		t.Fatal("prune without ReplayHorizon succeeded")
+	}
+	opts.OlderThan = 8 * 24 * time.Hour
+	n, err := inbox.Prune(ctx, pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if n != 16 || left != 9 {
+		t.Fatalf("pruned %d (want 16), left %d (want 9)", n, left)
+	}
+}
+
+func TestMigrateIdempotent(t *testing.T) {
+	t.Parallel()
+	pool := newDB(t)
+	n, err := inbox.Migrate(context.Background(), pool)
+	if err != nil || n != 0 {
+		t.Fatalf("second Migrate applied %d, %v", n, err)
+	}
+	if sql := inbox.MigrationSQL(); !strings.Contains(sql, "CREATE TABLE inbox") {
+		t.Fatalf("MigrationSQL: %q", sql)
+	}
+}

@@ -1,0 +1,431 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"runtime/debug"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/jetinbox/jetinbox/internal/failpoint"
+)
+
+// Beginner starts a transaction. *pgxpool.Pool and *pgx.Conn satisfy it.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Handler applies the side effects of freshly claimed messages inside the
+// inbox transaction.
+//
+// Handle gets every fresh message of a batch and sets errs[i] (len(errs) ==
+// len(msgs)) for each message it did not apply; an error wrapped with
+// [Permanent] rejects that message, any other error retries it later. For a
+// message with errs[i] set, Handle must have written nothing, and the
+// transaction must still be usable: validate before writing.
+//
+// A non-nil return value means the batch as a whole failed (for example a
+// statement aborted the transaction). The processor then rolls back and
+// applies the batch one message at a time, each under a savepoint, so that
+// one poison message cannot take its neighbours down. Deadlocks and
+// serialization failures retry the whole batch instead.
+type Handler interface {
+	Handle(ctx context.Context, tx pgx.Tx, msgs []Message, errs []error) error
+}
+
+// HandlerFunc adapts a function that applies one message to a [Handler].
+// It is the simple way in; a set-based Handler is faster for big batches.
+type HandlerFunc func(ctx context.Context, tx pgx.Tx, msg Message) error
+
+// Handle implements [Handler]. Called with one message, it reports the
+// function's error in errs[0]; with several, the first error fails the batch,
+// since a failed statement may have aborted the transaction, and the
+// processor retries them one at a time.
+func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, msgs []Message, errs []error) error {
+	if len(msgs) == 1 {
+		errs[0] = f(ctx, tx, msgs[0])
+		return nil
+	}
+	for i := range msgs {
+		if err := f(ctx, tx, msgs[i]); err != nil {
+			return fmt.Errorf("message %q: %w", msgs[i].ID, err)
+		}
+	}
+	return nil
+}
+
+// Config configures a [Processor].
+type Config struct {
+	// Scope names the consuming worker: the inbox key is (Scope, message
+	// ID), so two workers with different scopes each apply a message once.
+	// Usually the durable consumer's name. Required.
+	Scope string
+	// Handler applies the effects. Required.
+	Handler Handler
+	// Logger receives debug lines about isolation and retries. Default: no
+	// logging.
+	Logger *slog.Logger
+	// MaxTxAttempts bounds how often a batch is retried in-process after a
+	// deadlock or serialization failure before it is reported as retry.
+	// Default 4.
+	MaxTxAttempts int
+	// TxRetryBase and TxRetryCap bound the full-jitter delay between those
+	// attempts. Defaults 5ms and 200ms.
+	TxRetryBase, TxRetryCap time.Duration
+}
+
+// WithDefaults returns a copy of c with defaults filled in.
+func (c Config) WithDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.MaxTxAttempts <= 0 {
+		c.MaxTxAttempts = 4
+	}
+	if c.TxRetryBase <= 0 {
+		c.TxRetryBase = 5 * time.Millisecond
+	}
+	if c.TxRetryCap <= 0 {
+		c.TxRetryCap = 200 * time.Millisecond
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if err := ValidateID(c.Scope); err != nil {
+		return fmt.Errorf("inbox: config: Scope: %w", err)
+	}
+	if c.Handler == nil {
+		return errors.New("inbox: config: Handler is required")
+	}
+	return nil
+}
+
+// Processor claims and applies batches of messages, one transaction per
+// batch. It is safe for concurrent use; each call uses its own transaction.
+type Processor struct {
+	db  Beginner
+	cfg Config
+}
+
+// NewProcessor returns a Processor using db for its transactions.
+func NewProcessor(db Beginner, cfg Config) (*Processor, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if db == nil {
+		return nil, errors.New("inbox: NewProcessor: db is nil")
+	}
+	return &Processor{db: db, cfg: cfg}, nil
+}
+
+// Scope returns the processor's scope.
+func (p *Processor) Scope() string { return p.cfg.Scope }
+
+var errIsolate = errors.New("inbox: batch failed; isolating messages")
+
+// mutation breaks the processor on purpose. Only tests set it, to show that
+// the guarantee tests turn red when the guarantee is broken.
+var mutation struct {
+	effectBeforeClaim bool // apply every message's effect, then claim
+	effectOutsideTx   bool // apply effects in their own, already committed, transaction
+}
+
+// Process runs one batch in one transaction: it claims every message, applies
+// the effects of the fresh ones, records rejections and conflicts, and
+// commits. It returns one [Outcome] per message, in order. Only messages whose
+// outcome is [Outcome.Ackable] may be acked.
+//
+// A non-nil error means the batch as a whole could not be committed (the
+// database is unreachable, or the commit outcome is unknown, see
+// [ErrOutcomeUnknown]); every outcome that is not a rejection of invalid input
+// is then [StatusRetry]. The commit runs under [context.WithoutCancel], so a
+// cancelled ctx cannot leave a commit half-sent.
+func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Outcome, error) {
+	out := make([]Outcome, len(msgs))
+	valid := make([]int, 0, len(msgs))
+	for i := range msgs {
+		if err := ValidateID(msgs[i].ID); err != nil {
+			out[i] = Outcome{Status: StatusRejected, Reason: err.Error(), Err: Permanent(err)}
+			continue
+		}
+		valid = append(valid, i)
+	}
+	if len(valid) == 0 {
+		return out, nil
+	}
+	isolate := false
+	for attempt := 1; ; attempt++ {
+		err := p.processOnce(ctx, msgs, valid, out, isolate)
+		if err == nil {
+			return out, nil
+		}
+		if errors.Is(err, errIsolate) && !isolate {
+			p.cfg.Logger.DebugContext(ctx, "inbox: batch failed, applying one message at a time", "scope", p.cfg.Scope, "size", len(valid), "err", err)
+			isolate = true
+			attempt--
+			continue
+		}
+		if isRetryableTx(err) && attempt < p.cfg.MaxTxAttempts && ctx.Err() == nil {
+			d := p.txRetryDelay(attempt)
+			p.cfg.Logger.DebugContext(ctx, "inbox: retrying batch", "scope", p.cfg.Scope, "attempt", attempt, "delay", d, "err", err)
+			select {
+			case <-time.After(d):
+				continue
+			case <-ctx.Done():
+			}
+		}
+		for _, i := range valid {
+			out[i] = Outcome{Status: StatusRetry, Reason: err.Error(), Err: err}
+		}
+		return out, err
+	}
+}
+
+// txRetryDelay is full jitter: uniform in [0, min(cap, base·2^attempt)].
+func (p *Processor) txRetryDelay(attempt int) time.Duration {
+	d := p.cfg.TxRetryBase << min(attempt, 20)
+	if d > p.cfg.TxRetryCap || d <= 0 {
+		d = p.cfg.TxRetryCap
+	}
+	return rand.N(d + 1)
+}
+
+func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int, out []Outcome, isolate bool) (err error) {
+	tx, err := p.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox: begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if failpoint.Hit(ctx, failpoint.BeforeClaim) {
+		return &failpoint.Error{Name: failpoint.BeforeClaim}
+	}
+
+	if mutation.effectBeforeClaim || mutation.effectOutsideTx {
+		if err := p.mutatedEffects(ctx, tx, msgs, valid); err != nil {
+			return err
+		}
+	}
+
+	claims := make([]Claim, len(valid))
+	for k, i := range valid {
+		m := &msgs[i]
+		claims[k] = Claim{ID: m.ID, Fingerprint: Fingerprint(m.Payload), StreamSeq: m.StreamSeq, Subject: m.Subject}
+	}
+	res, err := ClaimTx(ctx, tx, p.cfg.Scope, claims)
+	if err != nil {
+		return err
+	}
+
+	fresh := make([]Message, 0, len(valid))
+	freshIdx := make([]int, 0, len(valid))
+	var conflicts []int
+	for k, i := range valid {
+		switch r := res[k]; r.State {
+		case ClaimFresh:
+			fresh = append(fresh, msgs[i])
+			freshIdx = append(freshIdx, i)
+		case ClaimDuplicate:
+			out[i] = Outcome{Status: StatusDuplicate, Redelivered: true}
+			if r.PriorStatus == "rejected" {
+				out[i] = Outcome{Status: StatusRejected, Reason: r.PriorReason, Redelivered: true}
+			}
+		case ClaimConflict:
+			out[i] = Outcome{Status: StatusConflict, Redelivered: true,
+				Reason: "message ID reused with a different payload (fingerprint mismatch)"}
+			conflicts = append(conflicts, i)
+		}
+	}
+
+	errs := make([]error, len(fresh))
+	if len(fresh) > 0 && !mutation.effectBeforeClaim && !mutation.effectOutsideTx {
+		if !isolate {
+			if err := p.handle(ctx, tx, fresh, errs); err != nil {
+				if isRetryableTx(err) {
+					return err
+				}
+				return fmt.Errorf("%w: %w", errIsolate, err)
+			}
+		} else if err := p.handleIsolated(ctx, tx, fresh, errs); err != nil {
+			return err
+		}
+	}
+	if failpoint.Hit(ctx, failpoint.BeforeCommit) {
+		return &failpoint.Error{Name: failpoint.BeforeCommit}
+	}
+
+	var rejIDs, rejReasons, retryIDs []string
+	for j, i := range freshIdx {
+		e := errs[j]
+		switch {
+		case e == nil:
+			out[i] = Outcome{Status: StatusApplied}
+		case IsPermanent(e):
+			out[i] = Outcome{Status: StatusRejected, Reason: e.Error(), Err: e}
+		case msgs[i].Final:
+			reason := fmt.Sprintf("gave up after %d deliveries: %v", msgs[i].Deliveries, e)
+			out[i] = Outcome{Status: StatusRejected, Reason: reason, Err: e}
+		default:
+			out[i] = Outcome{Status: StatusRetry, Reason: e.Error(), Err: e}
+			retryIDs = append(retryIDs, msgs[i].ID)
+			continue
+		}
+		if out[i].Status == StatusRejected {
+			rejIDs = append(rejIDs, msgs[i].ID)
+			rejReasons = append(rejReasons, out[i].Reason)
+		}
+	}
+	if err := p.record(ctx, tx, msgs, rejIDs, rejReasons, retryIDs, conflicts); err != nil {
+		return err
+	}
+
+	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) {
+			return fmt.Errorf("inbox: commit rolled back: %w", err)
+		}
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+	}
+	if failpoint.Hit(ctx, failpoint.AfterCommit) {
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, &failpoint.Error{Name: failpoint.AfterCommit})
+	}
+	return nil
+}
+
+// record writes rejections, releases the claims of messages to retry and logs
+// conflicts, each with one statement, all in the batch's transaction.
+func (p *Processor) record(ctx context.Context, tx pgx.Tx, msgs []Message, rejIDs, rejReasons, retryIDs []string, conflicts []int) error {
+	if len(rejIDs) > 0 {
+		if _, err := tx.Exec(ctx, `UPDATE inbox SET status = 'rejected', reason = t.reason
+FROM unnest($2::text[], $3::text[]) AS t(id, reason)
+WHERE inbox.scope = $1 AND inbox.message_id = t.id`, p.cfg.Scope, rejIDs, rejReasons); err != nil {
+			return fmt.Errorf("inbox: record rejections: %w", err)
+		}
+	}
+	if len(retryIDs) > 0 {
+		if _, err := tx.Exec(ctx, `DELETE FROM inbox WHERE scope = $1 AND message_id = ANY($2::text[])`,
+			p.cfg.Scope, retryIDs); err != nil {
+			return fmt.Errorf("inbox: release retried claims: %w", err)
+		}
+	}
+	if len(conflicts) > 0 {
+		ids := make([]string, len(conflicts))
+		fps := make([][]byte, len(conflicts))
+		seqs := make([]int64, len(conflicts))
+		subjects := make([]string, len(conflicts))
+		for k, i := range conflicts {
+			fp := Fingerprint(msgs[i].Payload)
+			ids[k], fps[k], seqs[k], subjects[k] = msgs[i].ID, fp[:], int64(msgs[i].StreamSeq), msgs[i].Subject
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO inbox_conflicts (scope, message_id, fingerprint, stream_seq, subject)
+SELECT $1, * FROM unnest($2::text[], $3::bytea[], $4::bigint[], $5::text[])`, p.cfg.Scope, ids, fps, seqs, subjects); err != nil {
+			return fmt.Errorf("inbox: record conflicts: %w", err)
+		}
+	}
+	return nil
+}
+
+// handle calls the handler, turning a panic into an error.
+func (p *Processor) handle(ctx context.Context, tx pgx.Tx, msgs []Message, errs []error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = Permanent(fmt.Errorf("inbox: effect panicked: %v\n%s", r, debug.Stack()))
+		}
+	}()
+	if failpoint.Hit(ctx, failpoint.EffectPanic) {
+		panic("failpoint " + failpoint.EffectPanic)
+	}
+	return p.cfg.Handler.Handle(ctx, tx, msgs, errs)
+}
+
+// handleIsolated applies each message under its own savepoint: a message
+// that fails is rolled back alone and reported in errs.
+func (p *Processor) handleIsolated(ctx context.Context, tx pgx.Tx, msgs []Message, errs []error) error {
+	one := make([]error, 1)
+	for j := range msgs {
+		if _, err := tx.Exec(ctx, "SAVEPOINT jetinbox_msg"); err != nil {
+			return fmt.Errorf("inbox: savepoint: %w", err)
+		}
+		one[0] = nil
+		err := p.handle(ctx, tx, msgs[j:j+1], one)
+		if err == nil {
+			err = one[0]
+		}
+		if err == nil {
+			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT jetinbox_msg"); err != nil {
+				return fmt.Errorf("inbox: release savepoint: %w", err)
+			}
+			continue
+		}
+		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT jetinbox_msg"); rerr != nil {
+			return fmt.Errorf("inbox: rollback to savepoint: %w", rerr)
+		}
+		if _, rerr := tx.Exec(ctx, "RELEASE SAVEPOINT jetinbox_msg"); rerr != nil {
+			return fmt.Errorf("inbox: release savepoint: %w", rerr)
+		}
+		if isRetryableTx(err) || isConnError(err) {
+			// Not this message's fault: retry the whole batch later.
+			return err
+		}
+		if isDataError(err) && !IsPermanent(err) {
+			err = Permanent(err)
+		}
+		errs[j] = err
+	}
+	return nil
+}
+
+// isRetryableTx reports deadlocks and serialization failures, which a retry
+// of the same transaction resolves.
+func isRetryableTx(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
+}
+
+// isDataError reports errors that the same input will always cause: data
+// exceptions (class 22) and integrity violations (class 23).
+func isDataError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23")
+}
+
+func isConnError(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code[:2] == "08" || pgErr.Code[:2] == "57"
+	}
+	var netErr net.Error
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		pgconn.SafeToRetry(err) || errors.As(err, &netErr) || errors.Is(err, pgx.ErrTxClosed)
+}
+
+func (p *Processor) mutatedEffects(ctx context.Context, tx pgx.Tx, msgs []Message, valid []int) error {
+	batch := make([]Message, len(valid))
+	for k, i := range valid {
+		batch[k] = msgs[i]
+	}
+	errs := make([]error, len(batch))
+	if mutation.effectOutsideTx {
+		otx, err := p.db.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if err := p.cfg.Handler.Handle(ctx, otx, batch, errs); err != nil {
+			_ = otx.Rollback(ctx)
+			return err
+		}
+		return otx.Commit(ctx)
+	}
+	return p.cfg.Handler.Handle(ctx, tx, batch, errs)
+}

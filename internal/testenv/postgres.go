@@ -1,0 +1,285 @@
+// Package testenv starts real infrastructure for tests and for the demo: a
+// throwaway PostgreSQL cluster from the installed binaries and an embedded
+// nats-server with JetStream. Nothing here is a mock.
+//
+// Tests share one PostgreSQL cluster per test binary (see [Main] and
+// [NewDatabase]) and isolate themselves by database. Tests that stop or
+// restart a server start their own with [StartPostgres] or [StartNATS].
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrNoPostgres is returned when no PostgreSQL server binaries can be found.
+var ErrNoPostgres = errors.New("testenv: PostgreSQL server binaries (initdb, postgres) not found on PATH or under /usr/lib/postgresql/*/bin; install them with `apt-get install -y postgresql` (Debian) or set JETINBOX_PG_BIN")
+
+// PostgresOptions configures a throwaway cluster.
+type PostgresOptions struct {
+	// Dir is the parent directory for the cluster. Default: a new temp dir,
+	// removed by Close.
+	Dir string
+	// Durable keeps fsync on, as in production.
+	// Default false: tests trade durability against an OS crash (which they
+	// never simulate) for speed. Process crashes are still safe either way.
+	Durable bool
+	// MaxConnections is the server's max_connections. Default 200.
+	MaxConnections int
+	// Logf, if set, receives the server's output lines.
+	Logf func(format string, args ...any)
+}
+
+// Postgres is a running (or stopped) throwaway PostgreSQL cluster.
+type Postgres struct {
+	opts    PostgresOptions
+	bin     string
+	root    string // owned temp root, removed on Close
+	dataDir string
+	sockDir string
+	port    int
+	cred    *syscall.Credential
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// FindPostgresBin returns the directory holding initdb and postgres.
+func FindPostgresBin() (string, error) {
+	if d := os.Getenv("JETINBOX_PG_BIN"); d != "" {
+		if _, err := os.Stat(filepath.Join(d, "postgres")); err == nil {
+			return d, nil
+		}
+	}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			d := filepath.Dir(real)
+			if _, err := os.Stat(filepath.Join(d, "postgres")); err == nil {
+				return d, nil
+			}
+		}
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/postgres")
+	sort.Slice(matches, func(i, j int) bool { return pgVersion(matches[i]) > pgVersion(matches[j]) })
+	for _, m := range matches {
+		if _, err := os.Stat(filepath.Join(filepath.Dir(m), "initdb")); err == nil {
+			return filepath.Dir(m), nil
+		}
+	}
+	return "", ErrNoPostgres
+}
+
+func pgVersion(p string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(p))))
+	return v
+}
+
+// StartPostgres creates a new cluster in a temp dir and starts it on a free
+// loopback port. When the process runs as root the server runs as the
+// "postgres" user, since initdb refuses root.
+func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error) {
+	if opts.MaxConnections == 0 {
+		opts.MaxConnections = 200
+	}
+	bin, err := FindPostgresBin()
+	if err != nil {
+		return nil, err
+	}
+	p := &Postgres{opts: opts, bin: bin}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, fmt.Errorf("testenv: running as root needs a postgres user to run initdb: %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		p.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	parent := opts.Dir
+	if parent == "" {
+		parent = os.TempDir()
+	}
+	root, err := os.MkdirTemp(parent, "jetinbox-pg-")
+	if err != nil {
+		return nil, fmt.Errorf("testenv: %w", err)
+	}
+	p.root = root
+	p.dataDir = filepath.Join(root, "data")
+	p.sockDir = root
+	if p.cred != nil {
+		if err := os.Chown(root, int(p.cred.Uid), int(p.cred.Gid)); err != nil {
+			p.Close()
+			return nil, fmt.Errorf("testenv: %w", err)
+		}
+		// The temp parent must be traversable by the postgres user.
+		_ = os.Chmod(root, 0o755)
+	}
+	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"), "-D", p.dataDir, "-U", "postgres",
+		"-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
+	if out, err := initdb.CombinedOutput(); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("testenv: initdb: %w: %s", err, out)
+	}
+	if p.port, err = freePort(); err != nil {
+		p.Close()
+		return nil, err
+	}
+	if err := p.Start(ctx); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// Start starts the server (again) on its port and data dir and waits until it
+// accepts connections.
+func (p *Postgres) Start(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		return errors.New("testenv: postgres already running")
+	}
+	args := []string{"-D", p.dataDir, "-p", strconv.Itoa(p.port), "-k", p.sockDir,
+		"-c", "listen_addresses=127.0.0.1",
+		"-c", "max_connections=" + strconv.Itoa(p.opts.MaxConnections),
+		"-c", "shared_buffers=128MB",
+		"-c", "log_min_messages=warning",
+	}
+	if !p.opts.Durable {
+		// fsync off only risks an OS crash; synchronous_commit stays on so a
+		// killed server never loses a commit it reported.
+		args = append(args, "-c", "fsync=off", "-c", "full_page_writes=off")
+	}
+	cmd := exec.Command(filepath.Join(p.bin, "postgres"), args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred, Setpgid: true}
+	if p.opts.Logf != nil {
+		w := &lineWriter{logf: p.opts.Logf, prefix: "postgres: "}
+		cmd.Stdout, cmd.Stderr = w, w
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("testenv: start postgres: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	p.cmd, p.done = cmd, done
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := pgx.Connect(ctx, p.URL("postgres"))
+		if err == nil {
+			c.Close(ctx)
+			return nil
+		}
+		select {
+		case <-done:
+			p.cmd = nil
+			return fmt.Errorf("testenv: postgres exited during start: %w", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("testenv: postgres not ready after 30s: %w", err)
+		}
+	}
+}
+
+// Stop shuts the server down (fast mode: active transactions are rolled back),
+// keeping its data for a later Start.
+func (p *Postgres) Stop() error { return p.signal(syscall.SIGINT) }
+
+// Kill stops the server the hard way (SIGKILL on the postmaster's process
+// group), the way a power cut or OOM kill would.
+func (p *Postgres) Kill() error { return p.signal(syscall.SIGKILL) }
+
+func (p *Postgres) signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return nil
+	}
+	if sig == syscall.SIGKILL {
+		_ = syscall.Kill(-p.cmd.Process.Pid, sig)
+	} else {
+		_ = p.cmd.Process.Signal(sig)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+	p.cmd = nil
+	if sig == syscall.SIGKILL {
+		// Orphaned shared memory or a stale pid file would stop a restart.
+		_ = os.Remove(filepath.Join(p.dataDir, "postmaster.pid"))
+	}
+	return nil
+}
+
+// Close stops the server and removes its files.
+func (p *Postgres) Close() error {
+	err := p.Stop()
+	if p.root != "" {
+		_ = os.RemoveAll(p.root)
+	}
+	return err
+}
+
+// Port is the TCP port on 127.0.0.1.
+func (p *Postgres) Port() int { return p.port }
+
+// URL returns a connection string for database db as the superuser.
+func (p *Postgres) URL(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", p.port, db)
+}
+
+// CreateDatabase creates a new empty database and returns its URL.
+func (p *Postgres) CreateDatabase(ctx context.Context, name string) (string, error) {
+	c, err := pgx.Connect(ctx, p.URL("postgres"))
+	if err != nil {
+		return "", fmt.Errorf("testenv: %w", err)
+	}
+	defer c.Close(ctx)
+	if _, err := c.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", fmt.Errorf("testenv: create database %s: %w", name, err)
+	}
+	return p.URL(name), nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("testenv: free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+type lineWriter struct {
+	logf   func(string, ...any)
+	prefix string
+}
+
+func (w *lineWriter) Write(b []byte) (int, error) {
+	for _, line := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+		w.logf("%s%s", w.prefix, line)
+	}
+	return len(b), nil
+}

@@ -1,0 +1,88 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+var (
+	sharedMu  sync.Mutex
+	sharedPG  *Postgres
+	sharedErr error
+	dbSeq     atomic.Int64
+)
+
+// Main runs a package's tests and stops the shared PostgreSQL cluster, if one
+// was started, when they finish. Call it from TestMain:
+//
+//	func TestMain(m *testing.M) { testenv.Main(m) }
+func Main(m *testing.M) {
+	code := m.Run()
+	sharedMu.Lock()
+	if sharedPG != nil {
+		_ = sharedPG.Close()
+	}
+	sharedMu.Unlock()
+	os.Exit(code)
+}
+
+// SharedPostgres returns the test binary's one PostgreSQL cluster, starting it
+// on first use. A missing PostgreSQL installation fails the test with a
+// message saying what to install; it never skips.
+func SharedPostgres(t testing.TB) *Postgres {
+	t.Helper()
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if sharedPG == nil && sharedErr == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		sharedPG, sharedErr = StartPostgres(ctx, PostgresOptions{})
+	}
+	if sharedErr != nil {
+		t.Fatalf("PostgreSQL is required for this test: %v", sharedErr)
+	}
+	return sharedPG
+}
+
+var unsafeName = regexp.MustCompile(`[^a-z0-9_]+`)
+
+// CreateSharedDatabase creates a database on the shared cluster, starting the
+// cluster if needed, for code without a testing.TB such as Example functions.
+func CreateSharedDatabase(prefix string) (string, error) {
+	sharedMu.Lock()
+	if sharedPG == nil && sharedErr == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		sharedPG, sharedErr = StartPostgres(ctx, PostgresOptions{})
+		cancel()
+	}
+	pg, err := sharedPG, sharedErr
+	sharedMu.Unlock()
+	if err != nil {
+		return "", err
+	}
+	return pg.CreateDatabase(context.Background(), fmt.Sprintf("x%d_%s", dbSeq.Add(1), prefix))
+}
+
+// NewDatabase creates a fresh database on the shared cluster for this test and
+// returns its URL. Tests are isolated by database, so they may run in parallel.
+func NewDatabase(t testing.TB) string {
+	t.Helper()
+	pg := SharedPostgres(t)
+	name := unsafeName.ReplaceAllString(strings.ToLower(t.Name()), "_")
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	name = fmt.Sprintf("t%d_%s", dbSeq.Add(1), name)
+	url, err := pg.CreateDatabase(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return url
+}

@@ -1,0 +1,93 @@
+package testenv
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+)
+
+func TestMain(m *testing.M) { Main(m) }
+
+func TestPostgresRestart(t *testing.T) {
+	ctx := context.Background()
+	start := time.Now()
+	pg, err := StartPostgres(ctx, PostgresOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close()
+	t.Logf("cluster started in %v", time.Since(start))
+	url, err := pg.CreateDatabase(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec := func(sql string) {
+		t.Helper()
+		c, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec("CREATE TABLE x (id int); INSERT INTO x VALUES (1)")
+	if err := pg.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgx.Connect(ctx, url); err == nil {
+		t.Fatal("connect succeeded while the server was killed")
+	}
+	if err := pg.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	exec("SELECT 1/count(*) FROM x")
+}
+
+func TestNewDatabaseIsolated(t *testing.T) {
+	a, b := NewDatabase(t), NewDatabase(t)
+	if a == b {
+		t.Fatalf("same database twice: %s", a)
+	}
+}
+
+func TestNATSRestartKeepsStream(t *testing.T) {
+	n := NewNATS(t, NATSOptions{})
+	url := n.URL()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := nc.JetStream()
+	if _, err := js.AddStream(&nats.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Storage: nats.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish("s.1", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if n.URL() != url {
+		t.Fatalf("port changed across restart: %s != %s", n.URL(), url)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		si, err := js.StreamInfo("S")
+		if err == nil {
+			if si.State.Msgs != 1 {
+				t.Fatalf("stream has %d messages after restart, want 1", si.State.Msgs)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
