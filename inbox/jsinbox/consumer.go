@@ -1,0 +1,511 @@
+package jsinbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/internal/failpoint"
+	"github.com/jetinbox/jetinbox/jitter"
+)
+
+// Headers the consumer adds to a dead-letter message. The original headers
+// are kept.
+const (
+	HeaderReason    = "Jetinbox-Reason"
+	HeaderStatus    = "Jetinbox-Status"
+	HeaderScope     = "Jetinbox-Scope"
+	HeaderStream    = "Jetinbox-Stream"
+	HeaderStreamSeq = "Jetinbox-Stream-Seq"
+	HeaderDelivered = "Jetinbox-Deliveries"
+)
+
+// mutation breaks the consumer on purpose; only tests set it, to show that
+// the guarantee tests fail when the guarantee is broken.
+var mutation struct{ ackBeforeCommit bool }
+
+// ErrCrashed is returned by Run when a failpoint simulated a crash: the
+// consumer stopped without acking or naking what it held.
+var ErrCrashed = errors.New("jsinbox: consumer crashed at a failpoint")
+
+// Pinger checks the database. *pgxpool.Pool satisfies it.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// ConsumerConfig configures a [Consumer].
+type ConsumerConfig struct {
+	// Stream is the intents stream. Default "INTENTS".
+	Stream string
+	// Durable names the durable pull consumer. Default: the processor's
+	// scope.
+	Durable string
+	// FilterSubjects limits the consumer to some subjects. Default: all.
+	FilterSubjects []string
+	// DeliverPolicy and OptStartSeq / OptStartTime choose where a new
+	// durable starts (replays). Default: DeliverAllPolicy.
+	DeliverPolicy jetstream.DeliverPolicy
+	OptStartSeq   uint64
+	OptStartTime  *time.Time
+	// BatchSize is the most messages one transaction takes. Batches are
+	// adaptive: a batch takes what has arrived and never waits to fill up.
+	// Default 500.
+	BatchSize int
+	// InFlight is how many batches are processed at once, each in its own
+	// transaction on its own connection: fetching, claiming, committing and
+	// acking overlap. Default 4.
+	InFlight int
+	// AckWait is the server's redelivery timer; keep it above the p99 batch
+	// time. Long batches send InProgress every AckWait/2. Default 30s.
+	AckWait time.Duration
+	// KeepAlive is how often a batch still working sends InProgress for
+	// its messages. Default AckWait/2; negative disables it (tests use that
+	// to force redeliveries).
+	KeepAlive time.Duration
+	// MaxDeliver bounds deliveries; the last one dead-letters what still
+	// fails. Default 20.
+	MaxDeliver int
+	// MaxAckPending bounds unacked messages, and so memory. Default
+	// 4 × BatchSize × InFlight.
+	MaxAckPending int
+	// Nak times redeliveries of retried messages by delivery count
+	// (NakWithDelay; a bare Nak would redeliver at once). Default:
+	// decorrelated jitter from 250ms to 30s.
+	Nak jitter.Policy
+	// Reconnect times the database health checks while the database is
+	// down. Default: decorrelated jitter from 100ms to 5s.
+	Reconnect jitter.Policy
+	// DB, when set, is pinged while the database is unreachable: the
+	// consumer stops fetching until it answers, so an outage does not turn
+	// into a redelivery storm.
+	DB Pinger
+	// Logger receives problem lines with message ID, stream sequence and
+	// delivery count. Default: discard.
+	Logger *slog.Logger
+}
+
+// WithDefaults returns c with defaults filled in.
+func (c ConsumerConfig) WithDefaults() ConsumerConfig {
+	if c.Stream == "" {
+		c.Stream = DefaultStream
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 500
+	}
+	if c.InFlight <= 0 {
+		c.InFlight = 4
+	}
+	if c.AckWait <= 0 {
+		c.AckWait = 30 * time.Second
+	}
+	if c.KeepAlive == 0 {
+		c.KeepAlive = c.AckWait / 2
+	}
+	if c.MaxDeliver == 0 {
+		c.MaxDeliver = 20
+	}
+	if c.MaxAckPending <= 0 {
+		c.MaxAckPending = 4 * c.BatchSize * c.InFlight
+	}
+	if c.Nak.Kind == 0 && c.Nak.Base == 0 && c.Nak.Cap == 0 {
+		c.Nak = jitter.Policy{Kind: jitter.Decorrelated, Base: 250 * time.Millisecond, Cap: 30 * time.Second}
+	}
+	if c.Reconnect.Kind == 0 && c.Reconnect.Base == 0 && c.Reconnect.Cap == 0 {
+		c.Reconnect = jitter.Policy{Kind: jitter.Decorrelated, Base: 100 * time.Millisecond, Cap: 5 * time.Second}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+func (c ConsumerConfig) validate() error {
+	if c.MaxDeliver < 1 {
+		return errors.New("jsinbox: MaxDeliver must be finite (>= 1): an unlimited one never dead-letters a message that keeps failing")
+	}
+	if err := c.Nak.Validate(); err != nil {
+		return fmt.Errorf("jsinbox: Nak: %w", err)
+	}
+	if err := c.Reconnect.Validate(); err != nil {
+		return fmt.Errorf("jsinbox: Reconnect: %w", err)
+	}
+	return nil
+}
+
+// ConsumerStats counts what a Consumer did.
+type ConsumerStats struct {
+	Received, Applied, Duplicates, Rejected, Conflicts int64
+	// Redeliveries: messages received with a delivery count above 1.
+	Redeliveries int64
+	// Naks: messages handed back for a later retry (NakWithDelay).
+	Naks int64
+	// DeadLettered: messages published to the dead-letter stream, then
+	// terminated.
+	DeadLettered int64
+	// Batches committed or failed, and batches that failed as a whole.
+	Batches, FailedBatches int64
+}
+
+// Consumer runs a durable pull consumer through an [inbox.Processor]: one
+// transaction per batch, ack after commit.
+type Consumer struct {
+	js   jetstream.JetStream
+	proc *inbox.Processor
+	cfg  ConsumerConfig
+
+	ready    atomic.Bool
+	draining atomic.Bool
+	crashed  atomic.Bool
+	dbDown   atomic.Bool
+
+	received, applied, duplicates, rejected, conflicts       atomic.Int64
+	redeliveries, naks, deadLettered, batches, failedBatches atomic.Int64
+}
+
+// NewConsumer returns a Consumer. Nothing happens until Run.
+func NewConsumer(js jetstream.JetStream, proc *inbox.Processor, cfg ConsumerConfig) (*Consumer, error) {
+	if proc == nil {
+		return nil, errors.New("jsinbox: NewConsumer: processor is nil")
+	}
+	if cfg.Durable == "" {
+		cfg.Durable = proc.Scope()
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Consumer{js: js, proc: proc, cfg: cfg}, nil
+}
+
+// Config returns the consumer's configuration with defaults filled in.
+func (c *Consumer) Config() ConsumerConfig { return c.cfg }
+
+// Ready reports whether the consumer is consuming with a reachable database
+// and is not draining.
+func (c *Consumer) Ready() bool {
+	return c.ready.Load() && !c.draining.Load() && !c.dbDown.Load() && !c.crashed.Load()
+}
+
+// Draining reports whether Run is shutting down.
+func (c *Consumer) Draining() bool { return c.draining.Load() }
+
+// Stats returns the counters so far.
+func (c *Consumer) Stats() ConsumerStats {
+	return ConsumerStats{
+		Received: c.received.Load(), Applied: c.applied.Load(), Duplicates: c.duplicates.Load(),
+		Rejected: c.rejected.Load(), Conflicts: c.conflicts.Load(), Redeliveries: c.redeliveries.Load(),
+		Naks: c.naks.Load(), DeadLettered: c.deadLettered.Load(), Batches: c.batches.Load(), FailedBatches: c.failedBatches.Load(),
+	}
+}
+
+// ConsumerConfig returns the JetStream consumer configuration Run creates or
+// updates.
+func (c *Consumer) ConsumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        c.cfg.Durable,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        c.cfg.AckWait,
+		MaxDeliver:     c.cfg.MaxDeliver,
+		MaxAckPending:  c.cfg.MaxAckPending,
+		MaxWaiting:     512,
+		FilterSubjects: c.cfg.FilterSubjects,
+		DeliverPolicy:  c.cfg.DeliverPolicy,
+		OptStartSeq:    c.cfg.OptStartSeq,
+		OptStartTime:   c.cfg.OptStartTime,
+	}
+}
+
+// Run consumes until ctx ends, then stops fetching, finishes the batches in
+// flight (their commits and acks are not cut short), hands back what it held
+// but had not started, and returns nil. ctx may carry failpoints.
+func (c *Consumer) Run(ctx context.Context) error {
+	cons, err := c.js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, c.ConsumerConfig())
+	if err != nil {
+		return fmt.Errorf("jsinbox: consumer %s on %s: %w", c.cfg.Durable, c.cfg.Stream, err)
+	}
+	work := context.WithoutCancel(ctx) // batches finish even when ctx ends
+	slots := make(chan struct{}, c.cfg.InFlight)
+	var wg sync.WaitGroup
+	crash := make(chan struct{})
+	var crashOnce sync.Once
+	onCrash := func() { crashOnce.Do(func() { c.crashed.Store(true); close(crash) }) }
+	defer func() {
+		c.ready.Store(false)
+		wg.Wait()
+	}()
+
+	for {
+		msgs := make(chan jetstream.Msg, c.cfg.BatchSize)
+		stopped := make(chan struct{})
+		cc, err := cons.Consume(func(m jetstream.Msg) {
+			select {
+			case msgs <- m:
+			case <-stopped:
+				c.handBack(m)
+			}
+		}, jetstream.PullMaxMessages(2*c.cfg.BatchSize), jetstream.PullExpiry(5*time.Second),
+			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+				c.cfg.Logger.Debug("jsinbox: consume", "err", err)
+			}))
+		if err != nil {
+			return fmt.Errorf("jsinbox: consume: %w", err)
+		}
+		c.ready.Store(true)
+		reason := c.batchLoop(ctx, work, msgs, slots, &wg, onCrash, crash)
+		if reason == stopShutdown {
+			c.draining.Store(true)
+		}
+		close(stopped)
+		if reason == stopCrash {
+			cc.Stop() // a dead process hands nothing back
+		} else {
+			// Whatever the client buffered or we hold but did not start
+			// goes back now, with a short jittered delay, instead of
+			// waiting out AckWait.
+			cc.Drain()
+			select {
+			case <-cc.Closed():
+			case <-time.After(5 * time.Second):
+				cc.Stop()
+			}
+			for drained := false; !drained; {
+				select {
+				case m := <-msgs:
+					c.handBack(m)
+				default:
+					drained = true
+				}
+			}
+		}
+		switch reason {
+		case stopCrash:
+			wg.Wait()
+			return ErrCrashed
+		case stopShutdown:
+			c.draining.Store(true)
+			return nil
+		case stopDBDown:
+			c.ready.Store(false)
+			if err := c.waitForDB(ctx); err != nil {
+				c.draining.Store(true)
+				return nil
+			}
+		}
+	}
+}
+
+type stopReason int
+
+const (
+	stopShutdown stopReason = iota
+	stopCrash
+	stopDBDown
+)
+
+// batchLoop forms batches adaptively: it takes a free slot, waits for one
+// message, then takes whatever else has already arrived, up to BatchSize.
+func (c *Consumer) batchLoop(ctx, work context.Context, msgs chan jetstream.Msg, slots chan struct{}, wg *sync.WaitGroup, onCrash func(), crash chan struct{}) stopReason {
+	for {
+		if c.dbDown.Load() {
+			return stopDBDown
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return stopShutdown
+		case <-crash:
+			return stopCrash
+		}
+		var batch []jetstream.Msg
+		select {
+		case m := <-msgs:
+			batch = append(make([]jetstream.Msg, 0, c.cfg.BatchSize), m)
+		case <-ctx.Done():
+			<-slots
+			return stopShutdown
+		case <-crash:
+			<-slots
+			return stopCrash
+		}
+	fill:
+		for len(batch) < c.cfg.BatchSize {
+			select {
+			case m := <-msgs:
+				batch = append(batch, m)
+			default:
+				break fill
+			}
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			if c.crashed.Load() {
+				return // a dead process acks nothing
+			}
+			if err := c.processBatch(work, batch); err != nil {
+				onCrash()
+			}
+		}()
+	}
+}
+
+// processBatch runs one batch through the inbox and settles every message
+// with JetStream. It returns an error only for a simulated crash.
+func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg) error {
+	msgs := make([]inbox.Message, len(batch))
+	for i, m := range batch {
+		msgs[i] = inbox.Message{ID: m.Headers().Get(jetstream.MsgIDHeader), Payload: m.Data(), Subject: m.Subject()}
+		if md, err := m.Metadata(); err == nil {
+			msgs[i].StreamSeq = md.Sequence.Stream
+			msgs[i].Deliveries = md.NumDelivered
+			msgs[i].Final = c.cfg.MaxDeliver > 0 && md.NumDelivered >= uint64(c.cfg.MaxDeliver)
+			if md.NumDelivered > 1 {
+				c.redeliveries.Add(1)
+			}
+		}
+	}
+	c.received.Add(int64(len(batch)))
+	stopProgress := make(chan struct{})
+	go c.keepAlive(batch, stopProgress)
+	if mutation.ackBeforeCommit {
+		for _, m := range batch {
+			_ = m.Ack()
+		}
+	}
+	out, err := c.proc.Process(ctx, msgs)
+	close(stopProgress)
+	c.batches.Add(1)
+
+	var fp *failpoint.Error
+	if errors.As(err, &fp) {
+		c.cfg.Logger.Warn("jsinbox: simulated crash", "failpoint", fp.Name, "batch", len(batch))
+		return err
+	}
+	if err != nil {
+		c.failedBatches.Add(1)
+		if !errors.Is(err, inbox.ErrOutcomeUnknown) && c.cfg.DB != nil && c.cfg.DB.Ping(ctx) != nil {
+			c.dbDown.Store(true)
+		}
+		c.cfg.Logger.Warn("jsinbox: batch failed; naking with jittered delay", "batch", len(batch), "err", err)
+	}
+	skipAck := failpoint.Hit(ctx, failpoint.SkipAck)
+	for i, m := range batch {
+		o := out[i]
+		switch {
+		case o.Ackable():
+			if o.Status == inbox.StatusApplied {
+				c.applied.Add(1)
+			} else {
+				c.duplicates.Add(1)
+			}
+			if !skipAck {
+				if err := m.Ack(); err != nil {
+					c.cfg.Logger.Debug("jsinbox: ack failed; the message will be redelivered and found in the inbox",
+						"id", msgs[i].ID, "stream_seq", msgs[i].StreamSeq, "deliveries", msgs[i].Deliveries, "err", err)
+				}
+			}
+		case o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict:
+			if o.Status == inbox.StatusConflict {
+				c.conflicts.Add(1)
+			} else {
+				c.rejected.Add(1)
+			}
+			c.deadLetter(ctx, m, &msgs[i], o.Status.String(), o.Reason)
+		case msgs[i].Final:
+			c.deadLetter(ctx, m, &msgs[i], "gave-up", fmt.Sprintf("gave up after %d deliveries: %s", msgs[i].Deliveries, o.Reason))
+		default:
+			c.naks.Add(1)
+			_ = m.NakWithDelay(c.cfg.Nak.Delay(int(max(msgs[i].Deliveries, 1))))
+		}
+	}
+	return nil
+}
+
+// keepAlive sends InProgress for every message of a batch each AckWait/2,
+// so the server does not redeliver a batch that is still working.
+func (c *Consumer) keepAlive(batch []jetstream.Msg, stop chan struct{}) {
+	if c.cfg.KeepAlive < 0 {
+		return
+	}
+	tick := time.NewTicker(c.cfg.KeepAlive)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+			for _, m := range batch {
+				_ = m.InProgress()
+			}
+		case <-stop:
+			return
+		}
+	}
+}
+
+// deadLetter publishes m to the dead-letter stream with the reason and the
+// original headers, waits for the stream to have it, then terminates m. If
+// the dead-letter publish fails, m is naked instead: it comes back and is
+// dead-lettered then.
+func (c *Consumer) deadLetter(ctx context.Context, m jetstream.Msg, im *inbox.Message, status, reason string) {
+	h := nats.Header{}
+	for k, v := range m.Headers() {
+		h[k] = append([]string(nil), v...)
+	}
+	delete(h, jetstream.MsgIDHeader)
+	h.Set(HeaderReason, reason)
+	h.Set(HeaderStatus, status)
+	h.Set(HeaderScope, c.proc.Scope())
+	h.Set(HeaderStream, c.cfg.Stream)
+	h.Set(HeaderStreamSeq, strconv.FormatUint(im.StreamSeq, 10))
+	h.Set(HeaderDelivered, strconv.FormatUint(im.Deliveries, 10))
+	dlqID := c.proc.Scope() + ":" + c.cfg.Stream + ":" + strconv.FormatUint(im.StreamSeq, 10)
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := c.js.PublishMsg(pctx, &nats.Msg{Subject: DeadLetterPrefix + m.Subject(), Data: m.Data(), Header: h}, jetstream.WithMsgID(dlqID))
+	if err != nil {
+		c.cfg.Logger.Error("jsinbox: dead-letter publish failed; naking", "id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "err", err)
+		c.naks.Add(1)
+		_ = m.NakWithDelay(c.cfg.Nak.Delay(int(max(im.Deliveries, 1))))
+		return
+	}
+	c.deadLettered.Add(1)
+	c.cfg.Logger.Warn("jsinbox: dead-lettered", "id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "status", status, "reason", reason)
+	if len(reason) > 256 {
+		reason = reason[:256]
+	}
+	_ = m.TermWithReason(reason)
+}
+
+// handBack returns a message the consumer will not process now: a short
+// jittered delay spreads the redeliveries.
+func (c *Consumer) handBack(m jetstream.Msg) {
+	_ = m.NakWithDelay(c.cfg.Nak.Delay(1))
+}
+
+func (c *Consumer) waitForDB(ctx context.Context) error {
+	bo := c.cfg.Reconnect.NewBackOff()
+	for {
+		d := bo.NextBackOff()
+		if d < 0 {
+			d = c.cfg.Reconnect.WithDefaults().Cap
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(d):
+		}
+		if err := c.cfg.DB.Ping(ctx); err == nil {
+			c.dbDown.Store(false)
+			c.cfg.Logger.Info("jsinbox: database reachable again; consuming")
+			return nil
+		}
+	}
+}

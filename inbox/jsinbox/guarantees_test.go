@@ -1,0 +1,327 @@
+package jsinbox_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/jetinbox/jetinbox/effects"
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/failpoint"
+	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/verify"
+	"github.com/jetinbox/jetinbox/jitter"
+)
+
+func waitRun(t *testing.T, r *running, timeout time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-r.done:
+		r.done <- err // for the cleanup
+		return err
+	case <-time.After(timeout):
+		t.Fatalf("consumer still running after %v", timeout)
+		return nil
+	}
+}
+
+// TestCrashPoints stops the consumer at each named crash point; a new
+// consumer on the same durable then settles the stream with every intent
+// applied exactly once.
+func TestCrashPoints(t *testing.T) {
+	t.Parallel()
+	for _, point := range []string{failpoint.BeforeClaim, failpoint.BeforeCommit, failpoint.AfterCommit} {
+		t.Run(point, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, "", jsinbox.StreamOptions{})
+			e.publish(t, load(500, "crash"))
+			fp := failpoint.New()
+			fp.EnableEvery(point, 3, 1) // the third batch dies there
+			ctx := failpoint.With(context.Background(), fp)
+			cfg := jsinbox.ConsumerConfig{BatchSize: 50, InFlight: 1, AckWait: time.Second}
+			r := e.startConsumer(t, ctx, nil, cfg)
+			if err := waitRun(t, r, 30*time.Second); !errors.Is(err, jsinbox.ErrCrashed) {
+				t.Fatalf("Run = %v, want ErrCrashed", err)
+			}
+			if fp.Hits(point) != 1 {
+				t.Fatalf("failpoint %s fired %d times", point, fp.Hits(point))
+			}
+			r2 := e.startConsumer(t, context.Background(), nil, cfg)
+			e.settle(t, time.Minute)
+			e.assertClean(t, 500)
+			if point == failpoint.AfterCommit && r2.c.Stats().Duplicates == 0 {
+				t.Fatal("the batch committed before the crash came back, but no duplicate was seen")
+			}
+		})
+	}
+}
+
+// slowHandler makes the first batches outlast AckWait.
+type slowHandler struct {
+	inner inbox.Handler
+	slow  atomic.Int32
+	delay time.Duration
+}
+
+func (h *slowHandler) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, errs []error) error {
+	if h.slow.Add(-1) >= 0 {
+		time.Sleep(h.delay)
+	}
+	return h.inner.Handle(ctx, tx, msgs, errs)
+}
+
+// TestTwoConsumersAckWaitTooShort: two consumers on one durable, AckWait
+// shorter than the processing time: the server redelivers messages still
+// being worked on, the other consumer takes them, the inbox settles it.
+func TestTwoConsumersAckWaitTooShort(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", jsinbox.StreamOptions{})
+	e.publish(t, load(1000, "two"))
+	cfg := jsinbox.ConsumerConfig{BatchSize: 50, InFlight: 2, AckWait: 500 * time.Millisecond, KeepAlive: -1}
+	slow := func() *slowHandler {
+		h := &slowHandler{inner: effects.NewLedger(), delay: 900 * time.Millisecond}
+		h.slow.Store(4)
+		return h
+	}
+	a := e.startConsumer(t, context.Background(), slow(), cfg)
+	b := e.startConsumer(t, context.Background(), slow(), cfg)
+	e.settle(t, time.Minute)
+	e.assertClean(t, 1000)
+	sa, sb := a.c.Stats(), b.c.Stats()
+	if sa.Redeliveries+sb.Redeliveries == 0 {
+		t.Fatal("no redelivery happened: the test did not exercise concurrent duplicates")
+	}
+	if sa.Duplicates+sb.Duplicates == 0 {
+		t.Fatal("no duplicate reached the inbox")
+	}
+	t.Logf("consumer A %+v", sa)
+	t.Logf("consumer B %+v", sb)
+}
+
+// TestPoisonDeadLettered: bad payloads, an unknown account, a missing ID and
+// a reused ID go to the dead-letter stream with a reason and are terminated;
+// their neighbours are applied.
+func TestPoisonDeadLettered(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", jsinbox.StreamOptions{DuplicateWindow: 200 * time.Millisecond})
+	good := load(200, "good")
+	e.publish(t, good[:100])
+	e.publishRaw(t, "intents.1", "bad-json", []byte(`{"account":1,`))
+	e.publishRaw(t, "intents.1", "bad-type", []byte(`{"account":1,"amount":"5"}`))
+	e.publishRaw(t, "intents.1", "unknown-account", []byte(`{"account":99999,"amount":5}`))
+	e.publishRaw(t, "intents.1", "", []byte(`{"account":1,"amount":5}`))
+	e.publishRaw(t, "intents.1", "bad\x01id", []byte(`{"account":1,"amount":5}`))
+	e.publish(t, good[100:])
+	time.Sleep(300 * time.Millisecond) // past the duplicate window
+	e.publishRaw(t, good[0].Subject, good[0].ID, []byte(`{"account":2,"amount":1000}`))
+
+	fp := failpoint.New()
+	fp.Enable(failpoint.EffectPanic, 1)
+	r := e.startConsumer(t, failpoint.With(context.Background(), fp), nil, jsinbox.ConsumerConfig{BatchSize: 64})
+	e.settle(t, time.Minute)
+	rep := e.assertClean(t, 200)
+	if rep.DeadLettered != 6 || rep.Conflicts != 1 || rep.Rejected != 3 {
+		var b strings.Builder
+		rep.WriteTable(&b)
+		t.Fatalf("want 6 dead letters, 1 conflict, 3 rejected rows:\n%s", b.String())
+	}
+	if s := r.c.Stats(); s.DeadLettered != 6 {
+		t.Fatalf("stats %+v", s)
+	}
+	dead, err := readDLQ(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"bad intent", "must be an integer", "unknown account 99999", "invalid message ID: empty", "control or space", "different payload"} {
+		found := false
+		for _, d := range dead {
+			found = found || strings.Contains(d, want)
+		}
+		if !found {
+			t.Errorf("no dead letter with reason %q in %q", want, dead)
+		}
+	}
+}
+
+func readDLQ(e *env) ([]string, error) {
+	msgs, err := verify.ReadStream(context.Background(), e.js, jsinbox.DefaultStream+"_DLQ")
+	if err != nil {
+		return nil, err
+	}
+	var reasons []string
+	for _, m := range msgs {
+		reasons = append(reasons, m.Header[jsinbox.HeaderReason])
+	}
+	return reasons, nil
+}
+
+// TestPostgresOutage: PostgreSQL goes away under load. The consumer stops
+// fetching while it is down (no redelivery storm) and applies everything
+// once after it returns.
+func TestPostgresOutage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close() })
+	url, err := pg.CreateDatabase(ctx, "outage")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, url, jsinbox.StreamOptions{})
+	const n = 3000
+	e.publish(t, load(n, "outage"))
+	cfg := jsinbox.ConsumerConfig{BatchSize: 50, InFlight: 2, AckWait: 2 * time.Second,
+		Nak: jitter.Policy{Kind: jitter.Decorrelated, Base: 100 * time.Millisecond, Cap: time.Second}}
+	h := &slowHandler{inner: effects.NewLedger(), delay: 20 * time.Millisecond}
+	h.slow.Store(1 << 30)
+	r := e.startConsumer(t, ctx, h, cfg)
+	waitFor(t, 30*time.Second, func() bool { return r.c.Stats().Applied > 200 })
+	if err := pg.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, func() bool { return !r.c.Ready() })
+	before := r.c.Stats().Received
+	time.Sleep(3 * time.Second) // the outage
+	during := r.c.Stats().Received - before
+	if err := pg.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.settle(t, 2*time.Minute)
+	e.assertClean(t, n)
+	s := r.c.Stats()
+	t.Logf("received %d deliveries for %d messages (%d while down), %d redeliveries, %d naks", s.Received, n, during, s.Redeliveries, s.Naks)
+	if during > 0 {
+		t.Fatalf("%d deliveries processed while the database was down: no circuit breaker", during)
+	}
+	// Bounded by what was in flight when the database went away, not by
+	// the outage's length.
+	if limit := int64(4 * cfg.BatchSize * 2 * 2); s.Redeliveries > limit {
+		t.Fatalf("%d redeliveries, more than %d: a redelivery storm", s.Redeliveries, limit)
+	}
+}
+
+// TestNATSRestart: the server restarts while intents are published and
+// consumed: nothing acknowledged is lost, nothing applied twice.
+func TestNATSRestart(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", jsinbox.StreamOptions{})
+	intents := load(4000, "restart")
+	r := e.startConsumer(t, context.Background(), nil, jsinbox.ConsumerConfig{BatchSize: 100, AckWait: 2 * time.Second})
+	done := make(chan jsinbox.PublishStats)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		p, err := jsinbox.NewPublisher(ctx, e.js, jsinbox.PublisherConfig{AckTimeout: time.Second, MaxInFlight: 256})
+		if err != nil {
+			t.Error(err)
+		}
+		for _, in := range intents {
+			if err := p.Publish(ctx, in); err != nil {
+				t.Error(err)
+				break
+			}
+		}
+		_ = p.Flush(ctx)
+		if f := p.Failures(); len(f) > 0 {
+			t.Errorf("%d intents not published: %v", len(f), f[0])
+		}
+		done <- p.Stats()
+	}()
+	waitFor(t, 30*time.Second, func() bool { return r.c.Stats().Applied > 500 })
+	if err := e.nats.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	st := <-done
+	e.settle(t, 2*time.Minute)
+	e.assertClean(t, len(intents))
+	t.Logf("publisher %+v; consumer %+v", st, r.c.Stats())
+}
+
+// TestGracefulShutdown: cancelling Run in the middle of a stream returns nil,
+// acks nothing that was not committed, and a later consumer finishes the
+// stream.
+func TestGracefulShutdown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", jsinbox.StreamOptions{})
+	const n = 5000
+	e.publish(t, load(n, "drain"))
+	cfg := jsinbox.ConsumerConfig{BatchSize: 100}
+	r := e.startConsumer(t, context.Background(), nil, cfg)
+	waitFor(t, 30*time.Second, func() bool { return r.c.Stats().Applied > 1000 })
+	r.stop()
+	if err := waitRun(t, r, 30*time.Second); err != nil {
+		t.Fatalf("Run after cancel = %v, want nil", err)
+	}
+	assertAckedWereCommitted(t, e, n)
+	e.startConsumer(t, context.Background(), nil, cfg)
+	e.settle(t, time.Minute)
+	e.assertClean(t, n)
+}
+
+// assertAckedWereCommitted: every message the server considers acked has its
+// inbox row. Acked = total - pending - ack-pending.
+func assertAckedWereCommitted(t *testing.T, e *env, total int) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := e.js.Consumer(ctx, jsinbox.DefaultStream, "ledger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acked := total - int(info.NumPending) - info.NumAckPending
+	var rows int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if acked > rows {
+		t.Fatalf("%d messages acked but only %d inbox rows committed: acked before commit", acked, rows)
+	}
+	t.Logf("acked %d, committed %d", acked, rows)
+}
+
+// TestAckBeforeCommitIsCaught switches the consumer to ack before commit and
+// crashes batches before COMMIT: the checks must report lost intents.
+func TestAckBeforeCommitIsCaught(t *testing.T) {
+	jsinbox.SetAckBeforeCommit(true)
+	defer jsinbox.SetAckBeforeCommit(false)
+	e := newEnv(t, "", jsinbox.StreamOptions{})
+	const n = 300
+	e.publish(t, load(n, "mut"))
+	fp := failpoint.New()
+	fp.EnableEvery(failpoint.BeforeCommit, 2, 1)
+	cfg := jsinbox.ConsumerConfig{BatchSize: 50, InFlight: 1, AckWait: time.Second}
+	r := e.startConsumer(t, failpoint.With(context.Background(), fp), nil, cfg)
+	if err := waitRun(t, r, 30*time.Second); !errors.Is(err, jsinbox.ErrCrashed) {
+		t.Fatalf("Run = %v", err)
+	}
+	e.startConsumer(t, context.Background(), nil, cfg)
+	e.settle(t, time.Minute)
+	rep := e.verify(t)
+	if rep.Lost == 0 {
+		t.Fatal("ack before commit lost nothing visible: the guarantee tests cannot catch it")
+	}
+	t.Logf("ack before commit caught: lost=%d", rep.Lost)
+}
+
+func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v", timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

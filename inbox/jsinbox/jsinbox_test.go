@@ -1,0 +1,192 @@
+package jsinbox_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/effects"
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/pipeline"
+	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/verify"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+const accounts = 64
+
+type env struct {
+	nats *testenv.NATS
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	pool *pgxpool.Pool
+}
+
+func newEnv(t *testing.T, dbURL string, stream jsinbox.StreamOptions) *env {
+	t.Helper()
+	ctx := context.Background()
+	e := &env{nats: testenv.NewNATS(t, testenv.NATSOptions{})}
+	var err error
+	e.nc, err = nats.Connect(e.nats.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectJitter(50*time.Millisecond, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.nc.Close)
+	if e.js, err = jetstream.New(e.nc); err != nil {
+		t.Fatal(err)
+	}
+	if dbURL == "" {
+		dbURL = testenv.NewDatabase(t)
+	}
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 16
+	if e.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.pool.Close)
+	if err := pipeline.Setup(ctx, e.js, e.pool, stream, accounts); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func (e *env) publish(t *testing.T, intents []jsinbox.Intent) jsinbox.PublishStats {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, err := jsinbox.NewPublisher(ctx, e.js, jsinbox.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, in := range intents {
+		if err := p.Publish(ctx, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if f := p.Failures(); len(f) > 0 {
+		t.Fatalf("%d intents not published, first: %+v", len(f), f[0])
+	}
+	return p.Stats()
+}
+
+// publishRaw publishes a message as a hostile or broken producer would.
+func (e *env) publishRaw(t *testing.T, subject, id string, payload []byte) {
+	t.Helper()
+	m := &nats.Msg{Subject: subject, Data: payload, Header: nats.Header{}}
+	if id != "" {
+		m.Header.Set(jetstream.MsgIDHeader, id)
+	}
+	if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type running struct {
+	c    *jsinbox.Consumer
+	stop context.CancelFunc
+	done chan error
+}
+
+func (e *env) startConsumer(t *testing.T, ctx context.Context, handler inbox.Handler, cfg jsinbox.ConsumerConfig) *running {
+	t.Helper()
+	if handler == nil {
+		handler = effects.NewLedger()
+	}
+	proc, err := inbox.NewProcessor(e.pool, inbox.Config{Scope: "ledger", Handler: handler})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.DB == nil {
+		cfg.DB = e.pool
+	}
+	c, err := jsinbox.NewConsumer(e.js, proc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(ctx)
+	r := &running{c: c, stop: stop, done: make(chan error, 1)}
+	go func() { r.done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		stop()
+		select {
+		case <-r.done:
+		case <-time.After(30 * time.Second):
+			t.Error("consumer did not stop within 30s")
+		}
+	})
+	return r
+}
+
+func (e *env) settle(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := pipeline.WaitSettled(ctx, e.js, jsinbox.DefaultStream, "ledger", nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *env) verify(t *testing.T) *verify.Report {
+	t.Helper()
+	r, err := verify.Run(context.Background(), e.js, e.pool, verify.Options{Scope: "ledger", Durable: "ledger", Ledger: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (e *env) assertClean(t *testing.T, wantApplied int) *verify.Report {
+	t.Helper()
+	r := e.verify(t)
+	if !r.Clean() || (wantApplied >= 0 && r.AppliedOnce != wantApplied) {
+		var b strings.Builder
+		r.WriteTable(&b)
+		t.Fatalf("pipeline not clean (want %d applied once):\n%s", wantApplied, b.String())
+	}
+	return r
+}
+
+func load(n int, prefix string) []jsinbox.Intent {
+	return pipeline.Generate(pipeline.Load{Count: n, Accounts: accounts, Prefix: prefix, Seed: 1})
+}
+
+// TestEndToEnd: intents including duplicate publishes, inside the stream's
+// duplicate window and after it, are applied exactly once.
+func TestEndToEnd(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", jsinbox.StreamOptions{DuplicateWindow: 500 * time.Millisecond})
+	intents := load(2000, "e2e")
+	e.publish(t, intents)
+	if st := e.publish(t, intents[:300]); st.Duplicates != 300 {
+		t.Fatalf("server reported %d duplicates for 300 republished IDs", st.Duplicates)
+	}
+	// Copies after the window reach the stream as new messages: only the
+	// inbox can catch them.
+	time.Sleep(600 * time.Millisecond) // let the duplicate window pass
+	if st := e.publish(t, intents[:50]); st.Duplicates != 0 {
+		t.Fatalf("server deduplicated %d copies after its window", st.Duplicates)
+	}
+	r := e.startConsumer(t, context.Background(), nil, jsinbox.ConsumerConfig{BatchSize: 100})
+	e.settle(t, time.Minute)
+	rep := e.assertClean(t, 2000)
+	if rep.StreamMessages != 2050 {
+		t.Fatalf("stream holds %d messages, want 2050", rep.StreamMessages)
+	}
+	if s := r.c.Stats(); s.Applied != 2000 || s.Duplicates != 50 {
+		t.Fatalf("consumer stats %+v, want 2000 applied, 50 duplicates", s)
+	}
+}

@@ -1,0 +1,229 @@
+package jsinbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/internal/failpoint"
+	"github.com/jetinbox/jetinbox/jitter"
+)
+
+// Intent is one thing to happen once: its ID is chosen when the intent is
+// created and every publish retry carries it.
+type Intent struct {
+	ID      string
+	Subject string
+	Payload []byte
+}
+
+// PublisherConfig configures a [Publisher].
+type PublisherConfig struct {
+	// MaxInFlight bounds the publishes awaiting a PubAck. Publish blocks
+	// while the window is full. Default 4096.
+	MaxInFlight int
+	// AckTimeout is how long one publish waits for its PubAck before it is
+	// retried. Default 5s.
+	AckTimeout time.Duration
+	// Retry times the retries of one intent (same ID every time) and bounds
+	// them: when its budget is spent the intent is reported as failed.
+	// Default: jitter.Default(), which gives up after 10 retries (72 s at
+	// most), inside JetStream's default 2-minute duplicate window.
+	Retry jitter.Policy
+	// Logger receives a line per failed intent. Default: discard.
+	Logger *slog.Logger
+}
+
+// WithDefaults returns c with defaults filled in.
+func (c PublisherConfig) WithDefaults() PublisherConfig {
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = 4096
+	}
+	if c.AckTimeout <= 0 {
+		c.AckTimeout = 5 * time.Second
+	}
+	if r := c.Retry; r.Kind == 0 && r.Base == 0 && r.Cap == 0 && r.MaxAttempts == 0 && r.MaxElapsed == 0 {
+		c.Retry = jitter.Default()
+	}
+	c.Retry = c.Retry.WithDefaults()
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// PublishStats counts what a Publisher did.
+type PublishStats struct {
+	// Published intents whose publish was acknowledged by the stream.
+	Published int64
+	// Duplicates: PubAcks with duplicate=true (the stream already had the
+	// ID inside its duplicate window, so this publish was dropped).
+	Duplicates int64
+	// Retries: publishes sent again after a timeout or error.
+	Retries int64
+	// Failed intents: retry budget spent without a PubAck.
+	Failed int64
+}
+
+// Failure is an intent the publisher could not publish within its budget.
+type Failure struct {
+	ID       string
+	Attempts int
+	Err      error
+}
+
+// Publisher publishes intents asynchronously with a bounded in-flight window.
+// A publish that times out, finds no responders or fails on a disconnect is
+// retried with the same Nats-Msg-Id after a jittered delay, so the stream (in
+// its duplicate window) or the consumer's inbox (after it) drops the copy.
+type Publisher struct {
+	js   jetstream.JetStream
+	cfg  PublisherConfig
+	sem  chan struct{}
+	wg   sync.WaitGroup
+	ctx  context.Context
+	stop context.CancelFunc
+
+	published, duplicates, retries, failed atomic.Int64
+
+	mu       sync.Mutex
+	failures []Failure
+}
+
+// NewPublisher returns a Publisher on js. ctx carries failpoints for tests;
+// cancelling it abandons retries (their intents are reported as failed).
+func NewPublisher(ctx context.Context, js jetstream.JetStream, cfg PublisherConfig) (*Publisher, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Retry.Validate(); err != nil {
+		return nil, fmt.Errorf("jsinbox: publisher: %w", err)
+	}
+	ctx, stop := context.WithCancel(ctx)
+	return &Publisher{js: js, cfg: cfg, sem: make(chan struct{}, cfg.MaxInFlight), ctx: ctx, stop: stop}, nil
+}
+
+// ErrBadIntent is returned by Publish for an intent without a valid ID or
+// subject. The publisher never invents an ID.
+var ErrBadIntent = errors.New("jsinbox: bad intent")
+
+// Publish starts publishing in; it returns once the intent holds a slot of
+// the in-flight window. Its outcome shows in Stats and Failures after Flush.
+func (p *Publisher) Publish(ctx context.Context, in Intent) error {
+	if err := inbox.ValidateID(in.ID); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadIntent, err)
+	}
+	if in.Subject == "" {
+		return fmt.Errorf("%w: %s: empty subject", ErrBadIntent, in.ID)
+	}
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	p.wg.Add(1)
+	t := &tracker{p: p, in: in, bo: p.cfg.Retry.NewBackOff(), start: time.Now()}
+	t.send()
+	return nil
+}
+
+// Flush waits until every intent handed to Publish was acknowledged or
+// failed, or ctx ends.
+func (p *Publisher) Flush(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { p.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close abandons pending retries.
+func (p *Publisher) Close() { p.stop() }
+
+// Stats returns the counters so far.
+func (p *Publisher) Stats() PublishStats {
+	return PublishStats{Published: p.published.Load(), Duplicates: p.duplicates.Load(), Retries: p.retries.Load(), Failed: p.failed.Load()}
+}
+
+// Failures returns the intents that could not be published.
+func (p *Publisher) Failures() []Failure {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]Failure(nil), p.failures...)
+}
+
+type tracker struct {
+	p        *Publisher
+	in       Intent
+	bo       interface{ NextBackOff() time.Duration }
+	attempts int
+	start    time.Time
+}
+
+func (t *tracker) send() {
+	t.attempts++
+	msg := &nats.Msg{Subject: t.in.Subject, Data: t.in.Payload, Header: nats.Header{jetstream.MsgIDHeader: []string{t.in.ID}}}
+	f, err := t.p.js.PublishMsgAsync(msg)
+	if err != nil {
+		t.retry(err)
+		return
+	}
+	go t.wait(f)
+}
+
+func (t *tracker) wait(f jetstream.PubAckFuture) {
+	timer := time.NewTimer(t.p.cfg.AckTimeout)
+	defer timer.Stop()
+	select {
+	case ack := <-f.Ok():
+		if failpoint.Hit(t.p.ctx, failpoint.LosePubAck) {
+			t.retry(errors.New("PubAck lost (failpoint)"))
+			return
+		}
+		if ack.Duplicate {
+			t.p.duplicates.Add(1)
+		}
+		t.p.published.Add(1)
+		t.done()
+	case err := <-f.Err():
+		t.retry(err)
+	case <-timer.C:
+		t.retry(fmt.Errorf("no PubAck within %v: %w", t.p.cfg.AckTimeout, context.DeadlineExceeded))
+	}
+}
+
+func (t *tracker) retry(err error) {
+	d := t.bo.NextBackOff()
+	if d < 0 || t.p.ctx.Err() != nil || !retryable(err) {
+		t.p.failed.Add(1)
+		t.p.mu.Lock()
+		t.p.failures = append(t.p.failures, Failure{ID: t.in.ID, Attempts: t.attempts, Err: err})
+		t.p.mu.Unlock()
+		t.p.cfg.Logger.Warn("jsinbox: intent not published", "id", t.in.ID, "attempts", t.attempts, "err", err)
+		t.done()
+		return
+	}
+	t.p.retries.Add(1)
+	time.AfterFunc(d, t.send)
+}
+
+func (t *tracker) done() {
+	<-t.p.sem
+	t.p.wg.Done()
+}
+
+// retryable: timeouts, no responders, disconnects and stalls are worth a
+// retry with the same ID; a rejection by the stream (full with DiscardNew,
+// a wrong subject) is too, within the budget, since space may free up.
+func retryable(err error) bool {
+	return !errors.Is(err, jetstream.ErrInvalidSubject) && !errors.Is(err, nats.ErrBadSubject) && !errors.Is(err, nats.ErrMaxPayload)
+}

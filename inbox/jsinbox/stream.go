@@ -1,0 +1,169 @@
+package jsinbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Stream defaults.
+const (
+	DefaultStream          = "INTENTS"
+	DefaultSubject         = "intents.>"
+	DefaultDuplicateWindow = 2 * time.Minute
+	DefaultMaxAge          = 7 * 24 * time.Hour
+	DefaultMaxMsgs         = 50_000_000
+	DefaultMaxBytes        = 16 << 30
+)
+
+// StreamOptions describes the intents stream. Every limit is explicit: the
+// stream discards NEW messages when full (the publisher sees an error and
+// retries), never old unconsumed intents.
+type StreamOptions struct {
+	// Name of the stream. Default "INTENTS".
+	Name string
+	// Subjects the stream captures. Default ["intents.>"].
+	Subjects []string
+	// Replicas is the replication factor. Default 1; use 3 in production.
+	Replicas int
+	// MaxMsgs, MaxBytes and MaxAge bound the stream. Defaults 50 million
+	// messages, 16 GiB, 7 days. MaxAge is part of the replay horizon the
+	// inbox's retention must cover.
+	MaxMsgs  int64
+	MaxBytes int64
+	MaxAge   time.Duration
+	// DuplicateWindow is how long JetStream remembers Nats-Msg-Id values to
+	// drop publish retries. It must cover the producer's retry horizon.
+	// Default 2 minutes.
+	DuplicateWindow time.Duration
+}
+
+// WithDefaults returns o with defaults filled in.
+func (o StreamOptions) WithDefaults() StreamOptions {
+	if o.Name == "" {
+		o.Name = DefaultStream
+	}
+	if len(o.Subjects) == 0 {
+		o.Subjects = []string{DefaultSubject}
+	}
+	if o.Replicas == 0 {
+		o.Replicas = 1
+	}
+	if o.MaxMsgs == 0 {
+		o.MaxMsgs = DefaultMaxMsgs
+	}
+	if o.MaxBytes == 0 {
+		o.MaxBytes = DefaultMaxBytes
+	}
+	if o.MaxAge == 0 {
+		o.MaxAge = DefaultMaxAge
+	}
+	if o.DuplicateWindow == 0 {
+		o.DuplicateWindow = DefaultDuplicateWindow
+	}
+	return o
+}
+
+// Config returns the JetStream configuration for these options.
+func (o StreamOptions) Config() jetstream.StreamConfig {
+	o = o.WithDefaults()
+	return jetstream.StreamConfig{
+		Name:        o.Name,
+		Subjects:    o.Subjects,
+		Storage:     jetstream.FileStorage,
+		Replicas:    o.Replicas,
+		Retention:   jetstream.LimitsPolicy,
+		Discard:     jetstream.DiscardNew,
+		MaxMsgs:     o.MaxMsgs,
+		MaxBytes:    o.MaxBytes,
+		MaxAge:      o.MaxAge,
+		Duplicates:  o.DuplicateWindow,
+		DenyDelete:  true,
+		DenyPurge:   true,
+		AllowRollup: false,
+		AllowMsgTTL: false,
+	}
+}
+
+// DeadLetterConfig returns the configuration of the dead-letter stream for an
+// intents stream: same durability, subjects "dlq.<intent subject>".
+func (o StreamOptions) DeadLetterConfig() jetstream.StreamConfig {
+	c := o.Config()
+	c.Name += "_DLQ"
+	c.Subjects = make([]string, len(o.WithDefaults().Subjects))
+	for i, s := range o.WithDefaults().Subjects {
+		c.Subjects[i] = DeadLetterPrefix + s
+	}
+	c.MaxAge = 0 // dead letters wait for a person
+	return c
+}
+
+// DeadLetterPrefix is put in front of an intent's subject to form its
+// dead-letter subject.
+const DeadLetterPrefix = "dlq."
+
+// EnsureStream creates the stream and its dead-letter stream, or checks that
+// existing ones are safe: file storage, DiscardNew, deny delete and purge, no
+// rollup or per-message TTL headers, and a duplicate window at least as long
+// as asked. It never changes an existing stream; it returns an error naming
+// every unsafe setting instead.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, o StreamOptions) (jetstream.Stream, error) {
+	o = o.WithDefaults()
+	if _, err := ensure(ctx, js, o.DeadLetterConfig(), o.DuplicateWindow); err != nil {
+		return nil, err
+	}
+	return ensure(ctx, js, o.Config(), o.DuplicateWindow)
+}
+
+func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, window time.Duration) (jetstream.Stream, error) {
+	s, err := js.CreateStream(ctx, cfg)
+	if err == nil {
+		return s, nil
+	}
+	if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return nil, fmt.Errorf("jsinbox: create stream %s: %w", cfg.Name, err)
+	}
+	s, err = js.Stream(ctx, cfg.Name)
+	if err != nil {
+		return nil, fmt.Errorf("jsinbox: stream %s: %w", cfg.Name, err)
+	}
+	if problems := CheckStream(s.CachedInfo().Config, window); len(problems) > 0 {
+		return nil, fmt.Errorf("jsinbox: existing stream %s is unsafe: %s", cfg.Name, strings.Join(problems, "; "))
+	}
+	return s, nil
+}
+
+// CheckStream lists the settings of an existing stream that could lose or
+// mangle intents.
+func CheckStream(c jetstream.StreamConfig, window time.Duration) []string {
+	var p []string
+	if c.Storage != jetstream.FileStorage {
+		p = append(p, "storage is not file: a restart loses every intent")
+	}
+	if c.Discard != jetstream.DiscardNew {
+		p = append(p, "discard policy is old: a full stream silently deletes unconsumed intents (use DiscardNew)")
+	}
+	if c.MaxMsgs <= 0 && c.MaxBytes <= 0 {
+		p = append(p, "no MaxMsgs or MaxBytes limit: the stream grows until the disk is full")
+	}
+	if !c.DenyDelete {
+		p = append(p, "DenyDelete is off: single intents can be deleted")
+	}
+	if !c.DenyPurge {
+		p = append(p, "DenyPurge is off: the stream can be purged")
+	}
+	if c.AllowRollup {
+		p = append(p, "rollup headers allowed: a Nats-Rollup header deletes earlier intents")
+	}
+	if c.AllowMsgTTL {
+		p = append(p, "per-message TTL allowed: a Nats-TTL header expires an intent before it is consumed")
+	}
+	if c.Duplicates < window {
+		p = append(p, fmt.Sprintf("duplicate window %v is shorter than the producer's retry horizon %v", c.Duplicates, window))
+	}
+	return p
+}
