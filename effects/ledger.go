@@ -48,6 +48,8 @@ type Ledger struct{}
 // NewLedger returns the ledger effect.
 func NewLedger() *Ledger { return &Ledger{} }
 
+const lockSQL = `SELECT id FROM accounts WHERE id = ANY($1::bigint[]) ORDER BY id FOR NO KEY UPDATE`
+
 // applySQL applies every valid intent of a batch at once. Intents for unknown
 // accounts are left out of both writes and returned, so the transaction stays
 // healthy and each can be rejected alone.
@@ -82,7 +84,19 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := tx.Query(ctx, applySQL, ids, accounts, amounts)
+	// Lock the touched accounts in ID order first, so that concurrent
+	// batches over overlapping accounts queue up instead of deadlocking
+	// (PostgreSQL would find a deadlock only after deadlock_timeout, 1s).
+	// Both statements go out in one round trip.
+	var b pgx.Batch
+	b.Queue(lockSQL, accounts)
+	b.Queue(applySQL, ids, accounts, amounts)
+	br := tx.SendBatch(ctx, &b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("effects: ledger: lock accounts: %w", err)
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return fmt.Errorf("effects: ledger: %w", err)
 	}
@@ -99,6 +113,9 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 		unknown[id] = true
 	}
 	if err := rows.Err(); err != nil {
+		return fmt.Errorf("effects: ledger: %w", err)
+	}
+	if err := br.Close(); err != nil {
 		return fmt.Errorf("effects: ledger: %w", err)
 	}
 	for i := range msgs {

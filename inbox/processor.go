@@ -329,7 +329,8 @@ WHERE inbox.scope = $1 AND inbox.message_id = t.id`, p.cfg.Scope, rejIDs, rejRea
 			ids[k], fps[k], seqs[k], subjects[k] = msgs[i].ID, fp[:], int64(msgs[i].StreamSeq), msgs[i].Subject
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO inbox_conflicts (scope, message_id, fingerprint, stream_seq, subject)
-SELECT $1, * FROM unnest($2::text[], $3::bytea[], $4::bigint[], $5::text[])`, p.cfg.Scope, ids, fps, seqs, subjects); err != nil {
+SELECT $1, * FROM unnest($2::text[], $3::bytea[], $4::bigint[], $5::text[])
+ON CONFLICT (scope, message_id, stream_seq) DO NOTHING`, p.cfg.Scope, ids, fps, seqs, subjects); err != nil {
 			return fmt.Errorf("inbox: record conflicts: %w", err)
 		}
 	}

@@ -3,6 +3,11 @@ package inbox
 import (
 	"context"
 	"embed"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/jetinbox/jetinbox/internal/migrate"
 )
@@ -31,3 +36,34 @@ func Migrate(ctx context.Context, db Beginner) (int, error) {
 // MigrationSQL returns the inbox schema as one SQL script, for people who run
 // their own migration tool.
 func MigrationSQL() string { return migrate.Script("inbox", migrations()) }
+
+// ErrNotMigrated is returned by [CheckSchema] when the inbox tables are
+// missing or older than this library.
+var ErrNotMigrated = errors.New("inbox: schema not migrated (run `jetinbox migrate` or apply MigrationSQL)")
+
+// Querier runs a query returning one row. *pgxpool.Pool, *pgx.Conn and
+// pgx.Tx satisfy it.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// CheckSchema reports [ErrNotMigrated] unless every inbox migration this
+// library ships has been applied. Workers call it at start instead of
+// migrating on their own.
+func CheckSchema(ctx context.Context, db Querier) error {
+	ms := migrations()
+	want := ms[len(ms)-1].Version
+	var have int
+	err := db.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM jetinbox_migrations WHERE component = 'inbox'`).Scan(&have)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return ErrNotMigrated
+	}
+	if err != nil {
+		return fmt.Errorf("inbox: check schema: %w", err)
+	}
+	if have < want {
+		return fmt.Errorf("%w: at version %d, this library needs %d", ErrNotMigrated, have, want)
+	}
+	return nil
+}

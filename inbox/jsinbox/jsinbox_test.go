@@ -168,15 +168,18 @@ func load(n int, prefix string) []jsinbox.Intent {
 // duplicate window and after it, are applied exactly once.
 func TestEndToEnd(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "", jsinbox.StreamOptions{DuplicateWindow: 500 * time.Millisecond})
+	const window = 2 * time.Second
+	e := newEnv(t, "", jsinbox.StreamOptions{DuplicateWindow: window})
 	intents := load(2000, "e2e")
-	e.publish(t, intents)
+	e.publish(t, intents[:300])
 	if st := e.publish(t, intents[:300]); st.Duplicates != 300 {
 		t.Fatalf("server reported %d duplicates for 300 republished IDs", st.Duplicates)
 	}
+	last := time.Now()
+	e.publish(t, intents[300:])
 	// Copies after the window reach the stream as new messages: only the
 	// inbox can catch them.
-	time.Sleep(600 * time.Millisecond) // let the duplicate window pass
+	time.Sleep(time.Until(last.Add(window + 200*time.Millisecond))) // let the duplicate window pass
 	if st := e.publish(t, intents[:50]); st.Duplicates != 0 {
 		t.Fatalf("server deduplicated %d copies after its window", st.Duplicates)
 	}

@@ -27,4 +27,5 @@ CREATE TABLE inbox_conflicts (
 	subject     text        NOT NULL DEFAULT '',
 	seen_at     timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX inbox_conflicts_message ON inbox_conflicts (scope, message_id);
+-- One row per conflicting stream message, however often it is redelivered.
+CREATE UNIQUE INDEX inbox_conflicts_message ON inbox_conflicts (scope, message_id, stream_seq);

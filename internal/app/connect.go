@@ -1,0 +1,174 @@
+// Package app holds the command-line programs: the producer, the consumer
+// and the jetinbox operator CLI. Each main is a few lines calling in here.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Env looks up an environment variable; os.Getenv in the binaries, a map in
+// tests.
+type Env func(string) string
+
+func (e Env) or(name, def string) string {
+	if v := e(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// natsFlags are the connection settings the nats CLI also reads.
+type natsFlags struct {
+	url, creds, nkey, ca, cert, key string
+}
+
+func (n *natsFlags) register(fs flagSet, env Env) {
+	fs.StringVar(&n.url, "nats-url", env.or("NATS_URL", nats.DefaultURL), "NATS server URL(s), comma separated (env NATS_URL)")
+	fs.StringVar(&n.creds, "nats-creds", env("NATS_CREDS"), "NATS credentials file (env NATS_CREDS)")
+	fs.StringVar(&n.nkey, "nats-nkey", env("NATS_NKEY"), "NATS nkey seed file (env NATS_NKEY)")
+	fs.StringVar(&n.ca, "nats-ca", env("NATS_CA"), "CA certificate to verify the NATS server (env NATS_CA)")
+	fs.StringVar(&n.cert, "nats-cert", env("NATS_CERT"), "client certificate for NATS TLS (env NATS_CERT)")
+	fs.StringVar(&n.key, "nats-key", env("NATS_KEY"), "client key for NATS TLS (env NATS_KEY)")
+}
+
+func (n *natsFlags) validate() error {
+	if n.url == "" {
+		return errors.New("no NATS URL: set -nats-url or NATS_URL")
+	}
+	for _, u := range strings.Split(n.url, ",") {
+		if _, err := url.Parse(strings.TrimSpace(u)); err != nil {
+			return fmt.Errorf("bad NATS URL %q: %w", u, err)
+		}
+	}
+	if (n.cert == "") != (n.key == "") {
+		return errors.New("NATS TLS needs both -nats-cert and -nats-key (NATS_CERT, NATS_KEY)")
+	}
+	if n.creds != "" && n.nkey != "" {
+		return errors.New("set either NATS_CREDS or NATS_NKEY, not both")
+	}
+	for _, f := range []struct{ name, path string }{{"NATS_CREDS", n.creds}, {"NATS_NKEY", n.nkey}, {"NATS_CA", n.ca}, {"NATS_CERT", n.cert}, {"NATS_KEY", n.key}} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			return fmt.Errorf("%s: %w", f.name, err)
+		}
+	}
+	return nil
+}
+
+// connect dials NATS. Reconnects are unlimited with jittered waits; a first
+// connection that fails (wrong credentials, nothing listening) is an error,
+// not a retry loop.
+func (n *natsFlags) connect(name string, log *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
+	opts := []nats.Option{
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectJitter(250*time.Millisecond, time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("nats: disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats: reconnected", "url", c.ConnectedUrlRedacted()) }),
+	}
+	if n.creds != "" {
+		opts = append(opts, nats.UserCredentials(n.creds))
+	}
+	if n.nkey != "" {
+		o, err := nats.NkeyOptionFromSeed(n.nkey)
+		if err != nil {
+			return nil, nil, fmt.Errorf("NATS_NKEY: %w", err)
+		}
+		opts = append(opts, o)
+	}
+	if n.ca != "" {
+		opts = append(opts, nats.RootCAs(n.ca))
+	}
+	if n.cert != "" {
+		opts = append(opts, nats.ClientCert(n.cert, n.key))
+	}
+	nc, err := nats.Connect(n.url, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to NATS at %s: %w", redact(n.url), err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return nc, js, nil
+}
+
+// redact hides passwords in URLs before they reach a log or an error.
+func redact(s string) string {
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
+			parts[i] = u.Redacted()
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// openDB opens a pool and checks the server answers.
+func openDB(ctx context.Context, dsn string, maxConns int32, log *slog.Logger) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: %w", err) // pgx does not echo the password
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	if h := cfg.ConnConfig.Host; !isLocal(h) && (cfg.ConnConfig.TLSConfig == nil || cfg.ConnConfig.TLSConfig.InsecureSkipVerify) {
+		log.Warn("database: TLS is weaker than sslmode=verify-full toward a non-local host", "host", h)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("database at %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+	}
+	return pool, nil
+}
+
+func isLocal(host string) bool {
+	return host == "" || host == "localhost" || strings.HasPrefix(host, "127.") || host == "::1" || strings.HasPrefix(host, "/")
+}
+
+// newLogger returns JSON logs in production and text on a terminal.
+func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	if format == "auto" || format == "" {
+		format = "json"
+		if f, ok := w.(*os.File); ok && isTerminal(f) {
+			format = "text"
+		}
+	}
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

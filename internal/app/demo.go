@@ -1,0 +1,399 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/effects"
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/failpoint"
+	"github.com/jetinbox/jetinbox/internal/pipeline"
+	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/verify"
+	"github.com/jetinbox/jetinbox/jitter"
+)
+
+// errDemoFailed makes the demo exit 1.
+var errDemoFailed = errors.New("demo: intents were lost or applied twice")
+
+// Demo runs the whole pipeline with faults switched on and verifies it.
+func Demo(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlagSet("jetinbox demo", "Run producer → JetStream → two inbox consumers → PostgreSQL with faults on, then verify.\n"+
+		"Embedded nats-server and a throwaway PostgreSQL unless NATS_URL / DATABASE_URL are set.", stderr)
+	var (
+		n          = fs.Int("intents", 20000, "distinct intents to publish")
+		accounts   = fs.Int("accounts", 100, "ledger accounts")
+		consumers  = fs.Int("consumers", 2, "consumer processes on the one durable")
+		dupFrac    = fs.Float64("replay-fraction", 0.02, "fraction of intents an upstream system publishes again after the duplicate window")
+		timeout    = fs.Duration("timeout", 3*time.Minute, "give up waiting for the pipeline to settle after this long")
+		verbose    = fs.Bool("v", false, "log what the consumers do (dead letters, crashes, retries)")
+		syncAlways = fs.Bool("sync-always", true, "embedded server fsyncs every JetStream write, as production must (sync_interval: always)")
+	)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *n < 10 || *consumers < 1 {
+		return usageError{errors.New("-intents must be at least 10 and -consumers at least 1")}
+	}
+	start := time.Now()
+	level := slog.LevelError + 1
+	if *verbose {
+		level = slog.LevelInfo
+	}
+	log := newLogger(stderr, "text", level)
+	say := func(format string, a ...any) {
+		fmt.Fprintf(stderr, "%6.1fs  %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+
+	run := strconv.FormatUint(rand.Uint64()>>28, 36)
+	streamOpts := jsinbox.StreamOptions{DuplicateWindow: 3 * time.Second}
+	subject := "intents"
+
+	// NATS: embedded unless NATS_URL is set.
+	natsURL := env("NATS_URL")
+	if natsURL == "" {
+		srv, err := testenv.StartNATS(testenv.NATSOptions{SyncAlways: *syncAlways})
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		natsURL = srv.URL()
+		say("embedded nats-server %s (JetStream, file store, sync_interval: always)", natsURL)
+	} else {
+		// A stream of our own on a shared server.
+		streamOpts.Name, subject = "DEMO_"+run, "demo"+run
+		streamOpts.Subjects = []string{subject + ".>"}
+		say("NATS at %s, stream %s", redact(natsURL), streamOpts.Name)
+	}
+	streamOpts = streamOpts.WithDefaults()
+
+	// PostgreSQL: throwaway unless DATABASE_URL is set.
+	dbURL := env("DATABASE_URL")
+	var searchPath string
+	if dbURL == "" {
+		t0 := time.Now()
+		pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{Durable: true})
+		if err != nil {
+			return err
+		}
+		defer pg.Close()
+		say("throwaway PostgreSQL on 127.0.0.1:%d (fsync on), started in %v", pg.Port(), time.Since(t0).Round(time.Millisecond))
+		dbURL = pg.URL("postgres")
+	} else {
+		searchPath = "jetinbox_demo_" + run
+		say("PostgreSQL from DATABASE_URL, schema %s", searchPath)
+	}
+	pool, err := demoPool(ctx, dbURL, searchPath)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if err := pipeline.Setup(ctx, js, pool, streamOpts, *accounts); err != nil {
+		return err
+	}
+	say("migrated; %d accounts; stream %s (DiscardNew, deny delete/purge, duplicate window %v)", *accounts, streamOpts.Name, streamOpts.DuplicateWindow)
+
+	// Consumers, each on its own connection as separate processes would be.
+	// Consumer 1 crashes once between COMMIT and ACK and drops some acks.
+	scope := "ledger"
+	if searchPath != "" {
+		scope = "demo-" + run
+	}
+	cfg := jsinbox.ConsumerConfig{Stream: streamOpts.Name, Durable: scope, BatchSize: 200, InFlight: 3,
+		AckWait: 2 * time.Second, MaxDeliver: 20, Logger: log}
+	fleet := &demoFleet{natsURL: natsURL, pool: pool, cfg: cfg, log: log, say: say}
+	crashFP := failpoint.New()
+	crashFP.EnableEvery(failpoint.AfterCommit, 5, 1)
+	crashFP.EnableEvery(failpoint.SkipAck, 4, 4)
+	for i := range *consumers {
+		fp := failpoint.New()
+		if i == 0 {
+			fp = crashFP
+		}
+		if err := fleet.start(ctx, i+1, fp); err != nil {
+			return err
+		}
+	}
+	say("%d consumers on durable %q (batch ≤ %d, %d in flight, AckWait %v); consumer 1 will crash after a COMMIT and drop acks",
+		*consumers, scope, cfg.BatchSize, cfg.InFlight, cfg.AckWait)
+
+	// Producer, losing some PubAcks so that it retries with the same ID.
+	intents := pipeline.Generate(pipeline.Load{Count: *n, Accounts: *accounts, Prefix: "demo-" + run, Subject: subject, Seed: rand.Uint64()})
+	pubFP := failpoint.New()
+	pubFP.EnableEvery(failpoint.LosePubAck, 40, -1)
+	pub, err := jsinbox.NewPublisher(failpoint.With(ctx, pubFP), js, jsinbox.PublisherConfig{
+		MaxInFlight: 1024, AckTimeout: time.Second,
+		Retry: jitter.Policy{Kind: jitter.Full, Base: 20 * time.Millisecond, Cap: 250 * time.Millisecond, MaxAttempts: 8},
+	})
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	poison := poisonIntents(subject, run)
+	for _, in := range append(intents, poison...) {
+		if err := pub.Publish(ctx, in); err != nil {
+			return err
+		}
+	}
+	// A message without an ID: a broken producer. Published raw.
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject + ".noid", Data: []byte(`{"account":1,"amount":5}`)}); err != nil {
+		return err
+	}
+	if err := pub.Flush(ctx); err != nil {
+		return err
+	}
+	say("published %d intents + %d poison + 1 without ID; %d PubAcks lost on purpose", len(intents), len(poison), pubFP.Hits(failpoint.LosePubAck))
+
+	// After the duplicate window, an upstream system replays some intents
+	// and reuses one ID with a different payload: the stream keeps these
+	// copies, only the inbox can catch them.
+	select {
+	case <-time.After(streamOpts.DuplicateWindow + 500*time.Millisecond):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	replays := intents[:int(float64(len(intents))**dupFrac)]
+	for _, in := range replays {
+		if err := pub.Publish(ctx, in); err != nil {
+			return err
+		}
+	}
+	conflict := intents[len(intents)-1]
+	conflict.Payload = effects.Intent{Account: 1, Amount: 777}.AppendJSON(nil)
+	if err := pub.Publish(ctx, conflict); err != nil {
+		return err
+	}
+	if err := pub.Flush(ctx); err != nil {
+		return err
+	}
+	say("replayed %d intents after the duplicate window, and reused 1 ID with a different payload", len(replays))
+
+	err = pipeline.WaitSettled(ctx, js, streamOpts.Name, scope, func(settled, total uint64) {
+		fleet.progress(settled, total)
+	})
+	fleet.stopAll()
+	if err != nil {
+		return err
+	}
+	say("settled; verifying the stream against the inbox and the ledger")
+
+	rep, err := verify.Run(context.WithoutCancel(ctx), js, pool, verify.Options{Stream: streamOpts.Name, Scope: scope, Durable: scope, Ledger: true})
+	if err != nil {
+		return err
+	}
+	ps := pub.Stats()
+	cs := fleet.stats()
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	row := func(k string, v any, note string) { fmt.Fprintf(tw, "%s\t%v\t  %s\n", k, v, note) }
+	fmt.Fprintln(stdout)
+	row("intents", len(intents), "distinct IDs the producer meant to apply once")
+	row("published", ps.Published, fmt.Sprintf("PubAcks received (incl. %d poison, %d replays, 1 conflict)", len(poison), len(replays)))
+	row("publish retries", ps.Retries, "same ID, jittered backoff")
+	row("server duplicates", ps.Duplicates, "dropped by JetStream inside its duplicate window")
+	row("stream messages", rep.StreamMessages, "")
+	row("delivered", cs.Received, "deliveries to consumers")
+	row("duplicate deliveries", cs.Received-int64(rep.StreamMessages), "redeliveries after lost acks, a crash, AckWait")
+	row("inbox duplicates", cs.Duplicates, "deliveries the inbox found already applied")
+	row("applied once", rep.AppliedOnce, "")
+	row("duplicated", rep.Duplicated, mark(rep.Duplicated == 0))
+	row("lost", rep.Lost, mark(rep.Lost == 0))
+	row("unexpected", rep.Unexpected, mark(rep.Unexpected == 0))
+	row("dead-lettered", rep.DeadLettered, fmt.Sprintf("rejected %d, conflicts %d, with reasons", rep.Rejected, rep.Conflicts))
+	row("consumer crashes", fleet.crashes, "restarted, as a supervisor would")
+	tw.Flush()
+	for _, e := range rep.Examples {
+		fmt.Fprintln(stdout, "  ", e)
+	}
+	fmt.Fprintf(stdout, "\nfinished in %.1fs\n", time.Since(start).Seconds())
+	if !rep.Clean() || rep.AppliedOnce != len(intents) {
+		return errDemoFailed
+	}
+	return nil
+}
+
+func mark(ok bool) string {
+	if ok {
+		return "ok"
+	}
+	return "VIOLATION"
+}
+
+func demoPool(ctx context.Context, dbURL, searchPath string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	cfg.MaxConns = 16
+	if searchPath != "" {
+		c, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+		if err != nil {
+			return nil, fmt.Errorf("database: %w", err)
+		}
+		_, err = c.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{searchPath}.Sanitize())
+		c.Close(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("database: %w", err)
+		}
+		cfg.ConnConfig.RuntimeParams["search_path"] = searchPath
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	return pool, nil
+}
+
+// poisonIntents are intents no retry can apply: each must end dead-lettered
+// with its reason, without stalling its neighbours.
+func poisonIntents(subject, run string) []jsinbox.Intent {
+	bad := []string{
+		`{"account":1,`,                        // malformed JSON
+		`{"account":1,"amount":"5"}`,           // wrong type
+		`{"account":1,"amount":5,"amount":6}`,  // duplicate key
+		`{"account":999999,"amount":5}`,        // unknown account
+		`{"account":1,"amount":-40}`,           // negative amount
+		`{"account":1,"amount":5,"memo":"hi"}`, // unknown field
+	}
+	out := make([]jsinbox.Intent, len(bad))
+	for i, p := range bad {
+		out[i] = jsinbox.Intent{ID: "poison-" + run + "-" + strconv.Itoa(i), Subject: subject + ".poison", Payload: []byte(p)}
+	}
+	return out
+}
+
+// demoFleet runs consumers as a supervisor would: one that crashes is
+// started again.
+type demoFleet struct {
+	natsURL string
+	pool    *pgxpool.Pool
+	cfg     jsinbox.ConsumerConfig
+	log     *slog.Logger
+	say     func(string, ...any)
+
+	mu       sync.Mutex
+	all      []*jsinbox.Consumer
+	stops    []context.CancelFunc
+	wg       sync.WaitGroup
+	crashes  int
+	stopped  bool
+	lastNote time.Time
+}
+
+func (f *demoFleet) start(ctx context.Context, id int, fp *failpoint.Set) error {
+	nc, err := nats.Connect(f.natsURL, nats.MaxReconnects(-1), nats.Name("demo-consumer-"+strconv.Itoa(id)))
+	if err != nil {
+		return fmt.Errorf("demo: consumer %d: %w", id, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	proc, err := inbox.NewProcessor(f.pool, inbox.Config{Scope: f.cfg.Durable, Handler: effects.NewLedger(), Logger: f.log})
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	cfg := f.cfg
+	cfg.DB = f.pool
+	c, err := jsinbox.NewConsumer(js, proc, cfg)
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	cctx, stop := context.WithCancel(failpoint.With(ctx, fp))
+	f.mu.Lock()
+	if f.stopped {
+		f.mu.Unlock()
+		stop()
+		nc.Close()
+		return nil
+	}
+	f.all = append(f.all, c)
+	f.stops = append(f.stops, stop)
+	f.mu.Unlock()
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		err := c.Run(cctx)
+		nc.Close() // a crashed process's connection dies with it
+		if errors.Is(err, jsinbox.ErrCrashed) && ctx.Err() == nil {
+			f.mu.Lock()
+			f.crashes++
+			f.mu.Unlock()
+			f.say("consumer %d crashed between COMMIT and ACK; its batch will be redelivered; restarting it", id)
+			if err := f.start(ctx, id, failpoint.New()); err != nil {
+				f.say("restart consumer %d: %v", id, err)
+			}
+		} else if err != nil && ctx.Err() == nil {
+			f.say("consumer %d stopped: %v", id, err)
+		}
+	}()
+	return nil
+}
+
+func (f *demoFleet) progress(settled, total uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if time.Since(f.lastNote) < time.Second {
+		return
+	}
+	f.lastNote = time.Now()
+	var applied, dups int64
+	for _, c := range f.all {
+		s := c.Stats()
+		applied += s.Applied
+		dups += s.Duplicates
+	}
+	f.say("consumers: %d applied, %d duplicates found by the inbox; ack floor %d of %d", applied, dups, settled, total)
+}
+
+func (f *demoFleet) stopAll() {
+	f.mu.Lock()
+	f.stopped = true
+	for _, s := range f.stops {
+		s()
+	}
+	f.mu.Unlock()
+	f.wg.Wait()
+}
+
+func (f *demoFleet) stats() jsinbox.ConsumerStats {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var t jsinbox.ConsumerStats
+	for _, c := range f.all {
+		s := c.Stats()
+		t.Received += s.Received
+		t.Applied += s.Applied
+		t.Duplicates += s.Duplicates
+		t.DeadLettered += s.DeadLettered
+	}
+	return t
+}

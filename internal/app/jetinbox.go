@@ -1,0 +1,146 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+
+	"github.com/jetinbox/jetinbox/effects"
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/jittersim"
+	"github.com/jetinbox/jetinbox/internal/verify"
+)
+
+type command struct {
+	summary string
+	run     func(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, stderr io.Writer) error
+}
+
+func commands() map[string]command {
+	return map[string]command{
+		"demo":    {"the all-in-one run: embedded JetStream, throwaway PostgreSQL, producer, two consumers, faults, verified result", Demo},
+		"migrate": {"apply the inbox and ledger schemas (-print shows the SQL instead)", Migrate},
+		"verify":  {"check a stream against the inbox and ledger: lost, duplicated, unexpected", Verify},
+		"jitter": {"the seed's retry-storm experiment, plus an overloaded server; writes a chart", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
+			return jittersim.Main(ctx, args, stdout, stderr)
+		}},
+	}
+}
+
+// Jetinbox is the operator CLI: `jetinbox <command> [flags]`.
+func Jetinbox(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, stderr io.Writer) error {
+	cmds := commands()
+	usage := func() {
+		fmt.Fprintln(stderr, "jetinbox: effectively-once side effects from at-least-once JetStream delivery.\n\nUsage: jetinbox <command> [flags]\n\nCommands:")
+		names := make([]string, 0, len(cmds))
+		for n := range cmds {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			fmt.Fprintf(stderr, "  %-8s %s\n", n, cmds[n].summary)
+		}
+		fmt.Fprintln(stderr, "\nRun `jetinbox <command> -h` for a command's flags.")
+	}
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage()
+		if len(args) == 0 {
+			return usageError{errors.New("no command given")}
+		}
+		return nil
+	}
+	c, ok := cmds[args[0]]
+	if !ok {
+		usage()
+		return usageError{fmt.Errorf("unknown command %q", args[0])}
+	}
+	return c.run(ctx, args[1:], env, stdin, stdout, stderr)
+}
+
+// Migrate applies the schemas, or prints them.
+func Migrate(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlagSet("jetinbox migrate", "Apply the inbox and ledger schemas to DATABASE_URL. Nothing migrates implicitly.", stderr)
+	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL)")
+	print := fs.Bool("print", false, "print the SQL for your own migration tool instead of applying it")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *print {
+		fmt.Fprint(stdout, inbox.MigrationSQL(), effects.MigrationSQL())
+		return nil
+	}
+	if *dbURL == "" {
+		return usageError{errors.New("no database: set -database-url or DATABASE_URL")}
+	}
+	pool, err := openDB(ctx, *dbURL, 2, slog.New(slog.NewTextHandler(stderr, nil)))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	n, err := inbox.Migrate(ctx, pool)
+	if err != nil {
+		return err
+	}
+	m, err := effects.Migrate(ctx, pool)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "applied %d inbox and %d ledger migrations\n", n, m)
+	return nil
+}
+
+// errViolations makes verify exit 1 when it found violations.
+var errViolations = errors.New("verify: invariants broken")
+
+// Verify reads the stream and checks the inbox and ledger against it.
+func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlagSet("jetinbox verify", "Check that every message in the stream was applied once or dead-lettered.\nExit 0 clean, 1 violations, 2 usage or connection errors.", stderr)
+	var nf natsFlags
+	nf.register(fs, env)
+	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL)")
+	stream := fs.String("stream", env.or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream")
+	durable := fs.String("durable", env.or("JETINBOX_DURABLE", "ledger"), "durable consumer, also the inbox scope")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := nf.validate(); err != nil {
+		return usageError{err}
+	}
+	if *dbURL == "" {
+		return usageError{errors.New("no database: set -database-url or DATABASE_URL")}
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	pool, err := openDB(ctx, *dbURL, 4, log)
+	if err != nil {
+		return usageError{err}
+	}
+	defer pool.Close()
+	nc, js, err := nf.connect("jetinbox-verify", log)
+	if err != nil {
+		return usageError{err}
+	}
+	defer nc.Close()
+	r, err := verify.Run(ctx, js, pool, verify.Options{Stream: *stream, Scope: *durable, Durable: *durable, Ledger: true})
+	if err != nil {
+		return usageError{err}
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	} else {
+		r.WriteTable(stdout)
+	}
+	if !r.Clean() {
+		return errViolations
+	}
+	return nil
+}

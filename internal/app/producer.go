@@ -1,0 +1,223 @@
+package app
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/pipeline"
+	"github.com/jetinbox/jetinbox/jitter"
+)
+
+// Producer publishes intents (generated, or JSONL from a file or stdin) and
+// prints a summary. It exits non-zero, listing them, if any intent could not
+// be published within its retry budget or any input line was bad.
+func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlagSet("producer", "producer publishes intents to JetStream with Nats-Msg-Id = the intent's ID,\n"+
+		"retrying with the same ID and jittered backoff. Input: generated load, or JSONL lines\n"+
+		`{"id":"...","payload":{...},"subject":"intents.x"} from -input FILE or - (stdin).`, stderr)
+	var nf natsFlags
+	nf.register(fs, env)
+	var (
+		stream    = fs.String("stream", env.or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream, created with safe limits if missing (env JETINBOX_STREAM)")
+		subject   = fs.String("subject", "intents", "subject prefix for generated intents and JSONL lines without a subject")
+		input     = fs.String("input", "", "JSONL file to publish, - for stdin; empty generates load")
+		count     = fs.Int("count", 10000, "generated intents")
+		rate      = fs.Int("rate", 0, "generated intents per second (0: as fast as the in-flight window allows)")
+		accounts  = fs.Int("accounts", 1024, "accounts the generated amounts spread over")
+		hot       = fs.Bool("hot", false, "put every generated intent on account 1")
+		dupFrac   = fs.Float64("dup-fraction", 0, "fraction of generated intents published a second time (same ID, same payload)")
+		prefix    = fs.String("prefix", "", "ID prefix for generated intents (default: a random run ID)")
+		inFlight  = fs.Int("max-inflight", 4096, "publishes awaiting a PubAck at once")
+		ackTO     = fs.Duration("ack-timeout", 5*time.Second, "wait for one PubAck before retrying")
+		attempts  = fs.Int("retry-attempts", 10, "retries per intent before it is reported as failed")
+		replicas  = fs.Int("replicas", 1, "stream replicas when creating it")
+		window    = fs.Duration("duplicate-window", jsinbox.DefaultDuplicateWindow, "stream duplicate window when creating it; must cover the retry horizon")
+		logFormat = fs.String("log-format", env.or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto")
+	)
+	retry := jitter.Default()
+	fs.Var(&retry.Kind, "retry-policy", "jitter policy for publish retries: none, full, equal, decorrelated")
+	fs.DurationVar(&retry.Base, "retry-base", retry.Base, "base delay of a publish retry")
+	fs.DurationVar(&retry.Cap, "retry-cap", retry.Cap, "longest delay between publish retries")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	retry.MaxAttempts = *attempts
+	if err := nf.validate(); err != nil {
+		return usageError{err}
+	}
+	if err := retry.Validate(); err != nil {
+		return usageError{err}
+	}
+	if *dupFrac < 0 || *dupFrac > 1 {
+		return usageError{errors.New("-dup-fraction must be within [0, 1]")}
+	}
+	log := newLogger(stderr, *logFormat, slog.LevelInfo)
+	for _, w := range jitter.Lint(jitter.Settings{PublishRetry: &retry, PublishTimeout: *ackTO, DuplicateWindow: *window}) {
+		log.Warn("config: " + w)
+	}
+
+	nc, js, err := nf.connect("jetinbox-producer", log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if _, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamOptions{
+		Name: *stream, Subjects: []string{*subject + ".>"}, Replicas: *replicas, DuplicateWindow: *window,
+	}); err != nil {
+		return err
+	}
+	pub, err := jsinbox.NewPublisher(ctx, js, jsinbox.PublisherConfig{MaxInFlight: *inFlight, AckTimeout: *ackTO, Retry: retry, Logger: log})
+	if err != nil {
+		return usageError{err}
+	}
+	defer pub.Close()
+
+	start := time.Now()
+	var badLines int
+	if *input != "" {
+		r := stdin
+		if *input != "-" {
+			f, err := os.Open(*input)
+			if err != nil {
+				return usageError{fmt.Errorf("-input: %w", err)}
+			}
+			defer f.Close()
+			r = f
+		}
+		badLines, err = publishJSONL(ctx, pub, r, *subject, stderr)
+		if err != nil {
+			return err
+		}
+	} else {
+		if *prefix == "" {
+			*prefix = "gen-" + strconv.FormatUint(rand.Uint64()>>24, 36)
+		}
+		intents := pipeline.Generate(pipeline.Load{Count: *count, Accounts: *accounts, HotAccount: *hot, Prefix: *prefix, Subject: *subject, Seed: rand.Uint64()})
+		if err := publishGenerated(ctx, pub, intents, *rate, *dupFrac); err != nil {
+			return err
+		}
+	}
+	if err := pub.Flush(ctx); err != nil {
+		return fmt.Errorf("producer: interrupted before every PubAck arrived: %w", err)
+	}
+	s := pub.Stats()
+	elapsed := time.Since(start)
+	fmt.Fprintf(stdout, "published %d (%.0f/s)  server-side duplicates %d  retries %d  failed %d  bad input lines %d\n",
+		s.Published, float64(s.Published)/elapsed.Seconds(), s.Duplicates, s.Retries, s.Failed, badLines)
+	if f := pub.Failures(); len(f) > 0 {
+		fmt.Fprintf(stderr, "not published within the retry budget (%d):\n", len(f))
+		for _, x := range f {
+			fmt.Fprintf(stderr, "  %s after %d attempts: %v\n", x.ID, x.Attempts, x.Err)
+		}
+		return fmt.Errorf("producer: %d intents not published", len(f))
+	}
+	if badLines > 0 {
+		return fmt.Errorf("producer: %d input lines rejected (see above); the good lines were published", badLines)
+	}
+	return nil
+}
+
+func publishGenerated(ctx context.Context, pub *jsinbox.Publisher, intents []jsinbox.Intent, rate int, dupFrac float64) error {
+	var tick *time.Ticker
+	per := 1
+	if rate > 0 {
+		// Tick at most 1000 times a second; publish a small burst per tick.
+		interval := time.Second / time.Duration(rate)
+		if interval < time.Millisecond {
+			per = rate / 1000
+			interval = time.Millisecond
+		}
+		tick = time.NewTicker(interval)
+		defer tick.Stop()
+	}
+	dups := int(float64(len(intents)) * dupFrac)
+	for i := 0; i < len(intents)+dups; i++ {
+		in := intents[i%len(intents)]
+		if tick != nil && i%per == 0 {
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if err := pub.Publish(ctx, in); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// jsonlLine is one input line. The producer never invents an ID: a line
+// without a valid one is rejected with its line number.
+type jsonlLine struct {
+	ID      string          `json:"id"`
+	Subject string          `json:"subject"`
+	Payload json.RawMessage `json:"payload"`
+}
+
+func publishJSONL(ctx context.Context, pub *jsinbox.Publisher, r io.Reader, subject string, stderr io.Writer) (bad int, err error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	n := 0
+	for sc.Scan() {
+		n++
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		in, err := parseLine(line, subject)
+		if err != nil {
+			bad++
+			fmt.Fprintf(stderr, "line %d: %v\n", n, err)
+			continue
+		}
+		if err := pub.Publish(ctx, in); err != nil {
+			return bad, err
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return bad, fmt.Errorf("line %d: %w", n+1, err)
+	}
+	return bad, nil
+}
+
+func parseLine(line []byte, subject string) (jsinbox.Intent, error) {
+	var l jsonlLine
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&l); err != nil {
+		return jsinbox.Intent{}, fmt.Errorf("not a JSON object with id and payload: %w", err)
+	}
+	if dec.More() {
+		return jsinbox.Intent{}, errors.New("trailing data after the JSON object")
+	}
+	if err := inbox.ValidateID(l.ID); err != nil {
+		return jsinbox.Intent{}, fmt.Errorf("id: %w (the producer never invents IDs)", err)
+	}
+	if len(l.Payload) == 0 || string(l.Payload) == "null" {
+		return jsinbox.Intent{}, errors.New("payload is missing")
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, l.Payload); err != nil {
+		return jsinbox.Intent{}, fmt.Errorf("payload: %w", err)
+	}
+	if l.Subject == "" {
+		l.Subject = subject + ".jsonl"
+	} else if !strings.HasPrefix(l.Subject, subject+".") || strings.ContainsAny(l.Subject, " \t\r\n*>") {
+		return jsinbox.Intent{}, fmt.Errorf("subject %q is not a literal subject under %s.", l.Subject, subject)
+	}
+	return jsinbox.Intent{ID: l.ID, Subject: l.Subject, Payload: compact.Bytes()}, nil
+}
