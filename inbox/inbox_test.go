@@ -13,6 +13,7 @@ import (
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
+	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
 func claimOne(t *testing.T, pool *pgxpool.Pool, scope string, c inbox.Claim) inbox.ClaimResult {
@@ -402,5 +403,21 @@ func TestMigrateIdempotent(t *testing.T) {
 	}
 	if sql := inbox.MigrationSQL(); !strings.Contains(sql, "CREATE TABLE inbox") {
 		t.Fatalf("MigrationSQL: %q", sql)
+	}
+}
+
+func TestCheckSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bare, err := pgxpool.New(ctx, testenv.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bare.Close()
+	if err := inbox.CheckSchema(ctx, bare); !errors.Is(err, inbox.ErrNotMigrated) {
+		t.Fatalf("unmigrated database: %v, want ErrNotMigrated", err)
+	}
+	if err := inbox.CheckSchema(ctx, newDB(t)); err != nil {
+		t.Fatalf("migrated database: %v", err)
 	}
 }

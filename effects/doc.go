@@ -1,0 +1,12 @@
+// Package effects holds side effects applied inside the inbox transaction.
+//
+// The first is the [Ledger]: an intent {"account":N,"amount":M} adds M to
+// account N's balance and appends a ledger entry carrying the message ID.
+// ledger_entries has no unique constraint on the message ID on purpose: if
+// the inbox ever let a duplicate through, a checker would see two entries.
+//
+// Input is decoded strictly by [ParseIntent]: malformed JSON, unknown or
+// case-variant keys, duplicate keys, wrong types, fractions, zero, negative
+// or huge amounts and trailing data are permanent errors with a reason, so
+// the message is dead-lettered instead of retried.
+package effects

@@ -1,0 +1,55 @@
+// Package inbox gives at-least-once messaging effectively-once side effects:
+// a consumer stores an inbox row for each message ID and the message's side
+// effect in one PostgreSQL transaction, and acks only after that transaction
+// committed. A redelivery finds the row and changes nothing.
+//
+// # The guarantee
+//
+// Exactly-once delivery cannot be built; this package promises less and
+// keeps it:
+//
+//   - No duplicate effect: for every (scope, message ID) the effect is
+//     applied at most once, however often the message is published,
+//     redelivered, replayed or processed concurrently.
+//   - No loss: every message ends applied, a duplicate of an applied one, or
+//     rejected with a reason the transport dead-letters. Nothing is dropped
+//     silently.
+//   - Ack after commit: only an [Outcome] that is [Outcome.Ackable] may be
+//     acked. A COMMIT whose outcome is unknown ([ErrOutcomeUnknown]) is never
+//     ackable; the redelivery settles it either way.
+//
+// # Claiming inside your own transaction
+//
+// [ClaimTx] is the primitive: inside the caller's pgx.Tx it inserts the
+// claims of a whole batch with one statement and reports each as
+// [ClaimFresh], [ClaimDuplicate] or [ClaimConflict] (same ID, different
+// payload fingerprint). Apply the effects of the fresh ones in the same
+// transaction, commit, then ack. Two transactions claiming the same ID are
+// settled by PostgreSQL: the second waits on the key, then sees a duplicate
+// if the first committed, or claims it if the first rolled back.
+//
+// # Batches
+//
+// A [Processor] does the whole job for a batch: one transaction, one claim
+// statement, the [Handler] applies the fresh messages (set-based if it can),
+// rejections and conflicts are recorded with their reasons, and it commits.
+// A poison message (bad input, a [Permanent] error, a panic, a statement
+// that aborts the transaction) does not take its neighbours down: the batch
+// is retried one message at a time under savepoints, only when it failed.
+// Deadlocks and serialization failures retry the whole batch with jittered
+// backoff.
+//
+// # Schema and retention
+//
+// The schema ships as versioned SQL. Nothing migrates implicitly: call
+// [Migrate] from a deploy step, or run [MigrationSQL] with your own tool, and
+// let workers call [CheckSchema] at start. [Prune] deletes old rows in
+// bounded batches and refuses a horizon shorter than the time over which
+// messages can come back (stream MaxAge, replays, dead-letter re-drives):
+// the inbox is the real dedupe and must outlive every way back.
+//
+// # Transports
+//
+// Package [github.com/jetinbox/jetinbox/inbox/jsinbox] wires a Processor to
+// a NATS JetStream durable pull consumer and publisher.
+package inbox
