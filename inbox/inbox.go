@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"time"
 	"unicode"
 	"unicode/utf8"
 )
@@ -43,6 +44,9 @@ type Message struct {
 	// reached). A retryable failure of a final delivery is recorded as a
 	// rejection instead, so that no intent is dropped silently.
 	Final bool
+	// Published is when the stream stored the message, for latency
+	// figures. Optional.
+	Published time.Time
 }
 
 // Fingerprint returns the SHA-256 of the payload. Publishers must send the

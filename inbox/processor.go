@@ -75,6 +75,14 @@ type Config struct {
 	// deadlock or serialization failure before it is reported as retry.
 	// Default 4.
 	MaxTxAttempts int
+	// EffectConcurrency is how many batches of this processor may apply
+	// effects and commit at once. Claims always overlap; the effect step
+	// and COMMIT take a turn. Effects that update shared rows (balances,
+	// counters) serialize on row locks anyway; taking turns in-process
+	// keeps them from piling up in lock waits inside PostgreSQL, where a
+	// batch waiting for another holds its own rows and stalls a third.
+	// Default 1; raise it for effects that touch disjoint rows.
+	EffectConcurrency int
 	// TxRetryBase and TxRetryCap bound the full-jitter delay between those
 	// attempts. Defaults 5ms and 200ms.
 	TxRetryBase, TxRetryCap time.Duration
@@ -87,6 +95,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxTxAttempts <= 0 {
 		c.MaxTxAttempts = 4
+	}
+	if c.EffectConcurrency <= 0 {
+		c.EffectConcurrency = 1
 	}
 	if c.TxRetryBase <= 0 {
 		c.TxRetryBase = 5 * time.Millisecond
@@ -110,8 +121,9 @@ func (c Config) validate() error {
 // Processor claims and applies batches of messages, one transaction per
 // batch. It is safe for concurrent use; each call uses its own transaction.
 type Processor struct {
-	db  Beginner
-	cfg Config
+	db    Beginner
+	cfg   Config
+	turns chan struct{} // effect-and-commit turns, EffectConcurrency of them
 }
 
 // NewProcessor returns a Processor using db for its transactions.
@@ -123,7 +135,7 @@ func NewProcessor(db Beginner, cfg Config) (*Processor, error) {
 	if db == nil {
 		return nil, errors.New("inbox: NewProcessor: db is nil")
 	}
-	return &Processor{db: db, cfg: cfg}, nil
+	return &Processor{db: db, cfg: cfg, turns: make(chan struct{}, cfg.EffectConcurrency)}, nil
 }
 
 // Scope returns the processor's scope.
@@ -247,6 +259,14 @@ func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int
 			conflicts = append(conflicts, i)
 		}
 	}
+
+	// Take a turn for the effect and the commit.
+	select {
+	case p.turns <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-p.turns }()
 
 	errs := make([]error, len(fresh))
 	if len(fresh) > 0 && !mutation.effectBeforeClaim && !mutation.effectOutsideTx {

@@ -88,6 +88,9 @@ type ConsumerConfig struct {
 	// consumer stops fetching until it answers, so an outage does not turn
 	// into a redelivery storm.
 	DB Pinger
+	// Observer, when set, is told about every batch after its transaction
+	// ended and before its messages are acked: metrics and benchmarks.
+	Observer Observer
 	// Logger receives problem lines with message ID, stream sequence and
 	// delivery count. Default: discard.
 	Logger *slog.Logger
@@ -139,6 +142,23 @@ func (c ConsumerConfig) validate() error {
 		return fmt.Errorf("jsinbox: Reconnect: %w", err)
 	}
 	return nil
+}
+
+// Observer watches batches. ObserveBatch runs on the batch's goroutine: keep
+// it fast.
+type Observer interface {
+	ObserveBatch(BatchReport)
+}
+
+// BatchReport describes one processed batch. Its slices belong to the
+// consumer: read them during the call only.
+type BatchReport struct {
+	Messages []inbox.Message
+	Outcomes []inbox.Outcome
+	// Err is the batch-level error, if the batch failed as a whole.
+	Err error
+	// Began and Ended bracket the transaction (Ended is after COMMIT).
+	Began, Ended time.Time
 }
 
 // ConsumerStats counts what a Consumer did.
@@ -368,6 +388,7 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg) erro
 			msgs[i].StreamSeq = md.Sequence.Stream
 			msgs[i].Deliveries = md.NumDelivered
 			msgs[i].Final = c.cfg.MaxDeliver > 0 && md.NumDelivered >= uint64(c.cfg.MaxDeliver)
+			msgs[i].Published = md.Timestamp
 			if md.NumDelivered > 1 {
 				c.redeliveries.Add(1)
 			}
@@ -381,9 +402,13 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg) erro
 			_ = m.Ack()
 		}
 	}
+	began := time.Now()
 	out, err := c.proc.Process(ctx, msgs)
 	close(stopProgress)
 	c.batches.Add(1)
+	if c.cfg.Observer != nil {
+		c.cfg.Observer.ObserveBatch(BatchReport{Messages: msgs, Outcomes: out, Err: err, Began: began, Ended: time.Now()})
+	}
 
 	var fp *failpoint.Error
 	if errors.As(err, &fp) {

@@ -12,6 +12,7 @@ import (
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/bench"
 	"github.com/jetinbox/jetinbox/internal/jittersim"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
@@ -26,6 +27,9 @@ func commands() map[string]command {
 		"demo":    {"the all-in-one run: embedded JetStream, throwaway PostgreSQL, producer, two consumers, faults, verified result", Demo},
 		"migrate": {"apply the inbox and ledger schemas (-print shows the SQL instead)", Migrate},
 		"verify":  {"check a stream against the inbox and ledger: lost, duplicated, unexpected", Verify},
+		"bench": {"raw pipe vs naive vs jetinbox on the same messages, with latency and memory", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
+			return bench.Main(ctx, args, stdout, stderr)
+		}},
 		"jitter": {"the seed's retry-storm experiment, plus an overloaded server; writes a chart", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return jittersim.Main(ctx, args, stdout, stderr)
 		}},

@@ -1,0 +1,98 @@
+package inbox_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/jetinbox/jetinbox/effects"
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/internal/testenv"
+)
+
+func benchDB(b *testing.B) *pgxpool.Pool {
+	b.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.NewDatabase(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	if _, err := inbox.Migrate(ctx, pool); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := effects.Migrate(ctx, pool); err != nil {
+		b.Fatal(err)
+	}
+	if err := effects.SeedAccounts(ctx, pool, 1024); err != nil {
+		b.Fatal(err)
+	}
+	return pool
+}
+
+// BenchmarkClaimTx measures the claim path alone: one transaction per batch,
+// fresh IDs, commit. Reports rows/s.
+func BenchmarkClaimTx(b *testing.B) {
+	for _, size := range []int{1, 100, 1000} {
+		b.Run("batch="+strconv.Itoa(size), func(b *testing.B) {
+			pool := benchDB(b)
+			ctx := context.Background()
+			claims := make([]inbox.Claim, size)
+			fp := inbox.Fingerprint([]byte(`{"account":1,"amount":1}`))
+			seq := 0
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				for i := range claims {
+					seq++
+					claims[i] = inbox.Claim{ID: "c-" + strconv.Itoa(seq), Fingerprint: fp, StreamSeq: uint64(seq), Subject: "intents.1"}
+				}
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := inbox.ClaimTx(ctx, tx, "bench", claims); err != nil {
+					b.Fatal(err)
+				}
+				if err := tx.Commit(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N*size)/b.Elapsed().Seconds(), "rows/s")
+		})
+	}
+}
+
+// BenchmarkProcessLedger measures the whole batch path: claim, ledger
+// effect (entry + balance), commit. Reports msgs/s.
+func BenchmarkProcessLedger(b *testing.B) {
+	for _, size := range []int{1, 100, 1000} {
+		b.Run("batch="+strconv.Itoa(size), func(b *testing.B) {
+			pool := benchDB(b)
+			ctx := context.Background()
+			p, err := inbox.NewProcessor(pool, inbox.Config{Scope: "bench", Handler: effects.NewLedger()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			msgs := make([]inbox.Message, size)
+			seq := 0
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				for i := range msgs {
+					seq++
+					msgs[i] = inbox.Message{ID: "m-" + strconv.Itoa(seq),
+						Payload: effects.Intent{Account: int64(1 + seq%1024), Amount: 5}.AppendJSON(nil), StreamSeq: uint64(seq)}
+				}
+				out, err := p.Process(ctx, msgs)
+				if err != nil || out[0].Status != inbox.StatusApplied {
+					b.Fatal(fmt.Sprint(err, out[0]))
+				}
+			}
+			b.ReportMetric(float64(b.N*size)/b.Elapsed().Seconds(), "msgs/s")
+		})
+	}
+}
