@@ -5,15 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"runtime/debug"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/jetinbox/jetinbox/internal/failpoint"
+	"github.com/jetinbox/jetinbox/jitter"
 )
 
 // Beginner starts a transaction. *pgxpool.Pool and *pgx.Conn satisfy it.
@@ -71,10 +72,11 @@ type Config struct {
 	// Logger receives debug lines about isolation and retries. Default: no
 	// logging.
 	Logger *slog.Logger
-	// MaxTxAttempts bounds how often a batch is retried in-process after a
-	// deadlock or serialization failure before it is reported as retry.
-	// Default 4.
-	MaxTxAttempts int
+	// TxRetry times the in-process retries of a batch after a deadlock or
+	// serialization failure and bounds them (MaxAttempts); after that the
+	// batch is reported as retry. Default: full jitter from 5ms to 200ms,
+	// 3 retries.
+	TxRetry jitter.Policy
 	// EffectConcurrency is how many batches of this processor may apply
 	// effects and commit at once. Claims always overlap; the effect step
 	// and COMMIT take a turn. Effects that update shared rows (balances,
@@ -83,9 +85,6 @@ type Config struct {
 	// batch waiting for another holds its own rows and stalls a third.
 	// Default 1; raise it for effects that touch disjoint rows.
 	EffectConcurrency int
-	// TxRetryBase and TxRetryCap bound the full-jitter delay between those
-	// attempts. Defaults 5ms and 200ms.
-	TxRetryBase, TxRetryCap time.Duration
 }
 
 // WithDefaults returns a copy of c with defaults filled in.
@@ -93,17 +92,11 @@ func (c Config) WithDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	if c.MaxTxAttempts <= 0 {
-		c.MaxTxAttempts = 4
+	if r := c.TxRetry; r.Kind == 0 && r.Base == 0 && r.Cap == 0 && r.MaxAttempts == 0 {
+		c.TxRetry = jitter.Policy{Kind: jitter.Full, Base: 5 * time.Millisecond, Cap: 200 * time.Millisecond, MaxAttempts: 3}
 	}
 	if c.EffectConcurrency <= 0 {
 		c.EffectConcurrency = 1
-	}
-	if c.TxRetryBase <= 0 {
-		c.TxRetryBase = 5 * time.Millisecond
-	}
-	if c.TxRetryCap <= 0 {
-		c.TxRetryCap = 200 * time.Millisecond
 	}
 	return c
 }
@@ -114,6 +107,9 @@ func (c Config) validate() error {
 	}
 	if c.Handler == nil {
 		return errors.New("inbox: config: Handler is required")
+	}
+	if err := c.TxRetry.Validate(); err != nil {
+		return fmt.Errorf("inbox: config: TxRetry: %w", err)
 	}
 	return nil
 }
@@ -174,6 +170,7 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Outcome, err
 		return out, nil
 	}
 	isolate := false
+	var bo backoff.BackOff
 	for attempt := 1; ; attempt++ {
 		err := p.processOnce(ctx, msgs, valid, out, isolate)
 		if err == nil {
@@ -185,13 +182,17 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Outcome, err
 			attempt--
 			continue
 		}
-		if isRetryableTx(err) && attempt < p.cfg.MaxTxAttempts && ctx.Err() == nil {
-			d := p.txRetryDelay(attempt)
-			p.cfg.Logger.DebugContext(ctx, "inbox: retrying batch", "scope", p.cfg.Scope, "attempt", attempt, "delay", d, "err", err)
-			select {
-			case <-time.After(d):
-				continue
-			case <-ctx.Done():
+		if isRetryableTx(err) && ctx.Err() == nil {
+			if bo == nil {
+				bo = p.cfg.TxRetry.NewBackOff()
+			}
+			if d := bo.NextBackOff(); d != backoff.Stop {
+				p.cfg.Logger.DebugContext(ctx, "inbox: retrying batch", "scope", p.cfg.Scope, "attempt", attempt, "delay", d, "err", err)
+				select {
+				case <-time.After(d):
+					continue
+				case <-ctx.Done():
+				}
 			}
 		}
 		for _, i := range valid {
@@ -199,15 +200,6 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Outcome, err
 		}
 		return out, err
 	}
-}
-
-// txRetryDelay is full jitter: uniform in [0, min(cap, base·2^attempt)].
-func (p *Processor) txRetryDelay(attempt int) time.Duration {
-	d := p.cfg.TxRetryBase << min(attempt, 20)
-	if d > p.cfg.TxRetryCap || d <= 0 {
-		d = p.cfg.TxRetryCap
-	}
-	return rand.N(d + 1)
 }
 
 func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int, out []Outcome, isolate bool) (err error) {

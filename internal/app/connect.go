@@ -16,7 +16,38 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/jitter"
 )
+
+// waits holds one jitter policy per kind of wait; -jitter sets the formula of
+// all of them at once.
+type waits struct {
+	kind                            jitter.Kind
+	nak, db, natsReconnect, publish jitter.Policy
+}
+
+func defaultWaits() waits {
+	return waits{
+		kind:          jitter.Decorrelated,
+		nak:           jitter.Policy{Base: 250 * time.Millisecond, Cap: 30 * time.Second},
+		db:            jitter.Policy{Base: 100 * time.Millisecond, Cap: 5 * time.Second},
+		natsReconnect: jitter.Policy{Base: 250 * time.Millisecond, Cap: 5 * time.Second},
+		publish:       jitter.Policy{Base: 100 * time.Millisecond, Cap: 10 * time.Second, MaxAttempts: 10},
+	}
+}
+
+func (w *waits) register(fs flagSet) {
+	fs.Var(&w.kind, "jitter", "jitter policy for every wait (nak delays, publish retries, NATS reconnects, database retries): none, full, equal, decorrelated")
+}
+
+// resolved returns the policies with the chosen kind.
+func (w waits) resolved() waits {
+	for _, p := range []*jitter.Policy{&w.nak, &w.db, &w.natsReconnect, &w.publish} {
+		p.Kind = w.kind
+	}
+	return w
+}
 
 // Env looks up an environment variable; os.Getenv in the binaries, a map in
 // tests.
@@ -72,12 +103,13 @@ func (n *natsFlags) validate() error {
 // connect dials NATS. Reconnects are unlimited with jittered waits; a first
 // connection that fails (wrong credentials, nothing listening) is an error,
 // not a retry loop.
-func (n *natsFlags) connect(name string, log *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
+func (n *natsFlags) connect(name string, reconnect jitter.Policy, log *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250 * time.Millisecond),
-		nats.ReconnectJitter(250*time.Millisecond, time.Second),
+		// Reconnect timing comes from the same jitter policies as every
+		// other wait, by attempt number.
+		nats.CustomReconnectDelay(func(attempts int) time.Duration { return reconnect.Delay(attempts) }),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("nats: disconnected", "err", err)

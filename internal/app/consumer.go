@@ -39,14 +39,15 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		drainTimeout = fs.Duration("drain-timeout", envDuration(env, "JETINBOX_DRAIN_TIMEOUT", 30*time.Second, &envErrs), "longest wait for in-flight batches on shutdown (env JETINBOX_DRAIN_TIMEOUT)")
 		logFormat    = fs.String("log-format", env.or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto (text on a terminal)")
 	)
-	var nak jitter.Policy
-	nak.Kind = jitter.Decorrelated
-	fs.Var(&nak.Kind, "nak-policy", "jitter policy for NakWithDelay: none, full, equal, decorrelated")
-	fs.DurationVar(&nak.Base, "nak-base", 250*time.Millisecond, "base delay of a nak")
-	fs.DurationVar(&nak.Cap, "nak-cap", 30*time.Second, "longest nak delay")
+	w := defaultWaits()
+	w.register(fs)
+	fs.DurationVar(&w.nak.Base, "nak-base", w.nak.Base, "base delay of a nak (NakWithDelay by delivery count)")
+	fs.DurationVar(&w.nak.Cap, "nak-cap", w.nak.Cap, "longest nak delay")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	w = w.resolved()
+	nak := w.nak
 	if len(envErrs) > 0 {
 		return usageError{errors.Join(envErrs...)}
 	}
@@ -72,19 +73,21 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	if err := inbox.CheckSchema(ctx, pool); err != nil {
 		return err
 	}
-	nc, js, err := nf.connect("jetinbox-consumer", log)
+	nc, js, err := nf.connect("jetinbox-consumer", w.natsReconnect, log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
 
-	proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: *durable, Handler: effects.NewLedger(), Logger: log})
+	txRetry := w.db
+	txRetry.Base, txRetry.Cap, txRetry.MaxAttempts = 5*time.Millisecond, 200*time.Millisecond, 3
+	proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: *durable, Handler: effects.NewLedger(), Logger: log, TxRetry: txRetry})
 	if err != nil {
 		return err
 	}
 	c, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{
 		Stream: *stream, Durable: *durable, BatchSize: *batch, InFlight: *inflight, AckWait: *ackWait,
-		MaxDeliver: *maxDeliver, MaxAckPending: *maxAck, Nak: nak, DB: pool, Logger: log,
+		MaxDeliver: *maxDeliver, MaxAckPending: *maxAck, Nak: nak, Reconnect: w.db, DB: pool, Logger: log,
 	})
 	if err != nil {
 		return usageError{err}

@@ -13,6 +13,7 @@ type flagSet interface {
 	IntVar(p *int, name string, value int, usage string)
 	DurationVar(p *time.Duration, name string, value time.Duration, usage string)
 	BoolVar(p *bool, name string, value bool, usage string)
+	Var(value flag.Value, name, usage string)
 }
 
 // newFlagSet returns a flag set that reports errors instead of exiting and

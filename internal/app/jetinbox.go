@@ -125,7 +125,7 @@ func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 		return usageError{err}
 	}
 	defer pool.Close()
-	nc, js, err := nf.connect("jetinbox-verify", log)
+	nc, js, err := nf.connect("jetinbox-verify", defaultWaits().resolved().natsReconnect, log)
 	if err != nil {
 		return usageError{err}
 	}

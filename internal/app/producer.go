@@ -47,13 +47,15 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		window    = fs.Duration("duplicate-window", jsinbox.DefaultDuplicateWindow, "stream duplicate window when creating it; must cover the retry horizon")
 		logFormat = fs.String("log-format", env.or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto")
 	)
-	retry := jitter.Default()
-	fs.Var(&retry.Kind, "retry-policy", "jitter policy for publish retries: none, full, equal, decorrelated")
-	fs.DurationVar(&retry.Base, "retry-base", retry.Base, "base delay of a publish retry")
-	fs.DurationVar(&retry.Cap, "retry-cap", retry.Cap, "longest delay between publish retries")
+	w := defaultWaits()
+	w.register(fs)
+	fs.DurationVar(&w.publish.Base, "retry-base", w.publish.Base, "base delay of a publish retry")
+	fs.DurationVar(&w.publish.Cap, "retry-cap", w.publish.Cap, "longest delay between publish retries")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	w = w.resolved()
+	retry := w.publish
 	retry.MaxAttempts = *attempts
 	if err := nf.validate(); err != nil {
 		return usageError{err}
@@ -69,7 +71,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		log.Warn("config: " + w)
 	}
 
-	nc, js, err := nf.connect("jetinbox-producer", log)
+	nc, js, err := nf.connect("jetinbox-producer", w.natsReconnect, log)
 	if err != nil {
 		return err
 	}
