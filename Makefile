@@ -3,9 +3,9 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test lint unit bench-smoke demo
+.PHONY: test lint unit deploy bench-smoke demo
 
-test: lint unit bench-smoke
+test: lint unit deploy bench-smoke
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -14,6 +14,11 @@ lint:
 
 unit:
 	$(GO) test -race -count=1 -timeout 12m $(PKGS)
+
+# deploy/ is its own module (its validators pull in Prometheus, Kubernetes
+# and compose-go); every shipped config file is parsed and checked there.
+deploy:
+	cd deploy && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
 
 # Every Go benchmark once, so they keep compiling and running.
 bench-smoke:

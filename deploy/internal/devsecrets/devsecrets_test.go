@@ -1,0 +1,112 @@
+package devsecrets_test
+
+import (
+	"bytes"
+	"crypto/x509"
+	"encoding/pem"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nkeys"
+
+	"github.com/jetinbox/jetinbox/deploy/internal/devsecrets"
+)
+
+func readCert(t *testing.T, path string) *x509.Certificate {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		t.Fatalf("%s: no PEM", path)
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestGenerate(t *testing.T) {
+	tmpl, err := os.ReadFile("../../nats/auth.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	res, err := devsecrets.Generate(devsecrets.Options{Dir: dir, AuthTemplate: tmpl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(readCert(t, filepath.Join(dir, "tls", "ca.pem")))
+	verify := func(name, host string, usage x509.ExtKeyUsage) {
+		t.Helper()
+		c := readCert(t, filepath.Join(dir, "tls", name+".pem"))
+		if _, err := c.Verify(x509.VerifyOptions{Roots: roots, DNSName: host, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+			t.Errorf("%s for %q: %v", name, host, err)
+		}
+	}
+	for _, h := range []string{"nats-1", "nats-2", "nats-3", "localhost", "127.0.0.1"} {
+		verify("nats-server", h, x509.ExtKeyUsageServerAuth)
+	}
+	// Routes: a server's certificate is also its client certificate.
+	verify("nats-server", "", x509.ExtKeyUsageClientAuth)
+	verify("postgres", "postgres", x509.ExtKeyUsageServerAuth)
+	for _, u := range []string{"producer", "consumer", "admin"} {
+		verify(u, "", x509.ExtKeyUsageClientAuth)
+		c := readCert(t, filepath.Join(dir, "tls", u+".pem"))
+		if _, err := c.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err == nil {
+			t.Errorf("client certificate %s also works as a server certificate", u)
+		}
+	}
+
+	auth, err := os.ReadFile(filepath.Join(dir, "nats-auth.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range devsecrets.Users {
+		seed, err := os.ReadFile(filepath.Join(dir, "nkeys", u+".nk"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		kp, err := nkeys.FromSeed(bytes.TrimSpace(seed))
+		if err != nil {
+			t.Fatalf("%s seed: %v", u, err)
+		}
+		pub, _ := kp.PublicKey()
+		if pub != res.PublicKeys[u] || !bytes.Contains(auth, []byte(strings.ToUpper(u)+`_NKEY: "`+pub+`"`)) {
+			t.Errorf("nats-auth.conf does not carry %s's public key %s", u, pub)
+		}
+		if bytes.Contains(auth, seed[:10]) {
+			t.Errorf("nats-auth.conf contains %s's seed", u)
+		}
+	}
+	// Everything but the keys is the template's.
+	if len(auth) != len(tmpl) {
+		t.Errorf("rendered auth differs from the template in more than the keys")
+	}
+	for _, role := range devsecrets.DBRoles {
+		pgpass, err := os.ReadFile(filepath.Join(dir, "postgres", role+".pgpass"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pw, _ := os.ReadFile(filepath.Join(dir, "postgres", role+".password"))
+		if want := "postgres:5432:jetinbox:" + role + ":" + string(pw) + "\n"; string(pgpass) != want {
+			t.Errorf("%s pgpass %q, want %q", role, pgpass, want)
+		}
+	}
+}
+
+func TestRenderAuthRefusesAMismatch(t *testing.T) {
+	tmpl := []byte("PRODUCER_NKEY: \"UDFQCVJVI6576LPYI6RTAUL344LGMQFF6X66ZNTNUQRSZOI5IZNW6YTE\"\n")
+	if _, err := devsecrets.RenderAuth(tmpl, map[string]string{"producer": "UX", "consumer": "UY"}); err == nil {
+		t.Error("a key without a line in the template was accepted")
+	}
+	if _, err := devsecrets.RenderAuth(tmpl, map[string]string{}); err == nil {
+		t.Error("a template line without a key was accepted")
+	}
+}

@@ -1,0 +1,352 @@
+package deploy_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+)
+
+// TestNATSClusterEnforcesTheConfig runs the three node configs, as parsed
+// from deploy/nats with the keys cmd/devsecrets makes, as a real R3 cluster
+// on loopback (mutual TLS on clients and routes included), creates the
+// streams and the consumer from deploy/jetstream as the admin user, and then
+// checks that each user can do its job and nothing else: the permissions
+// and stream settings are enforced by the server, not just spelled right.
+func TestNATSClusterEnforcesTheConfig(t *testing.T) {
+	t.Parallel()
+	fsys := loadFiles(t)
+	fx := fixture(t)
+	auth, err := os.ReadFile(filepath.Join(fx.dir, "nats-auth.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := stageNATS(fsys, t.TempDir(), filepath.Join(fx.dir, "tls"), auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Loopback instead of the container network; everything else as parsed.
+	// JetStream clustering needs the routes configured up front, so the
+	// route ports are picked before the servers start; client ports are the
+	// servers' own pick.
+	routePorts := freePorts(t, len(natsNodes))
+	var clientURLs []string
+	for i, n := range natsNodes {
+		opts, err := validateNATSNode(nodes[n], n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", server.RANDOM_PORT, 0
+		opts.Cluster.Host, opts.Cluster.Port = "127.0.0.1", routePorts[i]
+		opts.Routes = nil
+		for j := range natsNodes {
+			if j != i {
+				u, _ := url.Parse(fmt.Sprintf("nats-route://localhost:%d", routePorts[j]))
+				opts.Routes = append(opts.Routes, u)
+			}
+		}
+		opts.StoreDir = t.TempDir()
+		opts.NoLog, opts.NoSigs = os.Getenv("JETINBOX_NATS_LOG") == "", true
+		s, err := server.NewServer(opts)
+		if err != nil {
+			t.Fatalf("%s: %v", n, err)
+		}
+		if !opts.NoLog {
+			s.ConfigureLogger()
+		}
+		go s.Start()
+		t.Cleanup(s.Shutdown)
+		if !s.ReadyForConnections(10 * time.Second) {
+			t.Fatalf("%s not ready (set JETINBOX_NATS_LOG=1 to see its log)", n)
+		}
+		clientURLs = append(clientURLs, fmt.Sprintf("tls://localhost:%d", s.Addr().(*net.TCPAddr).Port))
+	}
+	urls := strings.Join(clientURLs, ",")
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
+
+	// Only a known nkey with a certificate from our CA gets in.
+	t.Run("authentication", func(t *testing.T) {
+		ca := filepath.Join(fx.dir, "tls", "ca.pem")
+		nkeyOpt, err := nats.NkeyOptionFromSeed(filepath.Join(fx.dir, "nkeys", "producer.nk"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if nc, err := nats.Connect(urls, nkeyOpt, nats.RootCAs(ca), nats.MaxReconnects(0)); err == nil {
+			nc.Close()
+			t.Error("a client without a certificate was let in (verify: true is not enforced)")
+		}
+		stranger, _ := nkeys.CreateUser()
+		pub, _ := stranger.PublicKey()
+		if nc, err := nats.Connect(urls, nats.Nkey(pub, stranger.Sign), nats.RootCAs(ca),
+			nats.ClientCert(filepath.Join(fx.dir, "tls", "producer.pem"), filepath.Join(fx.dir, "tls", "producer-key.pem")),
+			nats.MaxReconnects(0)); err == nil {
+			nc.Close()
+			t.Error("an unknown nkey was let in")
+		}
+	})
+
+	admin := connectAs(t, urls, fx, "admin")
+	adminJS, err := jetstream.New(admin.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defs, err := loadJetStream(fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The meta group needs all three servers before it places R3 streams.
+	var intents jetstream.Stream
+	eventually(t, ctx, func() error {
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		intents, err = adminJS.CreateStream(actx, defs.intents)
+		return err
+	})
+	if _, err := adminJS.CreateStream(ctx, defs.dlq); err != nil {
+		t.Fatalf("create %s: %v", defs.dlq.Name, err)
+	}
+	if _, err := adminJS.CreateConsumer(ctx, defs.intents.Name, defs.ledger); err != nil {
+		t.Fatalf("create consumer: %v", err)
+	}
+	info, err := intents.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Cluster == nil || len(info.Cluster.Replicas)+1 != 3 {
+		t.Fatalf("stream INTENTS is not on three servers: %+v", info.Cluster)
+	}
+
+	producer := connectAs(t, urls, fx, "producer")
+	consumer := connectAs(t, urls, fx, "consumer")
+
+	t.Run("producer", func(t *testing.T) {
+		js, err := jetstream.New(producer.nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ack, err := js.Publish(ctx, "intents.transfer", []byte(`{"amount":1}`), jetstream.WithMsgID("intent-1"))
+		if err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+		if ack.Stream != "INTENTS" || ack.Duplicate {
+			t.Fatalf("ack %+v", ack)
+		}
+		ack, err = js.Publish(ctx, "intents.transfer", []byte(`{"amount":1}`), jetstream.WithMsgID("intent-1"))
+		if err != nil || !ack.Duplicate {
+			t.Fatalf("a retry inside the duplicate window must be a duplicate: %+v, %v", ack, err)
+		}
+		if _, err := js.Publish(ctx, "intents.transfer", []byte(`{"amount":2}`), jetstream.WithMsgID("intent-2")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.Stream(ctx, "INTENTS"); err != nil {
+			t.Errorf("stream info: %v", err)
+		}
+		for _, subj := range []string{"dlq.intents.transfer", "$JS.API.STREAM.DELETE.INTENTS", "$JS.API.STREAM.PURGE.INTENTS",
+			"$JS.API.CONSUMER.CREATE.INTENTS.mine", "$JS.API.CONSUMER.MSG.NEXT.INTENTS.ledger", "$JS.ACK.INTENTS.ledger.1.1.1.1.1"} {
+			producer.expectPublishDenied(t, subj)
+		}
+		producer.expectSubscribeDenied(t, "intents.>")
+	})
+
+	t.Run("consumer", func(t *testing.T) {
+		js, err := jetstream.New(consumer.nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.Stream(ctx, "INTENTS"); err != nil {
+			t.Errorf("stream info: %v", err)
+		}
+		cons, err := js.Consumer(ctx, "INTENTS", "ledger")
+		if err != nil {
+			t.Fatalf("consumer lookup: %v", err)
+		}
+		batch, err := cons.Fetch(2, jetstream.FetchMaxWait(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var msgs []jetstream.Msg
+		for m := range batch.Messages() {
+			msgs = append(msgs, m)
+		}
+		if batch.Error() != nil || len(msgs) != 2 {
+			t.Fatalf("fetched %d messages, err %v", len(msgs), batch.Error())
+		}
+		if r := msgs[0].Reply(); !strings.HasPrefix(r, "$JS.ACK.INTENTS.ledger.") {
+			t.Fatalf("ack subject %q is not covered by the consumer's $JS.ACK.INTENTS.ledger.> permission", r)
+		}
+		// Ack after commit: a confirmed ack needs publish on $JS.ACK and a reply inbox.
+		if err := msgs[0].DoubleAck(ctx); err != nil {
+			t.Fatalf("ack: %v", err)
+		}
+		// A poison message: dead-letter it, then Term.
+		dl, err := js.Publish(ctx, "dlq.intents.transfer", msgs[1].Data(), jetstream.WithMsgID("intent-2"))
+		if err != nil || dl.Stream != "INTENTS_DLQ" {
+			t.Fatalf("dead-letter publish: %+v, %v", dl, err)
+		}
+		if err := msgs[1].Term(); err != nil {
+			t.Fatal(err)
+		}
+		consumer.expectNoAsyncError(t)
+		ci, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ci.NumAckPending != 0 || ci.NumPending != 0 {
+			t.Errorf("after ack and term: ack pending %d, pending %d", ci.NumAckPending, ci.NumPending)
+		}
+		for _, subj := range []string{"intents.transfer", "$JS.API.CONSUMER.CREATE.INTENTS.other", "$JS.API.CONSUMER.DURABLE.CREATE.INTENTS.other",
+			"$JS.API.CONSUMER.DELETE.INTENTS.ledger", "$JS.API.CONSUMER.MSG.NEXT.INTENTS_DLQ.reader", "$JS.API.STREAM.PURGE.INTENTS",
+			"$JS.API.STREAM.MSG.DELETE.INTENTS", "$JS.ACK.INTENTS_DLQ.reader.1.1.1.1.1"} {
+			consumer.expectPublishDenied(t, subj)
+		}
+		consumer.expectSubscribeDenied(t, "intents.>")
+	})
+
+	t.Run("stream settings", func(t *testing.T) {
+		if err := intents.DeleteMsg(ctx, 1); err == nil || !strings.Contains(err.Error(), "not permitted") {
+			t.Errorf("deleting a message from INTENTS: %v; want refused by deny_delete", err)
+		}
+		if err := intents.Purge(ctx); err == nil || !strings.Contains(err.Error(), "not permitted") {
+			t.Errorf("purging INTENTS: %v; want refused by deny_purge", err)
+		}
+		ci, err := adminJS.Consumer(ctx, "INTENTS", "ledger")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ci.CachedInfo().Config
+		if got.AckWait != defs.ledger.AckWait || got.MaxDeliver != defs.ledger.MaxDeliver || got.MaxAckPending != defs.ledger.MaxAckPending || got.AckPolicy != jetstream.AckExplicitPolicy {
+			t.Errorf("the server's consumer config differs from ledger-consumer.json: %+v", got)
+		}
+	})
+}
+
+type client struct {
+	nc   *nats.Conn
+	errs chan error
+}
+
+func connectAs(t *testing.T, urls string, fx *secretsFixture, user string) *client {
+	t.Helper()
+	c := &client{errs: make(chan error, 64)}
+	nkeyOpt, err := nats.NkeyOptionFromSeed(filepath.Join(fx.dir, "nkeys", user+".nk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nc, err = nats.Connect(urls, nkeyOpt, nats.Name(user),
+		nats.RootCAs(filepath.Join(fx.dir, "tls", "ca.pem")),
+		nats.ClientCert(filepath.Join(fx.dir, "tls", user+".pem"), filepath.Join(fx.dir, "tls", user+"-key.pem")),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			select {
+			case c.errs <- err:
+			default:
+			}
+		}))
+	if err != nil {
+		t.Fatalf("connect as %s: %v", user, err)
+	}
+	t.Cleanup(c.nc.Close)
+	return c
+}
+
+// waitViolation waits for the server's permissions violation naming what.
+func (c *client) waitViolation(t *testing.T, what string) {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case err := <-c.errs:
+			if strings.Contains(strings.ToLower(err.Error()), "permissions violation") && strings.Contains(err.Error(), what) {
+				return
+			}
+		case <-deadline:
+			t.Errorf("%s: no permissions violation for %s", c.nc.Opts.Name, what)
+			return
+		}
+	}
+}
+
+func (c *client) expectPublishDenied(t *testing.T, subject string) {
+	t.Helper()
+	if err := c.nc.Publish(subject, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c.waitViolation(t, fmt.Sprintf("%q", subject))
+}
+
+func (c *client) expectSubscribeDenied(t *testing.T, subject string) {
+	t.Helper()
+	sub, err := c.nc.SubscribeSync(subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := c.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c.waitViolation(t, fmt.Sprintf("%q", subject))
+}
+
+// expectNoAsyncError checks that everything sent so far was allowed: the
+// server reports violations asynchronously, so flush (a round trip) first.
+func (c *client) expectNoAsyncError(t *testing.T) {
+	t.Helper()
+	if err := c.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-c.errs:
+		t.Errorf("%s: unexpected async error: %v", c.nc.Opts.Name, err)
+	default:
+	}
+}
+
+// eventually retries f until it succeeds or ctx ends.
+func eventually(t *testing.T, ctx context.Context, f func() error) {
+	t.Helper()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("gave up: %v", errors.Join(err, ctx.Err()))
+		case <-tick.C:
+		}
+	}
+}
+
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	var ls []net.Listener
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return ports
+}
