@@ -13,6 +13,7 @@ import (
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
+	"github.com/jetinbox/jetinbox/internal/faultconn"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -419,5 +420,58 @@ func TestCheckSchema(t *testing.T) {
 	}
 	if err := inbox.CheckSchema(ctx, newDB(t)); err != nil {
 		t.Fatalf("migrated database: %v", err)
+	}
+}
+
+// TestCommitCut cuts the connection while COMMIT is on the wire, once so
+// that the server rolls back and once so that it commits. The processor
+// reports ErrOutcomeUnknown both times (never ackable), and the redelivery
+// settles it: applied exactly once either way.
+func TestCommitCut(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		mode      faultconn.Mode
+		committed bool
+	}{
+		{"rolled-back", faultconn.DropCommit, false},
+		{"committed", faultconn.CutAfterCommit, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			plain := newDB(t)
+			cfg := plain.Config()
+			inj := &faultconn.Injector{}
+			cfg.ConnConfig.AfterNetConnect = inj.AfterNetConnect
+			faulty, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer faulty.Close()
+			p := newLedgerProcessor(t, faulty)
+			batch := []inbox.Message{intent("cut-1", 1, 40), intent("cut-2", 2, 2)}
+
+			inj.Arm(tc.mode)
+			out, err := p.Process(ctx, batch)
+			if !errors.Is(err, inbox.ErrOutcomeUnknown) || out[0].Ackable() || out[1].Ackable() || inj.Fired() != 1 {
+				t.Fatalf("cut commit: %s, %v (fired %d), want ErrOutcomeUnknown and nothing ackable", statuses(out), err, inj.Fired())
+			}
+			var rows int
+			if err := plain.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&rows); err != nil {
+				t.Fatal(err)
+			}
+			if committed := rows == 2; committed != tc.committed {
+				t.Fatalf("after the cut the server holds %d inbox rows; want committed=%v", rows, tc.committed)
+			}
+			want := "applied,applied"
+			if tc.committed {
+				want = "duplicate,duplicate"
+			}
+			if out, err := p.Process(ctx, batch); err != nil || statuses(out) != want {
+				t.Fatalf("redelivery: %s, %v, want %s", statuses(out), err, want)
+			}
+			assertClean(t, plain, map[string]inbox.Message{"cut-1": batch[0], "cut-2": batch[1]})
+		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -227,8 +228,8 @@ func (c *Consumer) Stats() ConsumerStats {
 	}
 }
 
-// ConsumerConfig returns the JetStream consumer configuration Run creates or
-// updates.
+// ConsumerConfig returns the JetStream consumer configuration Run creates
+// when the durable does not exist yet.
 func (c *Consumer) ConsumerConfig() jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:        c.cfg.Durable,
@@ -248,9 +249,9 @@ func (c *Consumer) ConsumerConfig() jetstream.ConsumerConfig {
 // flight (their commits and acks are not cut short), hands back what it held
 // but had not started, and returns nil. ctx may carry failpoints.
 func (c *Consumer) Run(ctx context.Context) error {
-	cons, err := c.js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, c.ConsumerConfig())
+	cons, err := c.bind(ctx)
 	if err != nil {
-		return fmt.Errorf("jsinbox: consumer %s on %s: %w", c.cfg.Durable, c.cfg.Stream, err)
+		return err
 	}
 	work := context.WithoutCancel(ctx) // batches finish even when ctx ends
 	slots := make(chan struct{}, c.cfg.InFlight)
@@ -321,6 +322,53 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// bind uses the durable if it exists (an operator may have created it, and
+// the consumer may lack the permission to change it), after checking it is
+// safe, and creates it otherwise. The server's AckWait and MaxDeliver win
+// over the configured ones.
+func (c *Consumer) bind(ctx context.Context) (jetstream.Consumer, error) {
+	cons, err := c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Durable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		cons, err = c.js.CreateConsumer(ctx, c.cfg.Stream, c.ConsumerConfig())
+		if errors.Is(err, jetstream.ErrConsumerExists) {
+			cons, err = c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Durable)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("jsinbox: consumer %s on %s: %w", c.cfg.Durable, c.cfg.Stream, err)
+	}
+	info := cons.CachedInfo().Config
+	if problems := CheckConsumer(info); len(problems) > 0 {
+		return nil, fmt.Errorf("jsinbox: durable %s on %s is unsafe: %s", c.cfg.Durable, c.cfg.Stream, strings.Join(problems, "; "))
+	}
+	if info.AckWait != c.cfg.AckWait {
+		if c.cfg.KeepAlive == c.cfg.AckWait/2 {
+			c.cfg.KeepAlive = info.AckWait / 2
+		}
+		c.cfg.AckWait = info.AckWait
+	}
+	c.cfg.MaxDeliver = info.MaxDeliver
+	for _, w := range jitter.Lint(jitter.Settings{AckWait: info.AckWait, MaxDeliver: info.MaxDeliver, BackOff: info.BackOff, NakDelay: &c.cfg.Nak}) {
+		c.cfg.Logger.Warn("jsinbox: config: "+w, "durable", c.cfg.Durable)
+	}
+	return cons, nil
+}
+
+// CheckConsumer lists the settings of a durable that break the guarantee.
+func CheckConsumer(c jetstream.ConsumerConfig) []string {
+	var p []string
+	if c.AckPolicy != jetstream.AckExplicitPolicy {
+		p = append(p, "ack policy is not explicit: messages would count as done before their transaction commits")
+	}
+	if c.MaxDeliver < 1 {
+		p = append(p, "MaxDeliver is unlimited: a message that keeps failing is never dead-lettered")
+	}
+	if c.MaxAckPending < 1 {
+		p = append(p, "MaxAckPending is unlimited: memory grows with the backlog")
+	}
+	return p
 }
 
 type stopReason int

@@ -193,3 +193,38 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("consumer stats %+v, want 2000 applied, 50 duplicates", s)
 	}
 }
+
+// TestBindsOperatorDurable: a durable the operator created is used as it is
+// (its MaxDeliver and AckWait win); an unsafe one is refused.
+func TestBindsOperatorDurable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, "", jsinbox.StreamOptions{})
+	if _, err := e.js.CreateConsumer(ctx, jsinbox.DefaultStream, jetstream.ConsumerConfig{
+		Durable: "ledger", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 7, AckWait: 3 * time.Second, MaxAckPending: 100,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(t, load(100, "bind"))
+	r := e.startConsumer(t, ctx, nil, jsinbox.ConsumerConfig{MaxDeliver: 20, AckWait: time.Minute})
+	e.settle(t, 30*time.Second)
+	e.assertClean(t, 100)
+	if got := r.c.Config(); got.MaxDeliver != 7 || got.AckWait != 3*time.Second {
+		t.Fatalf("consumer runs with MaxDeliver %d, AckWait %v; want the durable's 7 and 3s", got.MaxDeliver, got.AckWait)
+	}
+	info, err := e.js.Consumer(ctx, jsinbox.DefaultStream, "ledger")
+	if err != nil || info.CachedInfo().Config.MaxAckPending != 100 {
+		t.Fatalf("the operator's durable was changed: %+v, %v", info.CachedInfo().Config, err)
+	}
+
+	if _, err := e.js.CreateConsumer(ctx, jsinbox.DefaultStream, jetstream.ConsumerConfig{
+		Durable: "unsafe", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	proc, _ := inbox.NewProcessor(e.pool, inbox.Config{Scope: "unsafe", Handler: effects.NewLedger()})
+	c, _ := jsinbox.NewConsumer(e.js, proc, jsinbox.ConsumerConfig{})
+	if err := c.Run(ctx); err == nil || !strings.Contains(err.Error(), "MaxDeliver is unlimited") {
+		t.Fatalf("Run on a durable with unlimited MaxDeliver: %v", err)
+	}
+}

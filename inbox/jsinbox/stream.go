@@ -120,14 +120,17 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, o StreamOptions) 
 }
 
 func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, window time.Duration) (jetstream.Stream, error) {
-	s, err := js.CreateStream(ctx, cfg)
-	if err == nil {
-		return s, nil
+	// Look first: in production the operator creates the streams and a
+	// producer may only read their info.
+	s, err := js.Stream(ctx, cfg.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		s, err = js.CreateStream(ctx, cfg)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			s, err = js.Stream(ctx, cfg.Name) // created by a concurrent starter
+		} else if err == nil {
+			return s, nil
+		}
 	}
-	if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return nil, fmt.Errorf("jsinbox: create stream %s: %w", cfg.Name, err)
-	}
-	s, err = js.Stream(ctx, cfg.Name)
 	if err != nil {
 		return nil, fmt.Errorf("jsinbox: stream %s: %w", cfg.Name, err)
 	}

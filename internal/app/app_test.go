@@ -234,3 +234,80 @@ func TestConsumerCommandServesAndDrains(t *testing.T) {
 	}
 	_ = fmt.Sprint
 }
+
+// TestVerifyAndReplayCommands: on a settled pipeline verify exits 0 and
+// replay finds only duplicates; a planted duplicate effect makes verify exit
+// 1, and a deleted inbox row makes replay apply again and exit 1.
+func TestVerifyAndReplayCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	dbURL := testenv.NewDatabase(t)
+	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL})
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamOptions{}, 1024); err != nil {
+		t.Fatal(err)
+	}
+	if err := Producer(ctx, []string{"-count", "300", "-prefix", "vr"}, env, nil, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- Consumer(cctx, []string{"-http", ""}, env, io.Discard, io.Discard) }()
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	defer wcancel()
+	if err := pipeline.WaitSettled(wctx, js, jsinbox.DefaultStream, "ledger", nil); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	var out bytes.Buffer
+	if err := Verify(ctx, nil, env, nil, &out, io.Discard); err != nil {
+		t.Fatalf("verify on a clean pipeline: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	if err := Verify(ctx, []string{"-json"}, env, nil, &out, io.Discard); err != nil || !strings.Contains(out.String(), `"applied_once": 300`) {
+		t.Fatalf("verify -json: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	if err := Replay(ctx, nil, env, nil, &out, io.Discard); err != nil || !strings.Contains(out.String(), "duplicates (no effect)   300") {
+		t.Fatalf("replay: %v\n%s", err, out.String())
+	}
+	if err := Verify(ctx, nil, env, nil, io.Discard, io.Discard); err != nil {
+		t.Fatalf("verify after replay: %v", err)
+	}
+
+	// An inbox row that vanished (pruned too early): replay applies the
+	// message a second time, and both commands say so.
+	if _, err := pool.Exec(ctx, `DELETE FROM inbox WHERE message_id = 'vr-7'`); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	err = Replay(ctx, nil, env, nil, &out, io.Discard)
+	if ExitCode(err) != 1 || !strings.Contains(out.String(), "applied now              1") {
+		t.Fatalf("replay over a missing inbox row: %v (exit %d)\n%s", err, ExitCode(err), out.String())
+	}
+	out.Reset()
+	err = Verify(ctx, nil, env, nil, &out, io.Discard)
+	if ExitCode(err) != 1 || !regexp.MustCompile(`(?m)^ *duplicated +1 +VIOLATION`).MatchString(out.String()) {
+		t.Fatalf("verify after a double apply: %v (exit %d)\n%s", err, ExitCode(err), out.String())
+	}
+	// Unreachable servers are exit code 2.
+	err = Verify(ctx, nil, mapEnv(map[string]string{"NATS_URL": "nats://127.0.0.1:1", "DATABASE_URL": dbURL}), nil, io.Discard, io.Discard)
+	if ExitCode(err) != 2 {
+		t.Fatalf("verify without NATS: %v (exit %d), want 2", err, ExitCode(err))
+	}
+}
