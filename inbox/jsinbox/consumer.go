@@ -58,12 +58,14 @@ type ConsumerConfig struct {
 	OptStartSeq   uint64
 	OptStartTime  *time.Time
 	// BatchSize is the most messages one transaction takes. Batches are
-	// adaptive: a batch takes what has arrived and never waits to fill up.
-	// Default 500.
+	// adaptive: a batch takes what has arrived and never waits to fill up,
+	// so low load stays fast. Default 3000: under a backlog larger batches
+	// amortize per-transaction work and shared-row updates (jetinbox bench).
 	BatchSize int
 	// InFlight is how many batches are processed at once, each in its own
 	// transaction on its own connection: fetching, claiming, committing and
-	// acking overlap. Default 4.
+	// acking overlap (effects take turns, see inbox.Config.EffectConcurrency).
+	// Default 3.
 	InFlight int
 	// AckWait is the server's redelivery timer; keep it above the p99 batch
 	// time. Long batches send InProgress every AckWait/2. Default 30s.
@@ -103,10 +105,10 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 		c.Stream = DefaultStream
 	}
 	if c.BatchSize <= 0 {
-		c.BatchSize = 500
+		c.BatchSize = 3000
 	}
 	if c.InFlight <= 0 {
-		c.InFlight = 4
+		c.InFlight = 3
 	}
 	if c.AckWait <= 0 {
 		c.AckWait = 30 * time.Second

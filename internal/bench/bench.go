@@ -58,14 +58,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.NaiveMax, "naive-max", 5_000, "messages for the naive approach (it runs at ~1k msg/s; its rate is what counts)")
 	fs.IntVar(&o.Accounts, "accounts", 1024, "accounts the effect spreads over")
 	fs.BoolVar(&o.Hot, "hot", false, "every message on one hot account")
-	fs.IntVar(&o.Batch, "batch", 1000, "jetinbox: most messages per transaction")
-	fs.IntVar(&o.InFlight, "inflight", 4, "jetinbox: batches in flight")
+	fs.IntVar(&o.Batch, "batch", 3000, "jetinbox: most messages per transaction")
+	fs.IntVar(&o.InFlight, "inflight", 3, "jetinbox: batches in flight")
 	fs.IntVar(&o.Rounds, "rounds", 1, "rounds; the median is reported")
 	fs.IntVar(&o.PayloadPad, "payload-pad", 0, "extra payload bytes per message")
 	fs.BoolVar(&o.SyncAlways, "sync-always", false, "JetStream fsyncs every write (production setting; the producer rate drops)")
 	fs.DurationVar(&o.Latency, "latency", 5*time.Second, "length of the low-load latency phase (0 skips it)")
 	fs.IntVar(&o.Rate, "rate", 1000, "offered msg/s in the latency phase")
-	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a Go CPU profile of the whole run (NATS server included) to this file")
+	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a Go CPU profile of the consuming phases (NATS server included) to this file")
 	fs.StringVar(&o.Only, "only", "", "run only these approaches, comma separated: raw,naive,jetinbox")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage of jetinbox bench: raw pipe vs naive vs jetinbox on the same messages, embedded NATS and a throwaway PostgreSQL (fsync on).")
@@ -76,17 +76,6 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if o.N < 1 || o.Batch < 1 || o.InFlight < 1 || o.Rounds < 1 {
 		return errors.New("bench: -n, -batch, -inflight and -rounds must be positive")
-	}
-	if o.CPUProfile != "" {
-		f, err := os.Create(o.CPUProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
 	}
 	return Run(ctx, o, stdout, stderr)
 }
@@ -152,6 +141,18 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	}
 	say("published %d messages at %.0f msg/s (sync_interval always: %v)", o.N, pubRate, o.SyncAlways)
 
+	if o.CPUProfile != "" {
+		// Profile the consumers, not the publishing above.
+		f, err := os.Create(o.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	want := func(name string) bool { return o.Only == "" || slices.Contains(strings.Split(o.Only, ","), name) }
 	results := map[string]*result{}
 	var heapPeak atomic.Uint64
@@ -178,7 +179,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 				return err
 			}
 			cons, err := js.CreateOrUpdateConsumer(ctx, stream.Name, jetstream.ConsumerConfig{
-				Durable: durable, AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 50_000, AckWait: time.Minute,
+				Durable: durable, AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 50_000, AckWait: time.Minute, MaxDeliver: 20,
 			})
 			if err != nil {
 				pool.Close()
@@ -383,14 +384,21 @@ func consumeWith(ctx context.Context, js jetstream.JetStream, c jetstream.Consum
 		return err
 	}
 	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- cons.Run(rctx) }()
-	werr := wait()
-	cancel()
-	if err := <-done; err != nil {
-		return err
+	waited := make(chan error, 1)
+	go func() { waited <- wait() }()
+	select {
+	case err := <-done: // the consumer stopped on its own: a failure
+		return fmt.Errorf("consumer stopped: %v", err)
+	case werr := <-waited:
+		cancel()
+		if err := <-done; err != nil {
+			return err
+		}
+		return werr
 	}
-	return werr
 }
 
 // latencyPhase offers a steady low rate and measures publish-to-commit.
@@ -410,7 +418,7 @@ func latencyPhase(ctx context.Context, js jetstream.JetStream, pg *testenv.Postg
 	}
 	c, err := js.CreateOrUpdateConsumer(ctx, jsinbox.DefaultStream, jetstream.ConsumerConfig{
 		Durable: "latency", AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq: si.State.LastSeq + 1, AckWait: time.Minute, MaxAckPending: 50_000,
+		OptStartSeq: si.State.LastSeq + 1, AckWait: time.Minute, MaxAckPending: 50_000, MaxDeliver: 20,
 	})
 	if err != nil {
 		return nil, err
