@@ -13,6 +13,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/bench"
+	"github.com/jetinbox/jetinbox/internal/chaos"
 	"github.com/jetinbox/jetinbox/internal/jittersim"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
@@ -30,6 +31,9 @@ func commands() map[string]command {
 		"replay":  {"re-drive a stream range through the inbox with a fresh durable; effects must not change", Replay},
 		"bench": {"raw pipe vs naive vs jetinbox on the same messages, with latency and memory", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return bench.Main(ctx, args, stdout, stderr)
+		}},
+		"chaos": {"producer strategies × consumer strategies under faults, the seed's experiment on real parts", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
+			return chaos.Main(ctx, args, stdout, stderr)
 		}},
 		"jitter": {"the seed's retry-storm experiment, plus an overloaded server; writes a chart", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return jittersim.Main(ctx, args, stdout, stderr)
