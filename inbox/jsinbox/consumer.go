@@ -176,6 +176,8 @@ type ConsumerStats struct {
 	DeadLettered int64
 	// Batches committed or failed, and batches that failed as a whole.
 	Batches, FailedBatches int64
+	// InFlight: batches being processed now.
+	InFlight int64
 }
 
 // Consumer runs a durable pull consumer through an [inbox.Processor]: one
@@ -192,6 +194,9 @@ type Consumer struct {
 
 	received, applied, duplicates, rejected, conflicts       atomic.Int64
 	redeliveries, naks, deadLettered, batches, failedBatches atomic.Int64
+	inFlight                                                 atomic.Int64
+
+	bound atomic.Pointer[jetstream.Consumer]
 }
 
 // NewConsumer returns a Consumer. Nothing happens until Run.
@@ -227,7 +232,18 @@ func (c *Consumer) Stats() ConsumerStats {
 		Received: c.received.Load(), Applied: c.applied.Load(), Duplicates: c.duplicates.Load(),
 		Rejected: c.rejected.Load(), Conflicts: c.conflicts.Load(), Redeliveries: c.redeliveries.Load(),
 		Naks: c.naks.Load(), DeadLettered: c.deadLettered.Load(), Batches: c.batches.Load(), FailedBatches: c.failedBatches.Load(),
+		InFlight: c.inFlight.Load(),
 	}
+}
+
+// Info returns the server's view of the durable (pending and ack-pending
+// counts), once Run has bound it.
+func (c *Consumer) Info(ctx context.Context) (*jetstream.ConsumerInfo, error) {
+	b := c.bound.Load()
+	if b == nil {
+		return nil, errors.New("jsinbox: consumer not running")
+	}
+	return (*b).Info(ctx)
 }
 
 // ConsumerConfig returns the JetStream consumer configuration Run creates
@@ -255,6 +271,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	c.bound.Store(&cons)
 	work := context.WithoutCancel(ctx) // batches finish even when ctx ends
 	slots := make(chan struct{}, c.cfg.InFlight)
 	var wg sync.WaitGroup
@@ -416,8 +433,9 @@ func (c *Consumer) batchLoop(ctx, work context.Context, msgs chan jetstream.Msg,
 			}
 		}
 		wg.Add(1)
+		c.inFlight.Add(1)
 		go func() {
-			defer func() { <-slots; wg.Done() }()
+			defer func() { c.inFlight.Add(-1); <-slots; wg.Done() }()
 			if c.crashed.Load() {
 				return // a dead process acks nothing
 			}

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
@@ -217,6 +218,25 @@ func TestConsumerCommandServesAndDrains(t *testing.T) {
 	defer wcancel()
 	if err := pipeline.WaitSettled(wctx, js, jsinbox.DefaultStream, "ledger", nil); err != nil {
 		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	problems, err := promlint.New(bytes.NewReader(body)).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("metric lint: %s: %s", p.Metric, p.Text)
+	}
+	for _, want := range []string{"jetinbox_applied_total 500", "jetinbox_batch_duration_seconds_count", "jetinbox_publish_to_commit_seconds_bucket",
+		`jetinbox_duplicates_total{layer="inbox"} 0`, "jetinbox_consumer_pending_messages 0", "jetinbox_consumer_ack_pending_messages 0", "jetinbox_build_info{", "go_goroutines"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
 	}
 	cancel()
 	if err := <-done; err != nil {

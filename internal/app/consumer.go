@@ -11,10 +11,15 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/jitter"
+	"github.com/jetinbox/jetinbox/metrics"
 )
 
 // Consumer runs the inbox consumer until ctx ends (SIGTERM/SIGINT), then
@@ -35,7 +40,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		maxDeliver   = fs.Int("max-deliver", 20, "deliveries before a failing message is dead-lettered (finite)")
 		maxAck       = fs.Int("max-ack-pending", 0, "unacked messages in flight (0: 4 × batch × inflight)")
 		dbConns      = fs.Int("db-conns", 0, "PostgreSQL pool size (0: inflight + 2)")
-		httpAddr     = fs.String("http", env.or("JETINBOX_HTTP_ADDR", ":8080"), "address for /healthz and /readyz (env JETINBOX_HTTP_ADDR); empty disables")
+		httpAddr     = fs.String("http", env.or("JETINBOX_HTTP_ADDR", ":8080"), "address for /metrics, /healthz and /readyz (env JETINBOX_HTTP_ADDR); empty disables")
 		drainTimeout = fs.Duration("drain-timeout", envDuration(env, "JETINBOX_DRAIN_TIMEOUT", 30*time.Second, &envErrs), "longest wait for in-flight batches on shutdown (env JETINBOX_DRAIN_TIMEOUT)")
 		logFormat    = fs.String("log-format", env.or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto (text on a terminal)")
 	)
@@ -85,19 +90,26 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	if err != nil {
 		return err
 	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m, err := metrics.NewConsumer(reg)
+	if err != nil {
+		return err
+	}
 	c, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{
 		Stream: *stream, Durable: *durable, BatchSize: *batch, InFlight: *inflight, AckWait: *ackWait,
-		MaxDeliver: *maxDeliver, MaxAckPending: *maxAck, Nak: nak, Reconnect: w.db, DB: pool, Logger: log,
+		MaxDeliver: *maxDeliver, MaxAckPending: *maxAck, Nak: nak, Reconnect: w.db, DB: pool, Logger: log, Observer: m,
 	})
 	if err != nil {
 		return usageError{err}
 	}
+	m.Attach(c)
 	for _, w := range jitter.Lint(jitter.Settings{AckWait: *ackWait, MaxDeliver: *maxDeliver, NakDelay: &nak}) {
 		log.Warn("config: " + w)
 	}
 
 	if *httpAddr != "" {
-		srv, err := serveHealth(*httpAddr, c, log)
+		srv, err := serveHTTP(*httpAddr, c, reg, log)
 		if err != nil {
 			return err
 		}
@@ -132,10 +144,30 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	return nil
 }
 
-// serveHealth serves /healthz (the process is alive) and /readyz (consuming
-// with NATS and PostgreSQL reachable; 503 while draining).
-func serveHealth(addr string, c *jsinbox.Consumer, log *slog.Logger) (*http.Server, error) {
+// serveHTTP serves /metrics, and for a consumer /healthz (the process is
+// alive) and /readyz (consuming with NATS and PostgreSQL reachable; 503
+// while draining).
+func serveHTTP(addr string, c *jsinbox.Consumer, reg *prometheus.Registry, log *slog.Logger) (*http.Server, error) {
 	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if c != nil {
+		registerHealth(mux, c)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("http: %w", err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http", "err", err)
+		}
+	}()
+	log.Info("http: serving", "addr", ln.Addr().String())
+	return srv, nil
+}
+
+func registerHealth(mux *http.ServeMux, c *jsinbox.Consumer) {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		switch {
@@ -147,18 +179,6 @@ func serveHealth(addr string, c *jsinbox.Consumer, log *slog.Logger) (*http.Serv
 			fmt.Fprintln(w, "ready")
 		}
 	})
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("http: %w", err)
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("http", "err", err)
-		}
-	}()
-	log.Info("http: serving /healthz and /readyz", "addr", ln.Addr().String())
-	return srv, nil
 }
 
 // usageError marks errors in flags or environment: exit code 2.

@@ -15,10 +15,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/jitter"
+	"github.com/jetinbox/jetinbox/metrics"
 )
 
 // Producer publishes intents (generated, or JSONL from a file or stdin) and
@@ -46,6 +49,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		replicas  = fs.Int("replicas", 1, "stream replicas when creating it")
 		window    = fs.Duration("duplicate-window", jsinbox.DefaultDuplicateWindow, "stream duplicate window when creating it; must cover the retry horizon")
 		logFormat = fs.String("log-format", env.or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto")
+		httpAddr  = fs.String("http", env("JETINBOX_PRODUCER_HTTP_ADDR"), "address for /metrics while publishing (env JETINBOX_PRODUCER_HTTP_ADDR); empty disables")
 	)
 	w := defaultWaits()
 	w.register(fs)
@@ -86,6 +90,17 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		return usageError{err}
 	}
 	defer pub.Close()
+	if *httpAddr != "" {
+		reg := prometheus.NewRegistry()
+		if _, err := metrics.NewPublisher(reg, pub); err != nil {
+			return err
+		}
+		srv, err := serveHTTP(*httpAddr, nil, reg, log)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+	}
 
 	start := time.Now()
 	var badLines int

@@ -1,0 +1,202 @@
+// Package metrics exposes a jetinbox consumer's and publisher's work as
+// Prometheus metrics, on a registry the caller gives: nothing is registered
+// globally.
+//
+// Counters that the consumer and publisher already keep are read at scrape
+// time; per-batch figures (sizes, durations, publish-to-commit latency,
+// rejections by reason) come from the consumer's Observer hook.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+)
+
+const ns = "jetinbox"
+
+// Consumer observes a jsinbox.Consumer. Set it as ConsumerConfig.Observer
+// and call Attach once the Consumer exists.
+type Consumer struct {
+	rejected        *prometheus.CounterVec
+	naks            *prometheus.CounterVec
+	batchSize       prometheus.Histogram
+	batchDuration   prometheus.Histogram
+	publishToCommit prometheus.Histogram
+
+	c *jsinbox.Consumer
+}
+
+// NewConsumer registers the consumer metrics on reg.
+func NewConsumer(reg prometheus.Registerer) (*Consumer, error) {
+	m := &Consumer{
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "rejected_total",
+			Help: "Messages rejected by the inbox, by reason: bad_input, invalid_id, panic, gave_up, permanent, conflict."}, []string{"reason"}),
+		naks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "retries_total",
+			Help: "Messages handed back for a later delivery with a jittered delay, by reason: transient (the effect asked for a retry) or batch_failed (database unreachable or commit outcome unknown)."}, []string{"reason"}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "batch_size_messages",
+			Help: "Messages per inbox transaction.", Buckets: prometheus.ExponentialBuckets(1, 4, 7)}),
+		batchDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "batch_duration_seconds",
+			Help: "Time from BEGIN to the end of COMMIT of one batch.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+		publishToCommit: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "publish_to_commit_seconds",
+			Help: "Time from the stream storing a message to the commit of its inbox row.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
+	}
+	for _, c := range []prometheus.Collector{m.rejected, m.naks, m.batchSize, m.batchDuration, m.publishToCommit, (*consumerCollector)(m), buildInfo()} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// Attach points the scrape-time metrics at c.
+func (m *Consumer) Attach(c *jsinbox.Consumer) { m.c = c }
+
+// ObserveBatch implements jsinbox.Observer.
+func (m *Consumer) ObserveBatch(b jsinbox.BatchReport) {
+	m.batchSize.Observe(float64(len(b.Messages)))
+	m.batchDuration.Observe(b.Ended.Sub(b.Began).Seconds())
+	for i, o := range b.Outcomes {
+		switch o.Status {
+		case inbox.StatusApplied:
+			if p := b.Messages[i].Published; !p.IsZero() {
+				m.publishToCommit.Observe(b.Ended.Sub(p).Seconds())
+			}
+		case inbox.StatusRejected, inbox.StatusConflict:
+			if !o.Redelivered {
+				m.rejected.WithLabelValues(RejectReason(o)).Inc()
+			}
+		case inbox.StatusRetry:
+			if b.Err != nil {
+				m.naks.WithLabelValues("batch_failed").Inc()
+			} else {
+				m.naks.WithLabelValues("transient").Inc()
+			}
+		}
+	}
+}
+
+// RejectReason maps an outcome to a bounded label value: reasons are free
+// text, labels must not be.
+func RejectReason(o inbox.Outcome) string {
+	switch {
+	case o.Status == inbox.StatusConflict:
+		return "conflict"
+	case errors.Is(o.Err, inbox.ErrInvalidID):
+		return "invalid_id"
+	case strings.Contains(o.Reason, "effect panicked"):
+		return "panic"
+	case strings.HasPrefix(o.Reason, "gave up after"):
+		return "gave_up"
+	case strings.Contains(o.Reason, "bad intent"):
+		return "bad_input"
+	}
+	return "permanent"
+}
+
+var (
+	descReceived     = prometheus.NewDesc(ns+"_received_total", "Messages delivered to the consumer, redeliveries included.", nil, nil)
+	descApplied      = prometheus.NewDesc(ns+"_applied_total", "Messages whose inbox row and effect committed.", nil, nil)
+	descDuplicates   = prometheus.NewDesc(ns+"_duplicates_total", "Duplicates dropped, by layer: inbox (a redelivery found its row) or server (JetStream's duplicate window).", []string{"layer"}, nil)
+	descConflicts    = prometheus.NewDesc(ns+"_conflicts_total", "Messages whose ID was already applied with a different payload.", nil, nil)
+	descRedeliveries = prometheus.NewDesc(ns+"_redeliveries_total", "Messages received with a delivery count above 1.", nil, nil)
+	descDeadLetters  = prometheus.NewDesc(ns+"_dead_letters_total", "Messages published to the dead-letter stream and terminated.", nil, nil)
+	descBatches      = prometheus.NewDesc(ns+"_batches_total", "Batches processed.", nil, nil)
+	descFailed       = prometheus.NewDesc(ns+"_failed_batches_total", "Batches that failed as a whole (nothing acked).", nil, nil)
+	descInFlight     = prometheus.NewDesc(ns+"_batches_in_flight", "Batches being processed now.", nil, nil)
+	descPending      = prometheus.NewDesc(ns+"_consumer_pending_messages", "Messages in the stream not yet delivered to the durable (server's view).", nil, nil)
+	descAckPending   = prometheus.NewDesc(ns+"_consumer_ack_pending_messages", "Messages delivered and not yet acked (server's view).", nil, nil)
+)
+
+type consumerCollector Consumer
+
+func (c *consumerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descReceived, descApplied, descDuplicates, descConflicts, descRedeliveries, descDeadLetters, descBatches, descFailed, descInFlight, descPending, descAckPending} {
+		ch <- d
+	}
+}
+
+func (c *consumerCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.c == nil {
+		return
+	}
+	s := c.c.Stats()
+	counter := func(d *prometheus.Desc, v int64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	counter(descReceived, s.Received)
+	counter(descApplied, s.Applied)
+	counter(descDuplicates, s.Duplicates, "inbox")
+	counter(descConflicts, s.Conflicts)
+	counter(descRedeliveries, s.Redeliveries)
+	counter(descDeadLetters, s.DeadLettered)
+	counter(descBatches, s.Batches)
+	counter(descFailed, s.FailedBatches)
+	ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(s.InFlight))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if info, err := c.c.Info(ctx); err == nil {
+		ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(info.NumPending))
+		ch <- prometheus.MustNewConstMetric(descAckPending, prometheus.GaugeValue, float64(info.NumAckPending))
+	}
+}
+
+var (
+	descPublished = prometheus.NewDesc(ns+"_published_total", "Intents whose publish the stream acknowledged.", nil, nil)
+	descRetries   = prometheus.NewDesc(ns+"_publish_retries_total", "Publishes sent again, with the same ID, after a timeout or error.", nil, nil)
+	descFailures  = prometheus.NewDesc(ns+"_publish_failures_total", "Intents not published within the retry budget.", nil, nil)
+)
+
+// Publisher exposes a jsinbox.Publisher's counters.
+type Publisher struct{ p *jsinbox.Publisher }
+
+// NewPublisher registers the publisher metrics on reg.
+func NewPublisher(reg prometheus.Registerer, p *jsinbox.Publisher) (*Publisher, error) {
+	m := &Publisher{p: p}
+	for _, c := range []prometheus.Collector{m, buildInfo()} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				continue // build info is shared with a consumer in the same process
+			}
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// Describe implements prometheus.Collector.
+func (m *Publisher) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descPublished
+	ch <- descRetries
+	ch <- descFailures
+	ch <- descDuplicates
+}
+
+// Collect implements prometheus.Collector.
+func (m *Publisher) Collect(ch chan<- prometheus.Metric) {
+	s := m.p.Stats()
+	ch <- prometheus.MustNewConstMetric(descPublished, prometheus.CounterValue, float64(s.Published))
+	ch <- prometheus.MustNewConstMetric(descRetries, prometheus.CounterValue, float64(s.Retries))
+	ch <- prometheus.MustNewConstMetric(descFailures, prometheus.CounterValue, float64(s.Failed))
+	ch <- prometheus.MustNewConstMetric(descDuplicates, prometheus.CounterValue, float64(s.Duplicates), "server")
+}
+
+// buildInfo is jetinbox_build_info{version, goversion} = 1.
+func buildInfo() prometheus.Collector {
+	version, goVersion := "(devel)", "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		version, goVersion = bi.Main.Version, bi.GoVersion
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "build_info",
+		Help: "Build information; always 1.", ConstLabels: prometheus.Labels{"version": version, "goversion": goVersion}})
+	g.Set(1)
+	return g
+}
