@@ -1,0 +1,146 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+
+	"github.com/jetinbox/jetinbox/internal/testenv"
+)
+
+// tlsFiles writes a CA and a server certificate for 127.0.0.1 and returns
+// the CA file and the server's tls.Config.
+func tlsFiles(t *testing.T) (caFile string, srvTLS *tls.Config) {
+	t.Helper()
+	dir := t.TempDir()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "jetinbox test CA"}, IsCA: true,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	srvKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &srvKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile = filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return caFile, &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{leafDER}, PrivateKey: srvKey}}, MinVersion: tls.VersionTLS12}
+}
+
+func nkeyFile(t *testing.T) (seedFile, public string, seed []byte) {
+	t.Helper()
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ = kp.Seed()
+	public, _ = kp.PublicKey()
+	seedFile = filepath.Join(t.TempDir(), "user.nk")
+	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return seedFile, public, seed
+}
+
+// TestTLSAndNkeyAuth runs the consumer against a server that demands TLS
+// and nkey authentication: with the right key it consumes; with a wrong key
+// it fails at once with a clear error and a non-zero exit, and never prints
+// a secret.
+func TestTLSAndNkeyAuth(t *testing.T) {
+	t.Parallel()
+	caFile, srvTLS := tlsFiles(t)
+	goodSeedFile, goodPub, goodSeed := nkeyFile(t)
+	badSeedFile, _, badSeed := nkeyFile(t)
+	srv := testenv.NewNATS(t, testenv.NATSOptions{Configure: func(o *server.Options) {
+		o.TLSConfig, o.TLS, o.TLSTimeout = srvTLS, true, 2
+		o.Nkeys = []*server.NkeyUser{{Nkey: goodPub}}
+	}})
+	url := strings.Replace(srv.URL(), "nats://", "tls://", 1)
+	dbURL := testenv.NewDatabase(t)
+	if err := Migrate(context.Background(), nil, mapEnv(map[string]string{"DATABASE_URL": dbURL}), nil, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+
+	// Right key: the producer publishes over TLS, the consumer starts.
+	good := mapEnv(map[string]string{"NATS_URL": url, "NATS_CA": caFile, "NATS_NKEY": goodSeedFile, "DATABASE_URL": dbURL})
+	var logs bytes.Buffer
+	if err := Producer(context.Background(), []string{"-count", "20", "-log-format", "json"}, good, nil, io.Discard, &logs); err != nil {
+		t.Fatalf("producer with the right nkey over TLS: %v\n%s", err, logs.String())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := Consumer(ctx, []string{"-http", "", "-log-format", "json"}, good, io.Discard, &logs); err != nil {
+		t.Fatalf("consumer with the right nkey over TLS: %v\n%s", err, logs.String())
+	}
+
+	// Wrong key: a clear error, exit 1, within seconds, no retry loop.
+	bad := mapEnv(map[string]string{"NATS_URL": url, "NATS_CA": caFile, "NATS_NKEY": badSeedFile, "DATABASE_URL": dbURL})
+	start := time.Now()
+	err := Consumer(context.Background(), []string{"-http", "", "-log-format", "json"}, bad, io.Discard, &logs)
+	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "authorization") || ExitCode(err) != 1 {
+		t.Fatalf("consumer with a wrong nkey: %v (exit %d)", err, ExitCode(err))
+	}
+	if time.Since(start) > 15*time.Second {
+		t.Fatalf("a wrong key took %v to fail: a retry loop", time.Since(start))
+	}
+	// Without the CA the server's certificate is not trusted.
+	noCA := mapEnv(map[string]string{"NATS_URL": url, "NATS_NKEY": goodSeedFile, "DATABASE_URL": dbURL})
+	if err := Consumer(context.Background(), []string{"-http", ""}, noCA, io.Discard, &logs); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("consumer without NATS_CA: %v", err)
+	}
+	for _, secret := range [][]byte{goodSeed, badSeed} {
+		if bytes.Contains(logs.Bytes(), secret) || (err != nil && strings.Contains(err.Error(), string(secret))) {
+			t.Fatal("a secret reached the logs or an error")
+		}
+	}
+	if bytes.Contains(logs.Bytes(), []byte("password")) {
+		t.Fatal("logs mention a password")
+	}
+}
+
+// TestSecretsStayOutOfErrors: passwords in DATABASE_URL and NATS_URL never
+// appear in errors or logs.
+func TestSecretsStayOutOfErrors(t *testing.T) {
+	t.Parallel()
+	const pw = "s3cr3t-pw-123"
+	var logs bytes.Buffer
+	err := Consumer(context.Background(), []string{"-http", ""},
+		mapEnv(map[string]string{"DATABASE_URL": "postgres://app:" + pw + "@127.0.0.1:1/db?connect_timeout=2"}), io.Discard, &logs)
+	if err == nil || strings.Contains(err.Error(), pw) || strings.Contains(logs.String(), pw) {
+		t.Fatalf("database password leaked or no error: %v\n%s", err, logs.String())
+	}
+	dbURL := testenv.NewDatabase(t)
+	if err := Migrate(context.Background(), nil, mapEnv(map[string]string{"DATABASE_URL": dbURL}), nil, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	err = Consumer(context.Background(), []string{"-http", ""},
+		mapEnv(map[string]string{"DATABASE_URL": dbURL, "NATS_URL": "nats://app:" + pw + "@127.0.0.1:1"}), io.Discard, &logs)
+	if err == nil || strings.Contains(err.Error(), pw) || strings.Contains(logs.String(), pw) {
+		t.Fatalf("NATS password leaked or no error: %v\n%s", err, logs.String())
+	}
+}
