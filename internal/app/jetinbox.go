@@ -28,7 +28,10 @@ func commands() map[string]command {
 		"demo":    {"the all-in-one run: embedded JetStream, throwaway PostgreSQL, producer, two consumers, faults, verified result", Demo},
 		"migrate": {"apply the inbox and ledger schemas (-print shows the SQL instead)", Migrate},
 		"verify":  {"check a stream against the inbox and ledger: lost, duplicated, unexpected", Verify},
-		"replay":  {"re-drive a stream range through the inbox with a fresh durable; effects must not change", Replay},
+		"consumer": {"the consumer (same as the consumer binary), for one-binary deployments and jetinbox bench", func(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stderr io.Writer) error {
+			return Consumer(ctx, args, env, stdout, stderr)
+		}},
+		"replay": {"re-drive a stream range through the inbox with a fresh durable; effects must not change", Replay},
 		"bench": {"raw pipe vs naive vs jetinbox on the same messages, with latency and memory", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return bench.Main(ctx, args, stdout, stderr)
 		}},

@@ -12,6 +12,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"os/exec"
 	"runtime"
 	"runtime/pprof"
 	"slices"
@@ -19,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -47,6 +49,7 @@ type Options struct {
 	Rate       int
 	Only       string
 	CPUProfile string
+	ChildRSS   bool
 }
 
 // Main is `jetinbox bench`.
@@ -66,6 +69,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&o.Latency, "latency", 5*time.Second, "length of the low-load latency phase (0 skips it)")
 	fs.IntVar(&o.Rate, "rate", 1000, "offered msg/s in the latency phase")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a Go CPU profile of the consuming phases (NATS server included) to this file")
+	fs.BoolVar(&o.ChildRSS, "child", true, "also run the consumer as its own process over the same messages and report its peak RSS (memory is bounded by batch × in-flight, not by the stream)")
 	fs.StringVar(&o.Only, "only", "", "run only these approaches, comma separated: raw,naive,jetinbox")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage of jetinbox bench: raw pipe vs naive vs jetinbox on the same messages, embedded NATS and a throwaway PostgreSQL (fsync on).")
@@ -223,6 +227,14 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		}
 	}
 
+	var child *childResult
+	if o.ChildRSS && want("jetinbox") {
+		child, err = childConsumer(ctx, srv.URL(), pg, o, prefixSums[o.N])
+		if err != nil {
+			return err
+		}
+	}
+
 	var lat []time.Duration
 	if o.Latency > 0 && want("jetinbox") {
 		lat, err = latencyPhase(ctx, js, pg, o)
@@ -258,6 +270,10 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if len(lat) > 0 {
 		fmt.Fprintf(stdout, "publish-to-commit at %d msg/s offered: p50 %v  p99 %v  max %v  (%d messages)\n",
 			o.Rate, pct(lat, 50), pct(lat, 99), pct(lat, 100), len(lat))
+	}
+	if child != nil {
+		fmt.Fprintf(stdout, "consumer as its own process (jetinbox consumer, batch ≤ %d, %d in flight): %.0f msg/s, peak RSS %s\n",
+			o.Batch, o.InFlight, child.rate, child.peakRSS)
 	}
 	fmt.Fprintf(stdout, "peak Go heap %s; peak RSS of the process (NATS server, consumers, bench) %s\n",
 		mib(heapPeak.Load()), peakRSS())
@@ -538,4 +554,71 @@ func peakRSS() string {
 		}
 	}
 	return "unknown"
+}
+
+type childResult struct {
+	rate    float64
+	peakRSS string
+}
+
+// childConsumer runs `jetinbox consumer` (this binary) as a separate process
+// on a fresh durable and database, waits until it applied every message, and
+// reads its peak RSS (VmHWM) before stopping it.
+func childConsumer(ctx context.Context, natsURL string, pg *testenv.Postgres, o Options, want int64) (*childResult, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	pool, err := benchDB(ctx, pg, "child", o.Accounts)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	cmd := exec.CommandContext(ctx, exe, "consumer", "-http", "", "-durable", "child", "-batch", strconv.Itoa(o.Batch),
+		"-inflight", strconv.Itoa(o.InFlight), "-max-ack-pending", "50000", "-log-format", "json")
+	cmd.Env = append(os.Environ(), "NATS_URL="+natsURL, "DATABASE_URL="+pg.URL("child"))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	var rss string
+	for {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&n); err != nil {
+			return nil, err
+		}
+		if v := vmHWM(cmd.Process.Pid); v != "" {
+			rss = v
+		}
+		if n >= o.N {
+			break
+		}
+		if time.Since(start) > 10*time.Minute {
+			return nil, fmt.Errorf("child consumer: %d of %d after 10 minutes:\n%s", n, o.N, stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	el := time.Since(start)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	if err := checkLedger(ctx, pool, o.N, want); err != nil {
+		return nil, err
+	}
+	return &childResult{rate: float64(o.N) / el.Seconds(), peakRSS: rss}, nil
+}
+
+func vmHWM(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
+			kb, _ := strconv.Atoi(f[1])
+			return fmt.Sprintf("%d MiB", kb/1024)
+		}
+	}
+	return ""
 }
