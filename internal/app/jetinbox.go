@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sort"
+	"strings"
+	"time"
 
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
@@ -118,8 +121,29 @@ func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 	stream := fs.String("stream", env.or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream")
 	durable := fs.String("durable", env.or("JETINBOX_DURABLE", "ledger"), "durable consumer, also the inbox scope")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	fromSeq := fs.Uint64("from-seq", 0, "check from this stream sequence (0: the start)")
+	toSeq := fs.Uint64("to-seq", 0, "check up to this stream sequence (0: the end)")
+	fromTime := fs.String("from-time", "", "check from this RFC 3339 time")
+	toTime := fs.String("to-time", "", "check up to this RFC 3339 time")
+	retention := fs.Duration("retention", 0, "the inbox retention in use (Prune OlderThan), to check against the stream's horizons; 0: never pruned")
+	nakCap := fs.Duration("nak-cap", 30*time.Second, "the consumer's longest nak delay, for the redelivery horizon")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	rg := verify.Range{FromSeq: *fromSeq, ToSeq: *toSeq}
+	for _, t := range []struct {
+		flag string
+		val  string
+		dst  *time.Time
+	}{{"-from-time", *fromTime, &rg.FromTime}, {"-to-time", *toTime, &rg.ToTime}} {
+		if t.val == "" {
+			continue
+		}
+		v, err := time.Parse(time.RFC3339, t.val)
+		if err != nil {
+			return usageError{fmt.Errorf("%s: %w", t.flag, err)}
+		}
+		*t.dst = v
 	}
 	if err := nf.validate(); err != nil {
 		return usageError{err}
@@ -138,7 +162,19 @@ func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 		return usageError{err}
 	}
 	defer nc.Close()
-	r, err := verify.Run(ctx, js, pool, verify.Options{Stream: *stream, Scope: *durable, Durable: *durable, Ledger: true})
+	var progress func(read, total uint64)
+	if f, ok := stderr.(*os.File); ok && isTerminal(f) {
+		progress = func(read, total uint64) {
+			const width = 40
+			n := int(float64(width) * float64(read) / float64(max(total, 1)))
+			fmt.Fprintf(stderr, "\rreading %s [%s%s] %d/%d", *stream, strings.Repeat("#", n), strings.Repeat(".", width-n), read, total)
+			if read >= total {
+				fmt.Fprintln(stderr)
+			}
+		}
+	}
+	r, err := verify.Run(ctx, js, pool, verify.Options{Stream: *stream, Scope: *durable, Durable: *durable, Ledger: true,
+		Range: rg, Horizon: verify.HorizonOptions{Retention: *retention, NakCap: *nakCap}, Progress: progress})
 	if err != nil {
 		return usageError{err}
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/jitter"
 )
 
 // Options says what to check.
@@ -32,8 +33,38 @@ type Options struct {
 	// Durable, if set, is consulted for messages still pending.
 	Durable string
 	// Ledger checks the ledger effect: entries per message and balances.
-	// Default true via NewOptions; set false for other effects.
+	// Set false for other effects.
 	Ledger bool
+	// Range limits the check to part of the stream. Zero: all of it. With
+	// a range, rows and effects of IDs outside it are not judged, and
+	// balances are not checked.
+	Range Range
+	// Horizon settings to check against the stream and the durable.
+	Horizon HorizonOptions
+	// Progress, if set, is called as the stream is read.
+	Progress func(read, total uint64)
+}
+
+// Range is a part of the stream, by sequence or time. Zero fields are open.
+type Range struct {
+	FromSeq, ToSeq   uint64
+	FromTime, ToTime time.Time
+}
+
+func (r Range) partial() bool {
+	return r.FromSeq > 1 || r.ToSeq > 0 || !r.FromTime.IsZero() || !r.ToTime.IsZero()
+}
+
+// HorizonOptions are the settings verify cannot read from the servers.
+type HorizonOptions struct {
+	// Retention is how long inbox rows are kept (the Prune OlderThan in
+	// use). Zero: never pruned.
+	Retention time.Duration
+	// NakCap is the consumer's longest nak delay. Default 30s.
+	NakCap time.Duration
+	// PublishRetry is the producer's retry horizon. Default: that of
+	// jitter.Default().
+	PublishRetry time.Duration
 }
 
 // Report is what verify found. Duplicate deliveries are expected and not
@@ -62,6 +93,13 @@ type Report struct {
 	BalanceMismatches int `json:"balance_mismatches"`
 	// Pending: messages the durable has not settled yet (not a violation).
 	Pending uint64 `json:"pending"`
+	// RejectedByReason counts rejected inbox rows by reason.
+	RejectedByReason map[string]int `json:"rejected_by_reason,omitempty"`
+	// Horizons names settings that would let a duplicate through or lose
+	// track of a message: warnings, not violations of the invariants.
+	Horizons []string `json:"horizons,omitempty"`
+	// Partial is true when only a range of the stream was checked.
+	Partial bool `json:"partial,omitempty"`
 	// Examples of violations, for people.
 	Examples []string `json:"examples,omitempty"`
 }
@@ -86,15 +124,16 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 	if o.Scope == "" {
 		o.Scope = "ledger"
 	}
-	msgs, err := ReadStream(ctx, js, o.Stream)
+	msgs, err := ReadRange(ctx, js, o.Stream, o.Range, o.Progress)
 	if err != nil {
 		return nil, err
 	}
+	partial := o.Range.partial()
 	dead, err := ReadStream(ctx, js, o.Stream+"_DLQ")
 	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, err
 	}
-	r := &Report{StreamMessages: len(msgs), DeadByStatus: map[string]int{}}
+	r := &Report{StreamMessages: len(msgs), DeadByStatus: map[string]int{}, RejectedByReason: map[string]int{}, Partial: partial}
 	deadSeqs := map[uint64]bool{}
 	for _, d := range dead {
 		if d.Header[jsinbox.HeaderStream] != o.Stream || d.Header[jsinbox.HeaderScope] != o.Scope {
@@ -130,19 +169,26 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 		fp     []byte
 	}
 	rows := map[string]row{}
-	dbRows, err := pool.Query(ctx, `SELECT message_id, status, fingerprint FROM inbox WHERE scope = $1`, o.Scope)
+	dbRows, err := pool.Query(ctx, `SELECT message_id, status, fingerprint, coalesce(reason, '') FROM inbox WHERE scope = $1`, o.Scope)
 	if err != nil {
 		return nil, fmt.Errorf("verify: inbox: %w", err)
 	}
 	for dbRows.Next() {
-		var id string
+		var id, reason string
 		var rw row
-		if err := dbRows.Scan(&id, &rw.status, &rw.fp); err != nil {
+		if err := dbRows.Scan(&id, &rw.status, &rw.fp, &reason); err != nil {
 			return nil, fmt.Errorf("verify: inbox: %w", err)
+		}
+		if _, in := byFP[id]; partial && !in {
+			continue // outside the range: not judged
 		}
 		rows[id] = rw
 		if rw.status == "rejected" {
 			r.Rejected++
+			if len(reason) > 80 {
+				reason = reason[:80] + "…"
+			}
+			r.RejectedByReason[reason]++
 		}
 		if _, ok := byFP[id][[32]byte(rw.fp)]; !ok && len(rw.fp) == 32 {
 			r.Unexpected++
@@ -167,6 +213,9 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 			var n int
 			if err := lr.Scan(&id, &n); err != nil {
 				return nil, fmt.Errorf("verify: ledger: %w", err)
+			}
+			if _, in := byFP[id]; partial && !in {
+				continue
 			}
 			entries[id] = n
 		}
@@ -215,7 +264,7 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 		r.example("lost: stream seq %d (id %q) neither applied nor dead-lettered", m.Seq, m.ID)
 	}
 
-	if o.Ledger {
+	if o.Ledger && !partial {
 		want := map[int64]int64{}
 		for id, rw := range rows {
 			if rw.status != "applied" {
@@ -247,12 +296,17 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 		}
 	}
 
+	var consumerCfg *jetstream.ConsumerConfig
 	if o.Durable != "" {
 		if c, err := js.Consumer(ctx, o.Stream, o.Durable); err == nil {
 			if info, err := c.Info(ctx); err == nil {
 				r.Pending = info.NumPending + uint64(info.NumAckPending)
+				consumerCfg = &info.Config
 			}
 		}
+	}
+	if s, err := js.Stream(ctx, o.Stream); err == nil {
+		r.Horizons = CheckHorizons(s.CachedInfo().Config, consumerCfg, o.Horizon)
 	}
 	sort.Strings(r.Examples)
 	return r, nil
@@ -269,6 +323,11 @@ type Message struct {
 // ReadStream reads every message currently in stream with an ordered
 // consumer, which creates no durable state and disturbs no other consumer.
 func ReadStream(ctx context.Context, js jetstream.JetStream, stream string) ([]Message, error) {
+	return ReadRange(ctx, js, stream, Range{}, nil)
+}
+
+// ReadRange reads the messages of a range of stream, like ReadStream.
+func ReadRange(ctx context.Context, js jetstream.JetStream, stream string, rg Range, progress func(read, total uint64)) ([]Message, error) {
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
 		return nil, fmt.Errorf("verify: stream %s: %w", stream, err)
@@ -278,11 +337,21 @@ func ReadStream(ctx context.Context, js jetstream.JetStream, stream string) ([]M
 		return nil, fmt.Errorf("verify: stream %s: %w", stream, err)
 	}
 	last := info.State.LastSeq
-	out := make([]Message, 0, info.State.Msgs)
-	if info.State.Msgs == 0 {
+	if rg.ToSeq > 0 && rg.ToSeq < last {
+		last = rg.ToSeq
+	}
+	out := make([]Message, 0, min(info.State.Msgs, 1<<20))
+	if info.State.Msgs == 0 || last < max(rg.FromSeq, info.State.FirstSeq) {
 		return out, nil
 	}
-	oc, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	occ := jetstream.OrderedConsumerConfig{}
+	switch {
+	case rg.FromSeq > 1:
+		occ.DeliverPolicy, occ.OptStartSeq = jetstream.DeliverByStartSequencePolicy, rg.FromSeq
+	case !rg.FromTime.IsZero():
+		occ.DeliverPolicy, occ.OptStartTime = jetstream.DeliverByStartTimePolicy, &rg.FromTime
+	}
+	oc, err := s.OrderedConsumer(ctx, occ)
 	if err != nil {
 		return nil, fmt.Errorf("verify: ordered consumer on %s: %w", stream, err)
 	}
@@ -304,8 +373,17 @@ func ReadStream(ctx context.Context, js jetstream.JetStream, stream string) ([]M
 					h[k] = v[0]
 				}
 			}
+			if !rg.ToTime.IsZero() && md.Timestamp.After(rg.ToTime) {
+				return out, nil
+			}
 			out = append(out, Message{Seq: md.Sequence.Stream, ID: h[jetstream.MsgIDHeader], Payload: m.Data(), Header: h})
+			if progress != nil && len(out)%1000 == 0 {
+				progress(md.Sequence.Stream, last)
+			}
 			if md.Sequence.Stream >= last {
+				if progress != nil {
+					progress(last, last)
+				}
 				return out, nil
 			}
 		}
@@ -339,6 +417,18 @@ func (r *Report) WriteTable(w io.Writer) {
 	row("dead-lettered", r.DeadLettered, "")
 	row("still pending", r.Pending, "")
 	tw.Flush()
+	if r.Partial {
+		fmt.Fprintln(w, "   (a range of the stream: rows and effects of other IDs, and balances, were not judged)")
+	}
+	for status, n := range r.DeadByStatus {
+		fmt.Fprintf(w, "   dead letters %-10s %d\n", status+":", n)
+	}
+	for reason, n := range r.RejectedByReason {
+		fmt.Fprintf(w, "   rejected %5d  %s\n", n, reason)
+	}
+	for _, h := range r.Horizons {
+		fmt.Fprintln(w, "   horizon:", h)
+	}
 	for _, e := range r.Examples {
 		fmt.Fprintln(w, "  ", e)
 	}
@@ -349,4 +439,40 @@ func mark(ok bool) string {
 		return "ok"
 	}
 	return "VIOLATION"
+}
+
+// CheckHorizons names the settings under which a message could come back
+// after the inbox forgot it (a duplicate effect), or be given up on.
+func CheckHorizons(stream jetstream.StreamConfig, consumer *jetstream.ConsumerConfig, h HorizonOptions) []string {
+	if h.NakCap == 0 {
+		h.NakCap = 30 * time.Second
+	}
+	if h.PublishRetry == 0 {
+		h.PublishRetry, _ = jitter.Default().Horizon()
+	}
+	var p []string
+	if h.Retention > 0 {
+		if stream.MaxAge == 0 {
+			p = append(p, fmt.Sprintf("stream %s keeps messages forever (MaxAge 0) but inbox rows are pruned after %v: a replay or re-drive of an older message applies it again; set MaxAge below the inbox retention", stream.Name, h.Retention))
+		} else if stream.MaxAge > h.Retention {
+			p = append(p, fmt.Sprintf("stream MaxAge %v is longer than the inbox retention %v: a message can be replayed after its inbox row is gone; raise the retention (Prune OlderThan) above MaxAge", stream.MaxAge, h.Retention))
+		}
+	}
+	if consumer != nil {
+		if consumer.MaxDeliver < 1 {
+			p = append(p, fmt.Sprintf("durable %s has unlimited MaxDeliver: a message that keeps failing is never dead-lettered", consumer.Durable))
+		} else if h.Retention > 0 {
+			step := max(consumer.AckWait, h.NakCap)
+			if n := len(consumer.BackOff); n > 0 {
+				step = max(step, consumer.BackOff[n-1])
+			}
+			if redelivery := time.Duration(consumer.MaxDeliver) * step; redelivery > h.Retention {
+				p = append(p, fmt.Sprintf("MaxDeliver %d × %v can redeliver a message %v after its first delivery, longer than the inbox retention %v", consumer.MaxDeliver, step, redelivery, h.Retention))
+			}
+		}
+	}
+	if stream.Duplicates < h.PublishRetry {
+		p = append(p, fmt.Sprintf("duplicate window %v is shorter than the producer's retry horizon %v: late retries become second stream messages (the inbox still drops them)", stream.Duplicates, h.PublishRetry))
+	}
+	return p
 }

@@ -113,3 +113,54 @@ func TestVerifyCatchesViolations(t *testing.T) {
 		})
 	}
 }
+
+func TestVerifyRange(t *testing.T) {
+	t.Parallel()
+	js, pool := settledPipeline(t, 60)
+	if _, err := pool.Exec(context.Background(), `DELETE FROM inbox WHERE message_id = 'v-5'`); err != nil {
+		t.Fatal(err)
+	}
+	// v-5 is stream sequence 6: a range after it is clean...
+	r, err := verify.Run(context.Background(), js, pool, verify.Options{Scope: "ledger", Ledger: true, Range: verify.Range{FromSeq: 10, ToSeq: 30}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Clean() || r.StreamMessages != 21 || !r.Partial || r.AppliedOnce != 21 {
+		t.Fatalf("range 10-30: %+v", r)
+	}
+	// ...and a range over it is not.
+	r, err = verify.Run(context.Background(), js, pool, verify.Options{Scope: "ledger", Ledger: true, Range: verify.Range{ToSeq: 8}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Clean() || r.Lost != 1 || r.StreamMessages != 8 {
+		t.Fatalf("range 1-8 over a deleted row: %+v", r)
+	}
+}
+
+func TestCheckHorizons(t *testing.T) {
+	t.Parallel()
+	stream := jetstream.StreamConfig{Name: "INTENTS", MaxAge: 7 * 24 * time.Hour, Duplicates: 2 * time.Minute}
+	cons := &jetstream.ConsumerConfig{Durable: "ledger", MaxDeliver: 20, AckWait: 30 * time.Second}
+	cases := []struct {
+		name   string
+		stream jetstream.StreamConfig
+		cons   *jetstream.ConsumerConfig
+		h      verify.HorizonOptions
+		want   string
+	}{
+		{"safe", stream, cons, verify.HorizonOptions{Retention: 30 * 24 * time.Hour}, ""},
+		{"never pruned", stream, cons, verify.HorizonOptions{}, ""},
+		{"retention below MaxAge", stream, cons, verify.HorizonOptions{Retention: 24 * time.Hour}, "MaxAge 168h0m0s is longer than the inbox retention"},
+		{"unlimited MaxAge", jetstream.StreamConfig{Duplicates: 2 * time.Minute}, cons, verify.HorizonOptions{Retention: time.Hour}, "keeps messages forever"},
+		{"unlimited MaxDeliver", stream, &jetstream.ConsumerConfig{Durable: "x", MaxDeliver: -1}, verify.HorizonOptions{}, "unlimited MaxDeliver"},
+		{"redelivery past retention", jetstream.StreamConfig{MaxAge: time.Minute, Duplicates: 2 * time.Minute}, &jetstream.ConsumerConfig{MaxDeliver: 100, AckWait: time.Minute}, verify.HorizonOptions{Retention: time.Hour}, "longer than the inbox retention 1h0m0s"},
+		{"short duplicate window", jetstream.StreamConfig{MaxAge: time.Hour, Duplicates: 10 * time.Second}, cons, verify.HorizonOptions{}, "duplicate window 10s is shorter"},
+	}
+	for _, c := range cases {
+		got := strings.Join(verify.CheckHorizons(c.stream, c.cons, c.h), "\n")
+		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Errorf("%s: got %q, want %q", c.name, got, c.want)
+		}
+	}
+}
