@@ -12,6 +12,9 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/jitter"
@@ -77,6 +80,9 @@ type Config struct {
 	// batch is reported as retry. Default: full jitter from 5ms to 200ms,
 	// 3 retries.
 	TxRetry jitter.Policy
+	// TracerProvider, when set, traces each batch's claim, effect and
+	// commit as children of the span in Process's context. Default: none.
+	TracerProvider trace.TracerProvider
 	// EffectConcurrency is how many batches of this processor may apply
 	// effects and commit at once. Claims always overlap; the effect step
 	// and COMMIT take a turn. Effects that update shared rows (balances,
@@ -117,9 +123,10 @@ func (c Config) validate() error {
 // Processor claims and applies batches of messages, one transaction per
 // batch. It is safe for concurrent use; each call uses its own transaction.
 type Processor struct {
-	db    Beginner
-	cfg   Config
-	turns chan struct{} // effect-and-commit turns, EffectConcurrency of them
+	db     Beginner
+	cfg    Config
+	tracer trace.Tracer  // nil unless tracing
+	turns  chan struct{} // effect-and-commit turns, EffectConcurrency of them
 }
 
 // NewProcessor returns a Processor using db for its transactions.
@@ -131,7 +138,11 @@ func NewProcessor(db Beginner, cfg Config) (*Processor, error) {
 	if db == nil {
 		return nil, errors.New("inbox: NewProcessor: db is nil")
 	}
-	return &Processor{db: db, cfg: cfg, turns: make(chan struct{}, cfg.EffectConcurrency)}, nil
+	p := &Processor{db: db, cfg: cfg, turns: make(chan struct{}, cfg.EffectConcurrency)}
+	if cfg.TracerProvider != nil {
+		p.tracer = cfg.TracerProvider.Tracer("github.com/jetinbox/jetinbox/inbox")
+	}
+	return p, nil
 }
 
 // Scope returns the processor's scope.
@@ -227,7 +238,9 @@ func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int
 		m := &msgs[i]
 		claims[k] = Claim{ID: m.ID, Fingerprint: Fingerprint(m.Payload), StreamSeq: m.StreamSeq, Subject: m.Subject}
 	}
+	end := p.span(ctx, "jetinbox.claim", len(claims))
 	res, err := ClaimTx(ctx, tx, p.cfg.Scope, claims)
+	end(err)
 	if err != nil {
 		return err
 	}
@@ -261,6 +274,7 @@ func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int
 	defer func() { <-p.turns }()
 
 	errs := make([]error, len(fresh))
+	endEffect := p.span(ctx, "jetinbox.effect", len(fresh))
 	if len(fresh) > 0 && !mutation.effectBeforeClaim && !mutation.effectOutsideTx {
 		if !isolate {
 			if err := p.handle(ctx, tx, fresh, errs); err != nil {
@@ -270,9 +284,11 @@ func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int
 				return fmt.Errorf("%w: %w", errIsolate, err)
 			}
 		} else if err := p.handleIsolated(ctx, tx, fresh, errs); err != nil {
+			endEffect(err)
 			return err
 		}
 	}
+	endEffect(nil)
 	if failpoint.Hit(ctx, failpoint.BeforeCommit) {
 		return &failpoint.Error{Name: failpoint.BeforeCommit}
 	}
@@ -302,7 +318,10 @@ func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int
 		return err
 	}
 
-	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil {
+	endCommit := p.span(ctx, "jetinbox.commit", len(valid))
+	err = tx.Commit(context.WithoutCancel(ctx))
+	endCommit(err)
+	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) {
 			return fmt.Errorf("inbox: commit rolled back: %w", err)
@@ -313,6 +332,20 @@ func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int
 		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, &failpoint.Error{Name: failpoint.AfterCommit})
 	}
 	return nil
+}
+
+// span starts a child span when tracing and returns its end function.
+func (p *Processor) span(ctx context.Context, name string, n int) func(error) {
+	if p.tracer == nil {
+		return func(error) {}
+	}
+	_, s := p.tracer.Start(ctx, name, trace.WithAttributes(attribute.Int("jetinbox.messages", n)))
+	return func(err error) {
+		if err != nil {
+			s.SetStatus(codes.Error, err.Error())
+		}
+		s.End()
+	}
 }
 
 // record writes rejections, releases the claims of messages to retry and logs

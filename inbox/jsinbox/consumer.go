@@ -13,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
@@ -94,6 +96,11 @@ type ConsumerConfig struct {
 	// Observer, when set, is told about every batch after its transaction
 	// ended and before its messages are acked: metrics and benchmarks.
 	Observer Observer
+	// TracerProvider, when set, traces each batch: span "jetinbox.batch"
+	// linked to the producers' spans carried in the messages' headers, with
+	// children for fetching, the inbox's claim, effect and commit, and
+	// acking. Give the same provider to the inbox.Config. Default: none.
+	TracerProvider trace.TracerProvider
 	// Logger receives problem lines with message ID, stream sequence and
 	// delivery count. Default: discard.
 	Logger *slog.Logger
@@ -183,9 +190,10 @@ type ConsumerStats struct {
 // Consumer runs a durable pull consumer through an [inbox.Processor]: one
 // transaction per batch, ack after commit.
 type Consumer struct {
-	js   jetstream.JetStream
-	proc *inbox.Processor
-	cfg  ConsumerConfig
+	js     jetstream.JetStream
+	proc   *inbox.Processor
+	cfg    ConsumerConfig
+	tracer trace.Tracer
 
 	ready    atomic.Bool
 	draining atomic.Bool
@@ -211,7 +219,7 @@ func NewConsumer(js jetstream.JetStream, proc *inbox.Processor, cfg ConsumerConf
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Consumer{js: js, proc: proc, cfg: cfg}, nil
+	return &Consumer{js: js, proc: proc, cfg: cfg, tracer: tracer(cfg.TracerProvider)}, nil
 }
 
 // Config returns the consumer's configuration with defaults filled in.
@@ -413,6 +421,7 @@ func (c *Consumer) batchLoop(ctx, work context.Context, msgs chan jetstream.Msg,
 			return stopCrash
 		}
 		var batch []jetstream.Msg
+		fetchStart := time.Now()
 		select {
 		case m := <-msgs:
 			batch = append(make([]jetstream.Msg, 0, c.cfg.BatchSize), m)
@@ -439,7 +448,7 @@ func (c *Consumer) batchLoop(ctx, work context.Context, msgs chan jetstream.Msg,
 			if c.crashed.Load() {
 				return // a dead process acks nothing
 			}
-			if err := c.processBatch(work, batch); err != nil {
+			if err := c.processBatch(work, batch, fetchStart); err != nil {
 				onCrash()
 			}
 		}()
@@ -448,7 +457,22 @@ func (c *Consumer) batchLoop(ctx, work context.Context, msgs chan jetstream.Msg,
 
 // processBatch runs one batch through the inbox and settles every message
 // with JetStream. It returns an error only for a simulated crash.
-func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg) error {
+func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetchStart time.Time) error {
+	if c.cfg.TracerProvider != nil {
+		links := make([]trace.Link, 0, min(len(batch), 64))
+		for _, m := range batch[:min(len(batch), 64)] {
+			if l, ok := extractLink(m.Headers()); ok {
+				links = append(links, l)
+			}
+		}
+		var span trace.Span
+		ctx, span = c.tracer.Start(ctx, "jetinbox.batch", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...),
+			trace.WithTimestamp(fetchStart), trace.WithAttributes(attribute.Int("messaging.batch.message_count", len(batch)),
+				attribute.String("messaging.consumer.group.name", c.cfg.Durable)))
+		defer span.End()
+		_, fetch := c.tracer.Start(ctx, "jetinbox.fetch", trace.WithTimestamp(fetchStart))
+		fetch.End()
+	}
 	msgs := make([]inbox.Message, len(batch))
 	for i, m := range batch {
 		msgs[i] = inbox.Message{ID: m.Headers().Get(jetstream.MsgIDHeader), Payload: m.Data(), Subject: m.Subject()}
@@ -491,6 +515,11 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg) erro
 		c.cfg.Logger.Warn("jsinbox: batch failed; naking with jittered delay", "batch", len(batch), "err", err)
 	}
 	skipAck := failpoint.Hit(ctx, failpoint.SkipAck)
+	if c.cfg.TracerProvider != nil {
+		var ack trace.Span
+		ctx, ack = c.tracer.Start(ctx, "jetinbox.ack")
+		defer ack.End()
+	}
 	for i, m := range batch {
 		o := out[i]
 		switch {

@@ -11,6 +11,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
@@ -40,6 +43,10 @@ type PublisherConfig struct {
 	Retry jitter.Policy
 	// Logger receives a line per failed intent. Default: discard.
 	Logger *slog.Logger
+	// TracerProvider, when set, traces each publish (span
+	// "jetinbox.publish") and carries its W3C trace context to the consumer
+	// in the message headers. Default: no tracing.
+	TracerProvider trace.TracerProvider
 }
 
 // WithDefaults returns c with defaults filled in.
@@ -85,12 +92,13 @@ type Failure struct {
 // retried with the same Nats-Msg-Id after a jittered delay, so the stream (in
 // its duplicate window) or the consumer's inbox (after it) drops the copy.
 type Publisher struct {
-	js   jetstream.JetStream
-	cfg  PublisherConfig
-	sem  chan struct{}
-	wg   sync.WaitGroup
-	ctx  context.Context
-	stop context.CancelFunc
+	js     jetstream.JetStream
+	cfg    PublisherConfig
+	tracer trace.Tracer
+	sem    chan struct{}
+	wg     sync.WaitGroup
+	ctx    context.Context
+	stop   context.CancelFunc
 
 	published, duplicates, retries, failed atomic.Int64
 
@@ -106,7 +114,7 @@ func NewPublisher(ctx context.Context, js jetstream.JetStream, cfg PublisherConf
 		return nil, fmt.Errorf("jsinbox: publisher: %w", err)
 	}
 	ctx, stop := context.WithCancel(ctx)
-	return &Publisher{js: js, cfg: cfg, sem: make(chan struct{}, cfg.MaxInFlight), ctx: ctx, stop: stop}, nil
+	return &Publisher{js: js, cfg: cfg, tracer: tracer(cfg.TracerProvider), sem: make(chan struct{}, cfg.MaxInFlight), ctx: ctx, stop: stop}, nil
 }
 
 // ErrBadIntent is returned by Publish for an intent without a valid ID or
@@ -128,7 +136,13 @@ func (p *Publisher) Publish(ctx context.Context, in Intent) error {
 		return ctx.Err()
 	}
 	p.wg.Add(1)
-	t := &tracker{p: p, in: in, bo: p.cfg.Retry.NewBackOff(), start: time.Now()}
+	t := &tracker{p: p, in: in, bo: p.cfg.Retry.NewBackOff(), start: time.Now(), header: nats.Header{jetstream.MsgIDHeader: []string{in.ID}}}
+	if p.cfg.TracerProvider != nil {
+		var sctx context.Context
+		sctx, t.span = p.tracer.Start(ctx, "jetinbox.publish", trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithAttributes(attribute.String("messaging.message.id", in.ID), attribute.String("messaging.destination.name", in.Subject)))
+		injectTrace(sctx, t.header)
+	}
 	t.send()
 	return nil
 }
@@ -167,11 +181,13 @@ type tracker struct {
 	bo       interface{ NextBackOff() time.Duration }
 	attempts int
 	start    time.Time
+	header   nats.Header
+	span     trace.Span // nil unless tracing
 }
 
 func (t *tracker) send() {
 	t.attempts++
-	msg := &nats.Msg{Subject: t.in.Subject, Data: t.in.Payload, Header: nats.Header{jetstream.MsgIDHeader: []string{t.in.ID}}}
+	msg := &nats.Msg{Subject: t.in.Subject, Data: t.in.Payload, Header: t.header}
 	f, err := t.p.js.PublishMsgAsync(msg)
 	if err != nil {
 		t.retry(err)
@@ -209,6 +225,9 @@ func (t *tracker) retry(err error) {
 		t.p.failures = append(t.p.failures, Failure{ID: t.in.ID, Attempts: t.attempts, Err: err})
 		t.p.mu.Unlock()
 		t.p.cfg.Logger.Warn("jsinbox: intent not published", "id", t.in.ID, "attempts", t.attempts, "err", err)
+		if t.span != nil {
+			t.span.SetStatus(codes.Error, err.Error())
+		}
 		t.done()
 		return
 	}
@@ -217,6 +236,10 @@ func (t *tracker) retry(err error) {
 }
 
 func (t *tracker) done() {
+	if t.span != nil {
+		t.span.SetAttributes(attribute.Int("jetinbox.publish.attempts", t.attempts))
+		t.span.End()
+	}
 	<-t.p.sem
 	t.p.wg.Done()
 }

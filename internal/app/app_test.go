@@ -331,3 +331,23 @@ func TestVerifyAndReplayCommands(t *testing.T) {
 		t.Fatalf("verify without NATS: %v (exit %d), want 2", err, ExitCode(err))
 	}
 }
+
+// TestTracingOffUnlessConfigured: no spans by default; JETINBOX_TRACE=stdout
+// prints them.
+func TestTracingOffUnlessConfigured(t *testing.T) {
+	t.Parallel()
+	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	for _, traceOn := range []bool{false, true} {
+		env := map[string]string{"NATS_URL": srv.URL()}
+		if traceOn {
+			env["JETINBOX_TRACE"] = "stdout"
+		}
+		var stderr bytes.Buffer
+		if err := Producer(context.Background(), []string{"-count", "3", "-log-format", "json"}, mapEnv(env), nil, io.Discard, &stderr); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(stderr.String(), `"Name":"jetinbox.publish"`); got != traceOn {
+			t.Fatalf("tracing %v: spans printed = %v\n%s", traceOn, got, stderr.String())
+		}
+	}
+}

@@ -84,9 +84,14 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	}
 	defer nc.Close()
 
+	tp, stopTracing, err := tracing(ctx, env, "jetinbox-consumer", stderr)
+	if err != nil {
+		return err
+	}
+	defer stopTracing(context.WithoutCancel(ctx)) //nolint:errcheck // best effort at exit
 	txRetry := w.db
 	txRetry.Base, txRetry.Cap, txRetry.MaxAttempts = 5*time.Millisecond, 200*time.Millisecond, 3
-	proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: *durable, Handler: effects.NewLedger(), Logger: log, TxRetry: txRetry})
+	proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: *durable, Handler: effects.NewLedger(), Logger: log, TxRetry: txRetry, TracerProvider: tp})
 	if err != nil {
 		return err
 	}
@@ -98,7 +103,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	}
 	c, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{
 		Stream: *stream, Durable: *durable, BatchSize: *batch, InFlight: *inflight, AckWait: *ackWait,
-		MaxDeliver: *maxDeliver, MaxAckPending: *maxAck, Nak: nak, Reconnect: w.db, DB: pool, Logger: log, Observer: m,
+		MaxDeliver: *maxDeliver, MaxAckPending: *maxAck, Nak: nak, Reconnect: w.db, DB: pool, Logger: log, Observer: m, TracerProvider: tp,
 	})
 	if err != nil {
 		return usageError{err}

@@ -85,7 +85,12 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	}); err != nil {
 		return err
 	}
-	pub, err := jsinbox.NewPublisher(ctx, js, jsinbox.PublisherConfig{MaxInFlight: *inFlight, AckTimeout: *ackTO, Retry: retry, Logger: log})
+	tp, stopTracing, err := tracing(ctx, env, "jetinbox-producer", stderr)
+	if err != nil {
+		return err
+	}
+	defer stopTracing(context.WithoutCancel(ctx)) //nolint:errcheck // best effort at exit
+	pub, err := jsinbox.NewPublisher(ctx, js, jsinbox.PublisherConfig{MaxInFlight: *inFlight, AckTimeout: *ackTO, Retry: retry, Logger: log, TracerProvider: tp})
 	if err != nil {
 		return usageError{err}
 	}
