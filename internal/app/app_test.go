@@ -9,6 +9,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -321,9 +323,13 @@ func TestVerifyAndReplayCommands(t *testing.T) {
 		t.Fatalf("replay over a missing inbox row: %v (exit %d)\n%s", err, ExitCode(err), out.String())
 	}
 	out.Reset()
-	err = Verify(ctx, nil, env, nil, &out, io.Discard)
+	textfile := filepath.Join(t.TempDir(), "verify.prom")
+	err = Verify(ctx, []string{"-textfile", textfile}, env, nil, &out, io.Discard)
 	if ExitCode(err) != 1 || !regexp.MustCompile(`(?m)^ *duplicated +1 +VIOLATION`).MatchString(out.String()) {
 		t.Fatalf("verify after a double apply: %v (exit %d)\n%s", err, ExitCode(err), out.String())
+	}
+	if b, _ := os.ReadFile(textfile); !regexp.MustCompile(`(?m)^jetinbox_verify_violations [1-9]`).Match(b) {
+		t.Fatalf("textfile: %s", b)
 	}
 	// Unreachable servers are exit code 2.
 	err = Verify(ctx, nil, mapEnv(map[string]string{"NATS_URL": "nats://127.0.0.1:1", "DATABASE_URL": dbURL}), nil, io.Discard, io.Discard)

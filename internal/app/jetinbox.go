@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
@@ -127,6 +129,7 @@ func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 	toTime := fs.String("to-time", "", "check up to this RFC 3339 time")
 	retention := fs.Duration("retention", 0, "the inbox retention in use (Prune OlderThan), to check against the stream's horizons; 0: never pruned")
 	nakCap := fs.Duration("nak-cap", 30*time.Second, "the consumer's longest nak delay, for the redelivery horizon")
+	textfile := fs.String("textfile", "", "also write jetinbox_verify_violations to this file in Prometheus text format (node_exporter's textfile collector), for the JetinboxVerifyViolations alert")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -178,6 +181,11 @@ func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 	if err != nil {
 		return usageError{err}
 	}
+	if *textfile != "" {
+		if err := writeVerifyMetrics(*textfile, r); err != nil {
+			return err
+		}
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -189,6 +197,21 @@ func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 	}
 	if !r.Clean() {
 		return errViolations
+	}
+	return nil
+}
+
+// writeVerifyMetrics writes the report's violation count for Prometheus.
+func writeVerifyMetrics(path string, r *verify.Report) error {
+	reg := prometheus.NewRegistry()
+	v := prometheus.NewGauge(prometheus.GaugeOpts{Name: "jetinbox_verify_violations",
+		Help: "Broken invariants (lost, duplicated, unexpected, effect/row mismatches, balance mismatches) found by the last jetinbox verify."})
+	ts := prometheus.NewGauge(prometheus.GaugeOpts{Name: "jetinbox_verify_last_run_timestamp_seconds", Help: "When jetinbox verify last finished."})
+	reg.MustRegister(v, ts)
+	v.Set(float64(r.Duplicated + r.Lost + r.Unexpected + r.EffectWithoutRow + r.RowWithoutEffect + r.BalanceMismatches))
+	ts.SetToCurrentTime()
+	if err := prometheus.WriteToTextfile(path, reg); err != nil {
+		return fmt.Errorf("verify: -textfile: %w", err)
 	}
 	return nil
 }
