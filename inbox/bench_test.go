@@ -6,39 +6,16 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
-	"github.com/jetinbox/jetinbox/internal/testenv"
 )
-
-func benchDB(b *testing.B) *pgxpool.Pool {
-	b.Helper()
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.NewDatabase(b))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(pool.Close)
-	if _, err := inbox.Migrate(ctx, pool); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := effects.Migrate(ctx, pool); err != nil {
-		b.Fatal(err)
-	}
-	if err := effects.SeedAccounts(ctx, pool, 1024); err != nil {
-		b.Fatal(err)
-	}
-	return pool
-}
 
 // BenchmarkClaimTx measures the claim path alone: one transaction per batch,
 // fresh IDs, commit. Reports rows/s.
 func BenchmarkClaimTx(b *testing.B) {
 	for _, size := range []int{1, 100, 1000} {
 		b.Run("batch="+strconv.Itoa(size), func(b *testing.B) {
-			pool := benchDB(b)
+			pool := newDB(b)
 			ctx := context.Background()
 			claims := make([]inbox.Claim, size)
 			fp := inbox.Fingerprint([]byte(`{"account":1,"amount":1}`))
@@ -71,7 +48,7 @@ func BenchmarkClaimTx(b *testing.B) {
 func BenchmarkProcessLedger(b *testing.B) {
 	for _, size := range []int{1, 100, 1000} {
 		b.Run("batch="+strconv.Itoa(size), func(b *testing.B) {
-			pool := benchDB(b)
+			pool := newDB(b)
 			ctx := context.Background()
 			p, err := inbox.NewProcessor(pool, inbox.Config{Scope: "bench", Handler: effects.NewLedger()})
 			if err != nil {

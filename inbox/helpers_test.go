@@ -16,10 +16,10 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-const accounts = 10
+const accounts = 1024
 
 // newDB returns a pool on a fresh, migrated database with seeded accounts.
-func newDB(t *testing.T) *pgxpool.Pool {
+func newDB(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, testenv.NewDatabase(t))

@@ -103,7 +103,7 @@ func TestProcessMixedBatch(t *testing.T) {
 		intent("dup", 1, 100),
 		intent("conflict", 2, 999),
 		{ID: "bad-json", Payload: []byte(`{"account":1,`)},
-		intent("unknown-account", 999, 5),
+		intent("unknown-account", 99999, 5),
 		intent("fresh-2", 3, 20),
 		{ID: "", Payload: []byte(`{}`)},
 		intent("fresh-1", 3, 10),
@@ -120,7 +120,7 @@ func TestProcessMixedBatch(t *testing.T) {
 			t.Errorf("rejection %d has no reason", i)
 		}
 	}
-	if !strings.Contains(out[4].Reason, "unknown account 999") {
+	if !strings.Contains(out[4].Reason, "unknown account 99999") {
 		t.Errorf("unknown account reason: %q", out[4].Reason)
 	}
 	assertClean(t, pool, map[string]inbox.Message{

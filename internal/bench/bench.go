@@ -538,20 +538,10 @@ func sampleHeap(peak *atomic.Uint64) (stop func()) {
 
 func mib(b uint64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
 
-// peakRSS reads VmHWM from /proc/self/status.
+// peakRSS is this process's VmHWM.
 func peakRSS() string {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return "unknown"
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "VmHWM:") {
-			f := strings.Fields(line)
-			if len(f) >= 2 {
-				kb, _ := strconv.Atoi(f[1])
-				return fmt.Sprintf("%d MiB", kb/1024)
-			}
-		}
+	if v := vmHWM(os.Getpid()); v != "" {
+		return v
 	}
 	return "unknown"
 }
