@@ -150,8 +150,11 @@ var natsNodes = []string{"nats-1", "nats-2", "nats-3"}
 // the security policy and must be deliberate.
 var (
 	producerPublish  = []string{"intents.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS"}
-	consumerPublish  = []string{"$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.CONSUMER.INFO.INTENTS.ledger", "$JS.API.CONSUMER.MSG.NEXT.INTENTS.ledger", "$JS.ACK.INTENTS.ledger.>", "dlq.intents.>"}
+	consumerPublish  = []string{"$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.CONSUMER.INFO.INTENTS.ledger", "$JS.API.CONSUMER.MSG.NEXT.INTENTS.ledger", "$JS.ACK.INTENTS.ledger.>", "dlq.intents.>", "$JS.API.STREAM.MSG.GET.INTENTS"}
 	clientsSubscribe = []string{"_INBOX.>"}
+	// The consumer also hears when the server gives up on a message after
+	// MaxDeliver, and rescues it (reads it back with STREAM.MSG.GET).
+	consumerSubscribe = []string{"_INBOX.>", "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.INTENTS.ledger"}
 )
 
 // stageNATS writes the nats/*.conf files of fsys into dir, with the TLS paths
@@ -241,7 +244,11 @@ func validateNATSNode(path, node string) (*server.Options, error) {
 			continue
 		}
 		check(len(p.Publish.Deny) == 0 && len(p.Subscribe.Deny) == 0, "user %s: use allow lists only", u.Nkey)
-		check(sameSet(p.Subscribe.Allow, clientsSubscribe), "user %s may subscribe to %v, want %v", u.Nkey, p.Subscribe.Allow, clientsSubscribe)
+		wantSub := clientsSubscribe
+		if slices.Contains(p.Publish.Allow, "dlq.intents.>") {
+			wantSub = consumerSubscribe
+		}
+		check(sameSet(p.Subscribe.Allow, wantSub), "user %s may subscribe to %v, want %v", u.Nkey, p.Subscribe.Allow, wantSub)
 		switch {
 		case slices.Contains(p.Publish.Allow, "intents.>"):
 			producer++

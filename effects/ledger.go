@@ -59,23 +59,23 @@ const orderedPlanSQL = `SELECT set_config('enable_hashjoin', 'off', true), set_c
 
 // applySQL applies every valid intent of a batch in one statement. Go sums
 // the amounts per account ($1, ascending, $2); the UPDATE touches only
-// accounts that exist, and only intents for existing ones get a ledger entry, so an
-// intent for an unknown account writes nothing and leaves the transaction
-// healthy. It returns how many accounts it updated; fewer than sent means
-// some were unknown.
+// accounts that exist, and only intents for existing ones get a ledger
+// entry. It returns the accounts that do not exist, judged on the same
+// snapshot as both writes, so an account created concurrently is either
+// fully applied or reported unknown, never half. Intents for unknown accounts
+// write nothing and leave the transaction healthy. (Accounts are never
+// deleted; a concurrent delete could leave an entry without its balance
+// change.)
 const applySQL = `WITH upd AS (
 	UPDATE accounts a SET balance = a.balance + u.total
 	FROM unnest($1::bigint[], $2::bigint[]) AS u(id, total)
 	WHERE a.id = u.id
-	RETURNING a.id
 ), ins AS (
 	INSERT INTO ledger_entries (message_id, account, amount)
 	SELECT m.id, m.account, m.amount FROM unnest($3::text[], $4::bigint[], $5::bigint[]) AS m(id, account, amount)
 	WHERE EXISTS (SELECT 1 FROM accounts a WHERE a.id = m.account)
 )
-SELECT count(*) FROM upd`
-
-const unknownSQL = `SELECT u.id FROM unnest($1::bigint[]) AS u(id) WHERE NOT EXISTS (SELECT 1 FROM accounts a WHERE a.id = u.id)`
+SELECT u.id FROM unnest($1::bigint[]) AS u(id) WHERE NOT EXISTS (SELECT 1 FROM accounts a WHERE a.id = u.id)`
 
 // Handle implements [inbox.Handler].
 func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, errs []error) error {
@@ -115,25 +115,21 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 		br.Close()
 		return fmt.Errorf("effects: ledger: %w", err)
 	}
-	var updated int
-	if err := br.QueryRow().Scan(&updated); err != nil {
+	rows, err := br.Query()
+	if err != nil {
+		br.Close()
+		return fmt.Errorf("effects: ledger: %w", err)
+	}
+	unknown, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
 		br.Close()
 		return fmt.Errorf("effects: ledger: %w", err)
 	}
 	if err := br.Close(); err != nil {
 		return fmt.Errorf("effects: ledger: %w", err)
 	}
-	if updated == len(distinct) {
+	if len(unknown) == 0 {
 		return nil
-	}
-	// Some accounts do not exist: find them; their intents wrote nothing.
-	rows, err := tx.Query(ctx, unknownSQL, distinct)
-	if err != nil {
-		return fmt.Errorf("effects: ledger: %w", err)
-	}
-	unknown, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return fmt.Errorf("effects: ledger: %w", err)
 	}
 	for i := range msgs {
 		if errs[i] != nil {

@@ -53,8 +53,11 @@ type ClaimResult struct {
 	PriorStatus string
 	PriorReason string
 	// InBatch is true when the duplicate or conflict was with an earlier
-	// claim of the same call rather than with a stored row.
+	// claim of the same call rather than with a stored row; First is that
+	// claim's index. Such a claim shares the first one's fate: if the first
+	// is not committed, neither is this one.
 	InBatch bool
+	First   int
 }
 
 // claimSQL inserts every claim in one statement, in ID order so that two
@@ -111,7 +114,7 @@ func ClaimTx(ctx context.Context, tx pgx.Tx, scope string, claims []Claim) ([]Cl
 		}
 		if first != nil {
 			if j, dup := first[c.ID]; dup {
-				res[i] = ClaimResult{State: ClaimDuplicate, InBatch: true}
+				res[i] = ClaimResult{State: ClaimDuplicate, InBatch: true, First: j}
 				if claims[j].Fingerprint != c.Fingerprint {
 					res[i].State = ClaimConflict
 				}

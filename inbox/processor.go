@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -47,17 +48,16 @@ type Handler interface {
 // It is the simple way in; a set-based Handler is faster for big batches.
 type HandlerFunc func(ctx context.Context, tx pgx.Tx, msg Message) error
 
-// Handle implements [Handler]. Called with one message, it reports the
-// function's error in errs[0]; with several, the first error fails the batch,
-// since a failed statement may have aborted the transaction, and the
-// processor retries them one at a time.
+// Handle implements [Handler]. The first error fails the batch, since a
+// failed statement may have aborted the transaction; the processor then
+// applies the messages one at a time under savepoints and reports each
+// message's own error.
 func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, msgs []Message, errs []error) error {
-	if len(msgs) == 1 {
-		errs[0] = f(ctx, tx, msgs[0])
-		return nil
-	}
 	for i := range msgs {
 		if err := f(ctx, tx, msgs[i]); err != nil {
+			if len(msgs) == 1 {
+				return err
+			}
 			return fmt.Errorf("message %q: %w", msgs[i].ID, err)
 		}
 	}
@@ -248,7 +248,12 @@ func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int
 	fresh := make([]Message, 0, len(valid))
 	freshIdx := make([]int, 0, len(valid))
 	var conflicts []int
+	var inBatchDups [][2]int // (message, first copy), both indexes into msgs
 	for k, i := range valid {
+		if r := res[k]; r.InBatch && r.State == ClaimDuplicate {
+			inBatchDups = append(inBatchDups, [2]int{i, valid[r.First]})
+			continue
+		}
 		switch r := res[k]; r.State {
 		case ClaimFresh:
 			fresh = append(fresh, msgs[i])
@@ -313,6 +318,18 @@ func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int
 			rejIDs = append(rejIDs, msgs[i].ID)
 			rejReasons = append(rejReasons, out[i].Reason)
 		}
+	}
+	// A copy of a message that appeared earlier in the batch shares the
+	// first copy's fate: acked only if the first committed its effect.
+	for _, d := range inBatchDups {
+		o := out[d[1]]
+		switch o.Status {
+		case StatusApplied, StatusDuplicate:
+			o = Outcome{Status: StatusDuplicate}
+		case StatusRejected, StatusConflict:
+			o.Redelivered = false // dead-letter this copy too
+		}
+		out[d[0]] = o
 	}
 	if err := p.record(ctx, tx, msgs, rejIDs, rejReasons, retryIDs, conflicts); err != nil {
 		return err
@@ -420,7 +437,7 @@ func (p *Processor) handleIsolated(ctx context.Context, tx pgx.Tx, msgs []Messag
 		if _, rerr := tx.Exec(ctx, "RELEASE SAVEPOINT jetinbox_msg"); rerr != nil {
 			return fmt.Errorf("inbox: release savepoint: %w", rerr)
 		}
-		if isRetryableTx(err) || isConnError(err) {
+		if isRetryableTx(err) || isConnError(err) || ctx.Err() != nil {
 			// Not this message's fault: retry the whole batch later.
 			return err
 		}
@@ -446,14 +463,17 @@ func isDataError(err error) bool {
 	return errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23")
 }
 
+// isConnError reports errors that say the connection or the server is gone,
+// not that one message failed: connection exceptions (class 08), the
+// server shutting down (57P01-57P05), network errors. A statement timeout
+// (57014) is the message's own problem and is retried for that message.
 func isConnError(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return pgErr.Code[:2] == "08" || pgErr.Code[:2] == "57"
+		return pgErr.Code[:2] == "08" || strings.HasPrefix(pgErr.Code, "57P")
 	}
 	var netErr net.Error
-	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
-		pgconn.SafeToRetry(err) || errors.As(err, &netErr) || errors.Is(err, pgx.ErrTxClosed)
+	return pgconn.SafeToRetry(err) || errors.As(err, &netErr) || errors.Is(err, pgx.ErrTxClosed)
 }
 
 func (p *Processor) mutatedEffects(ctx context.Context, tx pgx.Tx, msgs []Message, valid []int) error {

@@ -2,6 +2,7 @@ package jsinbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -30,6 +31,7 @@ const (
 	HeaderStream    = "Jetinbox-Stream"
 	HeaderStreamSeq = "Jetinbox-Stream-Seq"
 	HeaderDelivered = "Jetinbox-Deliveries"
+	HeaderMessageID = "Jetinbox-Message-Id"
 )
 
 // mutation breaks the consumer on purpose; only tests set it, to show that
@@ -185,6 +187,9 @@ type ConsumerStats struct {
 	Batches, FailedBatches int64
 	// InFlight: batches being processed now.
 	InFlight int64
+	// Rescued: messages the server gave up on after MaxDeliver, settled
+	// from its advisory.
+	Rescued int64
 }
 
 // Consumer runs a durable pull consumer through an [inbox.Processor]: one
@@ -202,7 +207,7 @@ type Consumer struct {
 
 	received, applied, duplicates, rejected, conflicts       atomic.Int64
 	redeliveries, naks, deadLettered, batches, failedBatches atomic.Int64
-	inFlight                                                 atomic.Int64
+	inFlight, rescued                                        atomic.Int64
 
 	bound atomic.Pointer[jetstream.Consumer]
 }
@@ -240,7 +245,7 @@ func (c *Consumer) Stats() ConsumerStats {
 		Received: c.received.Load(), Applied: c.applied.Load(), Duplicates: c.duplicates.Load(),
 		Rejected: c.rejected.Load(), Conflicts: c.conflicts.Load(), Redeliveries: c.redeliveries.Load(),
 		Naks: c.naks.Load(), DeadLettered: c.deadLettered.Load(), Batches: c.batches.Load(), FailedBatches: c.failedBatches.Load(),
-		InFlight: c.inFlight.Load(),
+		InFlight: c.inFlight.Load(), Rescued: c.rescued.Load(),
 	}
 }
 
@@ -280,6 +285,22 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return err
 	}
 	c.bound.Store(&cons)
+	// The server gives up on a message after MaxDeliver deliveries even if
+	// it was never settled (a crash or an expired AckWait on the last
+	// delivery). Its advisory says which: rescue those.
+	sub, err := c.js.Conn().Subscribe(maxDeliveriesSubject(c.cfg.Stream, c.cfg.Durable), func(msg *nats.Msg) {
+		var adv struct {
+			StreamSeq  uint64 `json:"stream_seq"`
+			Deliveries uint64 `json:"deliveries"`
+		}
+		if json.Unmarshal(msg.Data, &adv) == nil && adv.StreamSeq > 0 {
+			go c.rescue(context.WithoutCancel(ctx), adv.StreamSeq, adv.Deliveries)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("jsinbox: subscribe to max-deliveries advisories: %w", err)
+	}
+	defer sub.Unsubscribe()            //nolint:errcheck // the connection may be gone
 	work := context.WithoutCancel(ctx) // batches finish even when ctx ends
 	slots := make(chan struct{}, c.cfg.InFlight)
 	var wg sync.WaitGroup
@@ -296,9 +317,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 		stopped := make(chan struct{})
 		cc, err := cons.Consume(func(m jetstream.Msg) {
 			select {
+			case <-stopped: // once stopping, never into msgs: nobody reads it
+				c.handBack(work, m)
+				return
+			default:
+			}
+			select {
 			case msgs <- m:
 			case <-stopped:
-				c.handBack(m)
+				c.handBack(work, m)
 			}
 		}, jetstream.PullMaxMessages(2*c.cfg.BatchSize), jetstream.PullExpiry(5*time.Second),
 			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -328,7 +355,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			for drained := false; !drained; {
 				select {
 				case m := <-msgs:
-					c.handBack(m)
+					c.handBack(work, m)
 				default:
 					drained = true
 				}
@@ -494,9 +521,9 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 			_ = m.Ack()
 		}
 	}
+	defer close(stopProgress) // keep the batch alive while it is settled too
 	began := time.Now()
 	out, err := c.proc.Process(ctx, msgs)
-	close(stopProgress)
 	c.batches.Add(1)
 	if c.cfg.Observer != nil {
 		c.cfg.Observer.ObserveBatch(BatchReport{Messages: msgs, Outcomes: out, Err: err, Began: began, Ended: time.Now()})
@@ -509,8 +536,12 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 	}
 	if err != nil {
 		c.failedBatches.Add(1)
-		if !errors.Is(err, inbox.ErrOutcomeUnknown) && c.cfg.DB != nil && c.cfg.DB.Ping(ctx) != nil {
-			c.dbDown.Store(true)
+		if !errors.Is(err, inbox.ErrOutcomeUnknown) && c.cfg.DB != nil {
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			if c.cfg.DB.Ping(pctx) != nil {
+				c.dbDown.Store(true)
+			}
+			cancel()
 		}
 		c.cfg.Logger.Warn("jsinbox: batch failed; naking with jittered delay", "batch", len(batch), "err", err)
 	}
@@ -552,6 +583,50 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 	return nil
 }
 
+func maxDeliveriesSubject(stream, durable string) string {
+	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + stream + "." + durable
+}
+
+// stranded is a message the server gave up on, read back from the stream:
+// it can no longer be acked, naked or terminated.
+type stranded struct{ raw *jetstream.RawStreamMsg }
+
+func (s stranded) Headers() nats.Header           { return s.raw.Header }
+func (s stranded) Subject() string                { return s.raw.Subject }
+func (s stranded) Data() []byte                   { return s.raw.Data }
+func (stranded) InProgress() error                { return nil }
+func (stranded) NakWithDelay(time.Duration) error { return nil }
+func (stranded) TermWithReason(string) error      { return nil }
+
+// rescue settles a message the server stopped delivering after MaxDeliver:
+// it runs it through the inbox once more as a final delivery, so it ends
+// applied (or found applied), or dead-lettered with a reason. Never silently
+// dropped while a consumer runs.
+func (c *Consumer) rescue(ctx context.Context, seq, deliveries uint64) {
+	s, err := c.js.Stream(ctx, c.cfg.Stream)
+	if err != nil {
+		c.cfg.Logger.Error("jsinbox: rescue after max deliveries: stream", "stream_seq", seq, "err", err)
+		return
+	}
+	raw, err := s.GetMsg(ctx, seq)
+	if err != nil {
+		c.cfg.Logger.Error("jsinbox: rescue after max deliveries: read message", "stream_seq", seq, "err", err)
+		return
+	}
+	im := inbox.Message{ID: raw.Header.Get(jetstream.MsgIDHeader), Payload: raw.Data, Subject: raw.Subject,
+		StreamSeq: seq, Deliveries: deliveries, Final: true}
+	out, err := c.proc.Process(ctx, []inbox.Message{im})
+	c.rescued.Add(1)
+	switch o := out[0]; {
+	case o.Ackable():
+		c.cfg.Logger.Info("jsinbox: message found applied after max deliveries", "id", im.ID, "stream_seq", seq)
+	case o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict:
+		c.deadLetter(ctx, stranded{raw}, &im, o.Status.String(), o.Reason)
+	default:
+		c.deadLetter(ctx, stranded{raw}, &im, "gave-up", fmt.Sprintf("gave up after %d deliveries: %v", deliveries, err))
+	}
+}
+
 // keepAlive sends InProgress for every message of a batch each AckWait/2,
 // so the server does not redeliver a batch that is still working.
 func (c *Consumer) keepAlive(batch []jetstream.Msg, stop chan struct{}) {
@@ -576,7 +651,18 @@ func (c *Consumer) keepAlive(batch []jetstream.Msg, stop chan struct{}) {
 // original headers, waits for the stream to have it, then terminates m. If
 // the dead-letter publish fails, m is naked instead: it comes back and is
 // dead-lettered then.
-func (c *Consumer) deadLetter(ctx context.Context, m jetstream.Msg, im *inbox.Message, status, reason string) {
+// settleable is what deadLetter needs of a message: a jetstream.Msg, or a
+// message read back from the stream after the server gave up on it.
+type settleable interface {
+	Headers() nats.Header
+	Subject() string
+	Data() []byte
+	InProgress() error
+	NakWithDelay(time.Duration) error
+	TermWithReason(string) error
+}
+
+func (c *Consumer) deadLetter(ctx context.Context, m settleable, im *inbox.Message, status, reason string) {
 	h := nats.Header{}
 	for k, v := range m.Headers() {
 		h[k] = append([]string(nil), v...)
@@ -588,11 +674,39 @@ func (c *Consumer) deadLetter(ctx context.Context, m jetstream.Msg, im *inbox.Me
 	h.Set(HeaderStream, c.cfg.Stream)
 	h.Set(HeaderStreamSeq, strconv.FormatUint(im.StreamSeq, 10))
 	h.Set(HeaderDelivered, strconv.FormatUint(im.Deliveries, 10))
+	h.Set(HeaderMessageID, im.ID)
 	dlqID := c.proc.Scope() + ":" + c.cfg.Stream + ":" + strconv.FormatUint(im.StreamSeq, 10)
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	_, err := c.js.PublishMsg(pctx, &nats.Msg{Subject: DeadLetterPrefix + m.Subject(), Data: m.Data(), Header: h}, jetstream.WithMsgID(dlqID))
+	dl := &nats.Msg{Subject: DeadLetterPrefix + m.Subject(), Data: m.Data(), Header: h}
+	// On its last delivery a nak would never bring the message back, so
+	// keep it (InProgress) and retry the dead-letter publish here.
+	attempts := 1
+	if im.Final {
+		attempts = 8
+	}
+	bo := c.cfg.Reconnect.NewBackOff()
+	var err error
+	for a := 0; a < attempts; a++ {
+		if a > 0 {
+			_ = m.InProgress()
+			d := bo.NextBackOff()
+			if d < 0 {
+				d = time.Second
+			}
+			time.Sleep(d)
+		}
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err = c.js.PublishMsg(pctx, dl, jetstream.WithMsgID(dlqID))
+		cancel()
+		if err == nil {
+			break
+		}
+	}
 	if err != nil {
+		if im.Final {
+			c.cfg.Logger.Error("jsinbox: could not dead-letter a message on its last delivery; it stays unacked, watch the consumer's MAX_DELIVERIES advisory",
+				"id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "err", err)
+			return
+		}
 		c.cfg.Logger.Error("jsinbox: dead-letter publish failed; naking", "id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "err", err)
 		c.naks.Add(1)
 		_ = m.NakWithDelay(c.cfg.Nak.Delay(int(max(im.Deliveries, 1))))
@@ -607,8 +721,18 @@ func (c *Consumer) deadLetter(ctx context.Context, m jetstream.Msg, im *inbox.Me
 }
 
 // handBack returns a message the consumer will not process now: a short
-// jittered delay spreads the redeliveries.
-func (c *Consumer) handBack(m jetstream.Msg) {
+// jittered delay spreads the redeliveries. A message on its last delivery
+// cannot come back, so it is processed now instead (and dead-lettered with
+// the reason if that fails). After a simulated crash nothing is done, as a
+// dead process would do nothing.
+func (c *Consumer) handBack(ctx context.Context, m jetstream.Msg) {
+	if c.crashed.Load() {
+		return
+	}
+	if md, err := m.Metadata(); err == nil && c.cfg.MaxDeliver > 0 && md.NumDelivered >= uint64(c.cfg.MaxDeliver) {
+		_ = c.processBatch(ctx, []jetstream.Msg{m}, time.Now())
+		return
+	}
 	_ = m.NakWithDelay(c.cfg.Nak.Delay(1))
 }
 

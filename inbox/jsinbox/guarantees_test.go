@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
@@ -324,4 +325,31 @@ func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// TestCrashOnLastDeliveryRescued: a consumer dies with a batch on its last
+// delivery; the server will not redeliver it (MaxDeliver reached) and sends a
+// max-deliveries advisory instead. A running consumer rescues every such
+// message from the stream: applied once, nothing lost.
+func TestCrashOnLastDeliveryRescued(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", jsinbox.StreamOptions{})
+	ctx := context.Background()
+	if _, err := e.js.CreateConsumer(ctx, jsinbox.DefaultStream, jetstream.ConsumerConfig{Durable: "ledger",
+		AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 1, AckWait: time.Second, MaxAckPending: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	fp := failpoint.New()
+	fp.Enable(failpoint.BeforeCommit, 1)
+	a := e.startConsumer(t, failpoint.With(ctx, fp), nil, jsinbox.ConsumerConfig{BatchSize: 50, InFlight: 1})
+	b := e.startConsumer(t, ctx, nil, jsinbox.ConsumerConfig{BatchSize: 50, InFlight: 1})
+	e.publish(t, load(200, "last"))
+	if err := waitRun(t, a, 30*time.Second); !errors.Is(err, jsinbox.ErrCrashed) {
+		t.Fatalf("consumer A: %v, want a crash", err)
+	}
+	waitFor(t, 30*time.Second, func() bool { return b.c.Stats().Rescued > 0 })
+	e.settle(t, 30*time.Second)
+	waitFor(t, 10*time.Second, func() bool { return e.verify(t).AppliedOnce == 200 })
+	e.assertClean(t, 200)
+	t.Logf("rescued %d messages after the crash on their last delivery", b.c.Stats().Rescued)
 }

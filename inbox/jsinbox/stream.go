@@ -98,7 +98,10 @@ func (o StreamOptions) DeadLetterConfig() jetstream.StreamConfig {
 	for i, s := range o.WithDefaults().Subjects {
 		c.Subjects[i] = DeadLetterPrefix + s
 	}
-	c.MaxAge = 0 // dead letters wait for a person
+	// Dead letters wait for a person, who deletes them once handled; a full
+	// dead-letter stream would make every dead-letter publish fail.
+	c.MaxAge = 30 * 24 * time.Hour
+	c.DenyDelete, c.DenyPurge = false, false
 	return c
 }
 
@@ -113,13 +116,22 @@ const DeadLetterPrefix = "dlq."
 // every unsafe setting instead.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, o StreamOptions) (jetstream.Stream, error) {
 	o = o.WithDefaults()
-	if _, err := ensure(ctx, js, o.DeadLetterConfig(), o.DuplicateWindow); err != nil {
+	if _, err := ensure(ctx, js, o.DeadLetterConfig(), checkDeadLetter); err != nil {
 		return nil, err
 	}
-	return ensure(ctx, js, o.Config(), o.DuplicateWindow)
+	return ensure(ctx, js, o.Config(), func(c jetstream.StreamConfig) []string { return CheckStream(c, o.DuplicateWindow) })
 }
 
-func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, window time.Duration) (jetstream.Stream, error) {
+// checkDeadLetter: dead letters must survive a restart; operators delete
+// them once handled, so deletes are allowed.
+func checkDeadLetter(c jetstream.StreamConfig) []string {
+	if c.Storage != jetstream.FileStorage {
+		return []string{"storage is not file: a restart loses every dead letter"}
+	}
+	return nil
+}
+
+func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, check func(jetstream.StreamConfig) []string) (jetstream.Stream, error) {
 	// Look first: in production the operator creates the streams and a
 	// producer may only read their info.
 	s, err := js.Stream(ctx, cfg.Name)
@@ -134,7 +146,7 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamCon
 	if err != nil {
 		return nil, fmt.Errorf("jsinbox: stream %s: %w", cfg.Name, err)
 	}
-	if problems := CheckStream(s.CachedInfo().Config, window); len(problems) > 0 {
+	if problems := check(s.CachedInfo().Config); len(problems) > 0 {
 		return nil, fmt.Errorf("jsinbox: existing stream %s is unsafe: %s", cfg.Name, strings.Join(problems, "; "))
 	}
 	return s, nil
@@ -164,6 +176,12 @@ func CheckStream(c jetstream.StreamConfig, window time.Duration) []string {
 	}
 	if c.AllowMsgTTL {
 		p = append(p, "per-message TTL allowed: a Nats-TTL header expires an intent before it is consumed")
+	}
+	if c.Retention != jetstream.LimitsPolicy {
+		p = append(p, "retention is not limits: an interest or work-queue stream removes intents once another consumer acks them, so replay and verify cannot see them")
+	}
+	if c.MaxMsgsPerSubject > 0 && !c.DiscardNewPerSubject {
+		p = append(p, "MaxMsgsPerSubject without DiscardNewPerSubject: a busy subject silently drops its oldest unconsumed intents")
 	}
 	if c.Duplicates < window {
 		p = append(p, fmt.Sprintf("duplicate window %v is shorter than the producer's retry horizon %v", c.Duplicates, window))

@@ -190,7 +190,10 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 			}
 			r.RejectedByReason[reason]++
 		}
-		if _, ok := byFP[id][[32]byte(rw.fp)]; !ok && len(rw.fp) == 32 {
+		if len(rw.fp) != 32 {
+			r.Unexpected++
+			r.example("unexpected: inbox row %q has a %d-byte fingerprint", id, len(rw.fp))
+		} else if _, ok := byFP[id][[32]byte(rw.fp)]; !ok {
 			r.Unexpected++
 			r.example("unexpected: inbox row %q has no message with its payload in the stream", id)
 		}
