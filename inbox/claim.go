@@ -33,6 +33,7 @@ const (
 	ClaimConflict
 )
 
+// String returns the state's name: fresh, duplicate or conflict.
 func (s ClaimState) String() string {
 	switch s {
 	case ClaimFresh:

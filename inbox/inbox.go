@@ -110,6 +110,8 @@ const (
 
 var statusNames = [...]string{"retry", "applied", "duplicate", "rejected", "conflict"}
 
+// String returns the status's name: retry, applied, duplicate, rejected or
+// conflict.
 func (s Status) String() string {
 	if int(s) < len(statusNames) {
 		return statusNames[s]
@@ -138,6 +140,7 @@ func (o Outcome) Ackable() bool { return o.Status == StatusApplied || o.Status =
 // a business rule, a missing account. Create one with [Permanent].
 type PermanentError struct{ Err error }
 
+// Error returns the wrapped error's message.
 func (e *PermanentError) Error() string { return e.Err.Error() }
 
 // Unwrap returns the wrapped error.
