@@ -99,6 +99,8 @@ type Publisher struct {
 	wg     sync.WaitGroup
 	ctx    context.Context
 	stop   context.CancelFunc
+	// pending holds sent publishes awaiting a PubAck, in send order.
+	pending chan *tracker
 
 	published, duplicates, retries, failed atomic.Int64
 
@@ -114,7 +116,10 @@ func NewPublisher(ctx context.Context, js jetstream.JetStream, cfg PublisherConf
 		return nil, fmt.Errorf("jsinbox: publisher: %w", err)
 	}
 	ctx, stop := context.WithCancel(ctx)
-	return &Publisher{js: js, cfg: cfg, tracer: tracer(cfg.TracerProvider), sem: make(chan struct{}, cfg.MaxInFlight), ctx: ctx, stop: stop}, nil
+	p := &Publisher{js: js, cfg: cfg, tracer: tracer(cfg.TracerProvider), sem: make(chan struct{}, cfg.MaxInFlight),
+		pending: make(chan *tracker, cfg.MaxInFlight), ctx: ctx, stop: stop}
+	go p.waitLoop()
+	return p, nil
 }
 
 // ErrBadIntent is returned by Publish for an intent without a valid ID or
@@ -183,6 +188,8 @@ type tracker struct {
 	start    time.Time
 	header   nats.Header
 	span     trace.Span // nil unless tracing
+	future   jetstream.PubAckFuture
+	sent     time.Time
 }
 
 func (t *tracker) send() {
@@ -193,12 +200,38 @@ func (t *tracker) send() {
 		t.retry(err)
 		return
 	}
-	go t.wait(f)
+	t.future, t.sent = f, time.Now()
+	t.p.pending <- t
 }
 
-func (t *tracker) wait(f jetstream.PubAckFuture) {
-	timer := time.NewTimer(t.p.cfg.AckTimeout)
+// waitLoop settles publishes in the order they were sent, which is the
+// order PubAcks arrive in: one goroutine for the whole window instead of
+// one per publish. A publish whose PubAck is late is retried when its
+// AckTimeout has passed.
+func (p *Publisher) waitLoop() {
+	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	for {
+		var t *tracker
+		select {
+		case t = <-p.pending:
+		case <-p.ctx.Done():
+			return
+		}
+		timer.Reset(max(time.Until(t.sent.Add(p.cfg.AckTimeout)), 0))
+		t.wait(timer)
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+func (t *tracker) wait(timer *time.Timer) {
+	f := t.future
+	t.future = nil
 	select {
 	case ack := <-f.Ok():
 		if failpoint.Hit(t.p.ctx, failpoint.LosePubAck) {
@@ -214,6 +247,8 @@ func (t *tracker) wait(f jetstream.PubAckFuture) {
 		t.retry(err)
 	case <-timer.C:
 		t.retry(fmt.Errorf("no PubAck within %v: %w", t.p.cfg.AckTimeout, context.DeadlineExceeded))
+	case <-t.p.ctx.Done():
+		t.retry(t.p.ctx.Err())
 	}
 }
 
