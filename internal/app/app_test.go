@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -168,30 +169,7 @@ func TestHelpDocumentsFlags(t *testing.T) {
 func TestConsumerCommandServesAndDrains(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
-	dbURL := testenv.NewDatabase(t)
-	var out bytes.Buffer
-	if err := Migrate(ctx, nil, mapEnv(map[string]string{"DATABASE_URL": dbURL}), nil, &out, io.Discard); err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamOptions{}, 1024); err != nil {
-		t.Fatal(err)
-	}
-	env := mapEnv(map[string]string{"NATS_URL": srv.URL()})
-	if err := Producer(ctx, []string{"-count", "500", "-prefix", "cmd"}, env, nil, &out, io.Discard); err != nil {
-		t.Fatal(err)
-	}
+	srv, dbURL, pool, js := commandPipeline(t, 500, "cmd")
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
@@ -263,26 +241,8 @@ func TestConsumerCommandServesAndDrains(t *testing.T) {
 func TestVerifyAndReplayCommands(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
-	dbURL := testenv.NewDatabase(t)
+	srv, dbURL, pool, js := commandPipeline(t, 300, "vr")
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL})
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamOptions{}, 1024); err != nil {
-		t.Fatal(err)
-	}
-	if err := Producer(ctx, []string{"-count", "300", "-prefix", "vr"}, env, nil, io.Discard, io.Discard); err != nil {
-		t.Fatal(err)
-	}
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- Consumer(cctx, []string{"-http", ""}, env, io.Discard, io.Discard) }()
@@ -318,7 +278,7 @@ func TestVerifyAndReplayCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	out.Reset()
-	err = Replay(ctx, nil, env, nil, &out, io.Discard)
+	err := Replay(ctx, nil, env, nil, &out, io.Discard)
 	if ExitCode(err) != 1 || !strings.Contains(out.String(), "applied now              1") {
 		t.Fatalf("replay over a missing inbox row: %v (exit %d)\n%s", err, ExitCode(err), out.String())
 	}
@@ -356,4 +316,35 @@ func TestTracingOffUnlessConfigured(t *testing.T) {
 			t.Fatalf("tracing %v: spans printed = %v\n%s", traceOn, got, stderr.String())
 		}
 	}
+}
+
+// commandPipeline starts a nats-server and a migrated database and publishes
+// n intents with the producer command.
+func commandPipeline(t *testing.T, n int, prefix string) (*testenv.NATS, string, *pgxpool.Pool, jetstream.JetStream) {
+	t.Helper()
+	ctx := context.Background()
+	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	dbURL := testenv.NewDatabase(t)
+	if err := Migrate(ctx, nil, mapEnv(map[string]string{"DATABASE_URL": dbURL}), nil, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamOptions{}, 1024); err != nil {
+		t.Fatal(err)
+	}
+	env := mapEnv(map[string]string{"NATS_URL": srv.URL()})
+	if err := Producer(ctx, []string{"-count", strconv.Itoa(n), "-prefix", prefix}, env, nil, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	return srv, dbURL, pool, js
 }

@@ -221,9 +221,9 @@ func Demo(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stde
 	row("duplicate deliveries", cs.Received-int64(rep.StreamMessages), "redeliveries after lost acks, a crash, AckWait")
 	row("inbox duplicates", cs.Duplicates, "deliveries the inbox found already applied")
 	row("applied once", rep.AppliedOnce, "")
-	row("duplicated", rep.Duplicated, mark(rep.Duplicated == 0))
-	row("lost", rep.Lost, mark(rep.Lost == 0))
-	row("unexpected", rep.Unexpected, mark(rep.Unexpected == 0))
+	row("duplicated", rep.Duplicated, verify.Mark(rep.Duplicated == 0))
+	row("lost", rep.Lost, verify.Mark(rep.Lost == 0))
+	row("unexpected", rep.Unexpected, verify.Mark(rep.Unexpected == 0))
 	row("dead-lettered", rep.DeadLettered, fmt.Sprintf("rejected %d, conflicts %d, with reasons", rep.Rejected, rep.Conflicts))
 	row("consumer crashes", fleet.crashes, "restarted, as a supervisor would")
 	tw.Flush()
@@ -235,13 +235,6 @@ func Demo(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stde
 		return errDemoFailed
 	}
 	return nil
-}
-
-func mark(ok bool) string {
-	if ok {
-		return "ok"
-	}
-	return "VIOLATION"
 }
 
 func demoPool(ctx context.Context, dbURL, searchPath string) (*pgxpool.Pool, error) {

@@ -409,12 +409,12 @@ func (r *Report) WriteTable(w io.Writer) {
 	row("stream messages", r.StreamMessages, "")
 	row("distinct IDs", r.DistinctIDs, "")
 	row("applied once", r.AppliedOnce, "")
-	row("duplicated", r.Duplicated, mark(r.Duplicated == 0))
-	row("lost", r.Lost, mark(r.Lost == 0))
-	row("unexpected", r.Unexpected, mark(r.Unexpected == 0))
-	row("effect without row", r.EffectWithoutRow, mark(r.EffectWithoutRow == 0))
-	row("row without effect", r.RowWithoutEffect, mark(r.RowWithoutEffect == 0))
-	row("balance mismatches", r.BalanceMismatches, mark(r.BalanceMismatches == 0))
+	row("duplicated", r.Duplicated, Mark(r.Duplicated == 0))
+	row("lost", r.Lost, Mark(r.Lost == 0))
+	row("unexpected", r.Unexpected, Mark(r.Unexpected == 0))
+	row("effect without row", r.EffectWithoutRow, Mark(r.EffectWithoutRow == 0))
+	row("row without effect", r.RowWithoutEffect, Mark(r.RowWithoutEffect == 0))
+	row("balance mismatches", r.BalanceMismatches, Mark(r.BalanceMismatches == 0))
 	row("rejected (inbox)", r.Rejected, "")
 	row("conflicts", r.Conflicts, "")
 	row("dead-lettered", r.DeadLettered, "")
@@ -437,7 +437,8 @@ func (r *Report) WriteTable(w io.Writer) {
 	}
 }
 
-func mark(ok bool) string {
+// Mark is "ok" or "VIOLATION", for report tables.
+func Mark(ok bool) string {
 	if ok {
 		return "ok"
 	}
