@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -83,6 +84,10 @@ type Config struct {
 	// TracerProvider, when set, traces each batch's claim, effect and
 	// commit as children of the span in Process's context. Default: none.
 	TracerProvider trace.TracerProvider
+	// CommitTimeout bounds a COMMIT, which runs under a context the caller
+	// cannot cancel: on a half-open connection it would otherwise wait for
+	// TCP keepalive. A timed-out commit is outcome unknown. Default 30s.
+	CommitTimeout time.Duration
 	// EffectConcurrency is how many batches of this processor may apply
 	// effects and commit at once. Claims always overlap; the effect step
 	// and COMMIT take a turn. Effects that update shared rows (balances,
@@ -100,6 +105,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if r := c.TxRetry; r.Kind == 0 && r.Base == 0 && r.Cap == 0 && r.MaxAttempts == 0 {
 		c.TxRetry = jitter.Policy{Kind: jitter.Full, Base: 5 * time.Millisecond, Cap: 200 * time.Millisecond, MaxAttempts: 3}
+	}
+	if c.CommitTimeout <= 0 {
+		c.CommitTimeout = 30 * time.Second
 	}
 	if c.EffectConcurrency <= 0 {
 		c.EffectConcurrency = 1
@@ -336,7 +344,9 @@ func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int
 	}
 
 	endCommit := p.span(ctx, "jetinbox.commit", len(valid))
-	err = tx.Commit(context.WithoutCancel(ctx))
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.CommitTimeout)
+	err = tx.Commit(cctx)
+	cancel()
 	endCommit(err)
 	if err != nil {
 		var pgErr *pgconn.PgError
@@ -382,6 +392,9 @@ WHERE inbox.scope = $1 AND inbox.message_id = t.id`, p.cfg.Scope, rejIDs, rejRea
 		}
 	}
 	if len(conflicts) > 0 {
+		// In ID order, like the claims: two processes recording the same
+		// conflicts cannot deadlock.
+		slices.SortFunc(conflicts, func(a, b int) int { return strings.Compare(msgs[a].ID, msgs[b].ID) })
 		ids := make([]string, len(conflicts))
 		fps := make([][]byte, len(conflicts))
 		seqs := make([]int64, len(conflicts))

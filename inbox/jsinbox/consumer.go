@@ -574,7 +574,7 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 			}
 			c.deadLetter(ctx, m, &msgs[i], o.Status.String(), o.Reason)
 		case msgs[i].Final:
-			c.deadLetter(ctx, m, &msgs[i], "gave-up", fmt.Sprintf("gave up after %d deliveries: %s", msgs[i].Deliveries, o.Reason))
+			c.lastTry(ctx, m, &msgs[i], o)
 		default:
 			c.naks.Add(1)
 			_ = m.NakWithDelay(c.cfg.Nak.Delay(int(max(msgs[i].Deliveries, 1))))
@@ -624,6 +624,26 @@ func (c *Consumer) rescue(ctx context.Context, seq, deliveries uint64) {
 		c.deadLetter(ctx, stranded{raw}, &im, o.Status.String(), o.Reason)
 	default:
 		c.deadLetter(ctx, stranded{raw}, &im, "gave-up", fmt.Sprintf("gave up after %d deliveries: %v", deliveries, err))
+	}
+}
+
+// lastTry settles a message whose last delivery ended in retry. The batch
+// may have failed with its commit outcome unknown, in which case the message
+// may well be applied: one more transaction of its own finds out. Applied
+// (now or before) is acked; anything else is dead-lettered with the reason.
+func (c *Consumer) lastTry(ctx context.Context, m jetstream.Msg, im *inbox.Message, o inbox.Outcome) {
+	_ = m.InProgress()
+	if out, err := c.proc.Process(ctx, []inbox.Message{*im}); err == nil {
+		o = out[0]
+	}
+	switch {
+	case o.Ackable():
+		c.duplicates.Add(1)
+		_ = m.Ack()
+	case o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict:
+		c.deadLetter(ctx, m, im, o.Status.String(), o.Reason)
+	default:
+		c.deadLetter(ctx, m, im, "gave-up", fmt.Sprintf("gave up after %d deliveries: %s", im.Deliveries, o.Reason))
 	}
 }
 

@@ -9,12 +9,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
+	"github.com/jetinbox/jetinbox/internal/faultconn"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/jitter"
@@ -352,4 +354,45 @@ func TestCrashOnLastDeliveryRescued(t *testing.T) {
 	waitFor(t, 10*time.Second, func() bool { return e.verify(t).AppliedOnce == 200 })
 	e.assertClean(t, 200)
 	t.Logf("rescued %d messages after the crash on their last delivery", b.c.Stats().Rescued)
+}
+
+// TestOutcomeUnknownOnLastDelivery: the connection is cut after the server
+// committed a batch on its last delivery. The consumer cannot know it
+// committed; one more transaction per message finds the rows, so the
+// messages are acked, not dead-lettered as given up.
+func TestOutcomeUnknownOnLastDelivery(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, "", jsinbox.StreamOptions{})
+	cfg := e.pool.Config()
+	inj := &faultconn.Injector{}
+	cfg.ConnConfig.AfterNetConnect = inj.AfterNetConnect
+	faulty, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer faulty.Close()
+	if _, err := e.js.CreateConsumer(ctx, jsinbox.DefaultStream, jetstream.ConsumerConfig{Durable: "ledger",
+		AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 1, AckWait: 5 * time.Second, MaxAckPending: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(t, load(100, "unk"))
+	inj.Arm(faultconn.CutAfterCommit)
+	proc, _ := inbox.NewProcessor(faulty, inbox.Config{Scope: "ledger", Handler: effects.NewLedger()})
+	c, _ := jsinbox.NewConsumer(e.js, proc, jsinbox.ConsumerConfig{BatchSize: 100, DB: faulty})
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(cctx) }()
+	e.settle(t, 30*time.Second)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if inj.Fired() != 1 {
+		t.Fatalf("the commit cut fired %d times", inj.Fired())
+	}
+	e.assertClean(t, 100)
+	if s := c.Stats(); s.DeadLettered != 0 || s.FailedBatches == 0 {
+		t.Fatalf("stats %+v: want a failed batch and no dead letters", s)
+	}
 }
