@@ -348,3 +348,27 @@ func commandPipeline(t *testing.T, n int, prefix string) (*testenv.NATS, string,
 	}
 	return srv, dbURL, pool, js
 }
+
+// TestPruneReadsTheHorizon: prune refuses a horizon shorter than the
+// stream's MaxAge (read from the server) and deletes old rows otherwise.
+func TestPruneReadsTheHorizon(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv, dbURL, pool, _ := commandPipeline(t, 0, "p")
+	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL})
+	if _, err := pool.Exec(ctx, `INSERT INTO inbox (scope, message_id, fingerprint, received_at)
+SELECT 'ledger', 'old-' || g, '\x00'::bytea, now() - interval '30 days' FROM generate_series(1, 25) g`); err != nil {
+		t.Fatal(err)
+	}
+	err := Prune(ctx, []string{"-older-than", "24h"}, env, nil, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "MaxAge") {
+		t.Fatalf("prune inside the stream's 7-day MaxAge: %v", err)
+	}
+	var out bytes.Buffer
+	if err := Prune(ctx, []string{"-older-than", "720h", "-batch", "10"}, env, nil, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "pruned 25 inbox rows") {
+		t.Fatalf("prune: %s", out.String())
+	}
+}
