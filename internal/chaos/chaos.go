@@ -177,6 +177,7 @@ type run struct {
 	faults   map[string]*atomic.Int64
 	stream   string
 	deadLets atomic.Int64
+	batches  atomic.Int64 // batches fetched by the naive workers of this run
 }
 
 func (r *run) roll(p float64) bool {
@@ -329,9 +330,10 @@ func (r *run) produce(ctx context.Context, strategy string, each func(i int)) er
 }
 
 // supervise runs a worker and starts it again when it crashes. Besides the
-// random faults, every combination meets the same planned ones: worker 0's
-// first life dies at its strategy's worst crash point on its third batch,
-// and worker 1's first life loses the acks of its second batch.
+// random faults, every combination meets the same planned ones: the naive
+// strategies lose the acks of the run's second batch and die at their worst
+// crash point on its third; jetinbox's worker 0 dies after a COMMIT on its
+// third batch and worker 1 before a COMMIT on its second.
 func (r *run) supervise(ctx context.Context, strategy, durable string, worker int) {
 	for life := 0; ctx.Err() == nil; life++ {
 		plan := plan{crashAt: -1, loseAcksAt: -1}
@@ -346,7 +348,7 @@ func (r *run) supervise(ctx context.Context, strategy, durable string, worker in
 		case "jetinbox":
 			err = r.runJetinbox(ctx, durable, plan)
 		default:
-			err = r.runNaive(ctx, strategy, durable, plan)
+			err = r.runNaive(ctx, strategy, durable)
 		}
 		if err != nil && ctx.Err() == nil && !errors.Is(err, errCrashed) && !errors.Is(err, jsinbox.ErrCrashed) {
 			time.Sleep(50 * time.Millisecond)
@@ -361,13 +363,13 @@ type plan struct{ crashAt, loseAcksAt int }
 
 // runNaive is a consumer without an inbox: ack-first acks a batch and then
 // applies it; effect-then-ack applies it in one transaction, then acks.
-func (r *run) runNaive(ctx context.Context, strategy, durable string, pl plan) error {
+func (r *run) runNaive(ctx context.Context, strategy, durable string) error {
 	c, err := r.js.Consumer(ctx, r.stream, durable)
 	if err != nil {
 		return err
 	}
 	ledger := effects.NewLedger()
-	for n := 1; ctx.Err() == nil; {
+	for ctx.Err() == nil {
 		batch, err := c.Fetch(100, jetstream.FetchMaxWait(200*time.Millisecond))
 		if err != nil {
 			return err
@@ -379,15 +381,18 @@ func (r *run) runNaive(ctx context.Context, strategy, durable string, pl plan) e
 		if len(msgs) == 0 {
 			continue
 		}
-		n++
-		crash := n-1 == pl.crashAt || r.roll(r.o.Crash)
-		loseAcks := n-1 == pl.loseAcksAt
+		// The planned faults go to the run's 2nd and 3rd batches, whichever
+		// worker takes them, so that a worker restarted early (a NATS
+		// restart, a fetch error) cannot skip them.
+		seq := r.batches.Add(1)
+		crash := seq == 3 || r.roll(r.o.Crash)
+		loseAcks := seq == 2
 		if crash && strategy == "ack-first" {
 			r.fault("crashes")
 			r.ackAll(msgs, loseAcks) // acked, then died before the effect
 			return errCrashed
 		}
-		if crash && strategy == "effect-then-ack" && r.roll(0.5) && n-1 != pl.crashAt {
+		if crash && strategy == "effect-then-ack" && seq != 3 && r.roll(0.5) {
 			r.fault("crashes")
 			return errCrashed // died after fetch, before the effect
 		}
