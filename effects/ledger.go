@@ -57,23 +57,19 @@ func NewLedger() *Ledger { return &Ledger{} }
 // SELECT … FOR UPDATE costs a WAL record per row.
 const orderedPlanSQL = `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true), set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_custom_plan', true)`
 
-// applySQL applies every valid intent of a batch in one statement. Go sums
-// the amounts per account ($1, ascending, $2); the UPDATE touches only
-// accounts that exist, and only intents for existing ones get a ledger
-// entry. It returns the accounts that do not exist, judged on the same
-// snapshot as both writes, so an account created concurrently is either
-// fully applied or reported unknown, never half. Intents for unknown accounts
-// write nothing and leave the transaction healthy. (Accounts are never
-// deleted; a concurrent delete could leave an entry without its balance
-// change.)
+// applySQL updates the balances of a batch in one statement: Go sums the
+// amounts per account ($1, ascending, $2), and the UPDATE touches only
+// accounts that exist. It returns the accounts that do not exist, judged on
+// the same snapshot as the UPDATE, so an account created concurrently is
+// either updated or reported unknown, never half. The ledger entries then go
+// in with COPY for the intents of the updated accounts only: an intent for
+// an unknown account writes nothing and leaves the transaction healthy.
+// (Accounts are never deleted; a concurrent delete could leave an entry
+// without its balance change.)
 const applySQL = `WITH upd AS (
 	UPDATE accounts a SET balance = a.balance + u.total
 	FROM unnest($1::bigint[], $2::bigint[]) AS u(id, total)
 	WHERE a.id = u.id
-), ins AS (
-	INSERT INTO ledger_entries (message_id, account, amount)
-	SELECT m.id, m.account, m.amount FROM unnest($3::text[], $4::bigint[], $5::bigint[]) AS m(id, account, amount)
-	WHERE EXISTS (SELECT 1 FROM accounts a WHERE a.id = m.account)
 )
 SELECT u.id FROM unnest($1::bigint[]) AS u(id) WHERE NOT EXISTS (SELECT 1 FROM accounts a WHERE a.id = u.id)`
 
@@ -109,7 +105,7 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 
 	var b pgx.Batch
 	b.Queue(orderedPlanSQL)
-	b.Queue(applySQL, distinct, sums, ids, accounts, amounts)
+	b.Queue(applySQL, distinct, sums)
 	br := tx.SendBatch(ctx, &b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -126,6 +122,17 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 		return fmt.Errorf("effects: ledger: %w", err)
 	}
 	if err := br.Close(); err != nil {
+		return fmt.Errorf("effects: ledger: %w", err)
+	}
+	// The entries go in with COPY, skipping intents for unknown accounts
+	// (whose balances the UPDATE did not touch either).
+	entries := make([][]any, 0, len(ids))
+	for k := range ids {
+		if len(unknown) == 0 || !slices.Contains(unknown, accounts[k]) {
+			entries = append(entries, []any{ids[k], accounts[k], amounts[k]})
+		}
+	}
+	if _, err := tx.CopyFrom(ctx, pgx.Identifier{"ledger_entries"}, []string{"message_id", "account", "amount"}, pgx.CopyFromRows(entries)); err != nil {
 		return fmt.Errorf("effects: ledger: %w", err)
 	}
 	if len(unknown) == 0 {
