@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -160,5 +161,27 @@ func TestRegressionInBatchCopyOfRejected(t *testing.T) {
 	out, err := p.Process(context.Background(), []inbox.Message{bad, bad, intent("ok", 1, 1), intent("ok", 1, 1)})
 	if err != nil || statuses(out) != "rejected,rejected,applied,duplicate" {
 		t.Fatalf("outcomes %s, %v; want rejected,rejected,applied,duplicate", statuses(out), err)
+	}
+}
+
+// Both ledger paths (one statement for small batches, COPY for large ones)
+// reject an unknown account alone and apply its neighbours once.
+func TestLedgerUnknownAccountBothPaths(t *testing.T) {
+	for _, n := range []int{5, 200} {
+		pool := newDB(t)
+		p := newLedgerProcessor(t, pool)
+		batch := make([]inbox.Message, n)
+		want := map[string]inbox.Message{}
+		for i := range batch {
+			batch[i] = intent(fmt.Sprintf("m%d", i), int64(1+i%accounts), 3)
+			want[batch[i].ID] = batch[i]
+		}
+		batch[n/2] = intent("ghost", 99999, 7)
+		delete(want, fmt.Sprintf("m%d", n/2))
+		out, err := p.Process(context.Background(), batch)
+		if err != nil || out[n/2].Status != inbox.StatusRejected {
+			t.Fatalf("batch of %d: %v, ghost %+v", n, err, out[n/2])
+		}
+		assertClean(t, pool, want)
 	}
 }
