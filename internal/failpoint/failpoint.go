@@ -7,9 +7,6 @@ package failpoint
 
 import (
 	"context"
-	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 )
 
@@ -30,9 +27,6 @@ const (
 	// so it retries with the same ID.
 	LosePubAck = "producer.lose-puback"
 )
-
-// Names lists every point.
-var Names = []string{BeforeClaim, BeforeCommit, AfterCommit, EffectPanic, SkipAck, LosePubAck}
 
 // Set is a group of armed points. The zero value is not usable; use New.
 type Set struct {
@@ -65,13 +59,6 @@ func (s *Set) EnableEvery(name string, n, times int) {
 	s.points[name] = &point{remaining: times, every: n}
 }
 
-// Disable disarms name.
-func (s *Set) Disable(name string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.points, name)
-}
-
 // Hits returns how often name fired.
 func (s *Set) Hits(name string) int {
 	s.mu.Lock()
@@ -100,54 +87,10 @@ func (s *Set) hit(name string) bool {
 	return true
 }
 
-// Parse reads a spec like "inbox.after-commit=3,consumer.skip-ack=every:10"
-// into a new Set: name=N fires N times, name=every:N on every N-th pass,
-// a bare name fires once.
-func Parse(spec string) (*Set, error) {
-	s := New()
-	for _, part := range strings.Split(spec, ",") {
-		part = strings.TrimSpace(part)
-		if part == "" {
-			continue
-		}
-		name, val, _ := strings.Cut(part, "=")
-		known := false
-		for _, n := range Names {
-			known = known || n == name
-		}
-		if !known {
-			return nil, fmt.Errorf("failpoint: unknown point %q (known: %s)", name, strings.Join(Names, ", "))
-		}
-		switch {
-		case val == "":
-			s.Enable(name, 1)
-		case strings.HasPrefix(val, "every:"):
-			n, err := strconv.Atoi(strings.TrimPrefix(val, "every:"))
-			if err != nil || n <= 0 {
-				return nil, fmt.Errorf("failpoint: %s: bad every:%q", name, val)
-			}
-			s.EnableEvery(name, n, -1)
-		default:
-			n, err := strconv.Atoi(val)
-			if err != nil {
-				return nil, fmt.Errorf("failpoint: %s: bad count %q", name, val)
-			}
-			s.Enable(name, n)
-		}
-	}
-	return s, nil
-}
-
 type ctxKey struct{}
 
 // With returns a context carrying s.
 func With(ctx context.Context, s *Set) context.Context { return context.WithValue(ctx, ctxKey{}, s) }
-
-// From returns the Set carried by ctx, or nil.
-func From(ctx context.Context) *Set {
-	s, _ := ctx.Value(ctxKey{}).(*Set)
-	return s
-}
 
 // Hit reports whether the point name, armed in ctx's Set, fires now.
 func Hit(ctx context.Context, name string) bool {
