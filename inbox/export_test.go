@@ -8,8 +8,21 @@ func SetMutation(name string) (undo func()) {
 		mutation.effectBeforeClaim = true
 	case "effect-outside-tx":
 		mutation.effectOutsideTx = true
+	case "no-copy-claim":
+		mutation.noCopyClaim = true
+	case "blind-copy-claim":
+		mutation.blindCopyClaim = true
 	default:
 		panic("unknown mutation " + name)
 	}
-	return func() { mutation.effectBeforeClaim, mutation.effectOutsideTx = false, false }
+	return func() {
+		mutation.effectBeforeClaim, mutation.effectOutsideTx = false, false
+		mutation.noCopyClaim, mutation.blindCopyClaim = false, false
+	}
 }
+
+// CopyClaims is how many batches p claimed with COPY.
+func CopyClaims(p *Processor) int64 { return p.copyClaims.Load() }
+
+// CopyClaimThreshold is the smallest batch claimed with COPY.
+const CopyClaimThreshold = copyClaimThreshold

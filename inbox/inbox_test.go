@@ -3,6 +3,8 @@ package inbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -324,38 +326,68 @@ func TestCommitOutcomeUnknownIsNotAckable(t *testing.T) {
 
 // runGuaranteeScenario replays a crash before commit, a redelivery after
 // commit and a batch with duplicates, then returns the broken invariants.
-func runGuaranteeScenario(t *testing.T) []string {
+// With n below the copy threshold the batches are claimed with ClaimTx;
+// from it, with COPY, and the duplicate batch falls back to ClaimTx.
+func runGuaranteeScenario(t *testing.T, n int) []string {
 	pool := newDB(t)
 	p := newLedgerProcessor(t, pool)
 	fp := failpoint.New()
 	fp.Enable(failpoint.BeforeCommit, 1)
 	ctx := failpoint.With(context.Background(), fp)
-	a, b := intent("a", 1, 100), intent("b", 2, 50)
-	_, _ = p.Process(ctx, []inbox.Message{a, b}) // crashes before commit
-	_, _ = p.Process(ctx, []inbox.Message{a, b}) // redelivery
-	_, _ = p.Process(ctx, []inbox.Message{b, a}) // duplicate delivery
-	return ledgerViolations(t, pool, map[string]inbox.Message{"a": a, "b": b})
+	batch := make([]inbox.Message, n)
+	want := make(map[string]inbox.Message, n)
+	for i := range batch {
+		id := fmt.Sprintf("m%04d", i)
+		batch[i] = intent(id, int64(1+i%7), int64(10+i))
+		want[id] = batch[i]
+	}
+	rev := slices.Clone(batch)
+	slices.Reverse(rev)
+	_, _ = p.Process(ctx, batch) // crashes before commit
+	_, _ = p.Process(ctx, batch) // redelivery
+	_, _ = p.Process(ctx, rev)   // duplicate delivery
+	if copies := inbox.CopyClaims(p); (n >= inbox.CopyClaimThreshold) != (copies > 0) {
+		t.Errorf("%d messages a batch: %d batches claimed with COPY", n, copies)
+	}
+	return ledgerViolations(t, pool, want)
 }
 
+// guaranteeSizes are the batch sizes the guarantee scenario runs with: one
+// claimed with ClaimTx, one with COPY.
+var guaranteeSizes = []int{2, 2 * inbox.CopyClaimThreshold}
+
 func TestGuaranteeScenarioClean(t *testing.T) {
-	if v := runGuaranteeScenario(t); len(v) > 0 {
-		t.Fatalf("violations: %v", v)
+	for _, n := range guaranteeSizes {
+		t.Run(fmt.Sprintf("batch=%d", n), func(t *testing.T) {
+			if v := runGuaranteeScenario(t, n); len(v) > 0 {
+				t.Fatalf("violations: %v", v)
+			}
+		})
 	}
 }
 
 // TestMutationsAreCaught breaks the processor on purpose and checks that the
 // guarantee scenario turns red. Not parallel: mutations are package state.
 func TestMutationsAreCaught(t *testing.T) {
-	for _, m := range []string{"effect-before-claim", "effect-outside-tx"} {
-		t.Run(m, func(t *testing.T) {
-			undo := inbox.SetMutation(m)
-			defer undo()
-			v := runGuaranteeScenario(t)
-			if len(v) == 0 {
-				t.Fatalf("mutation %s went unnoticed: the guarantee test cannot fail", m)
-			}
-			t.Logf("mutation %s caught: %v", m, v)
-		})
+	for _, m := range []struct {
+		name  string
+		sizes []int
+	}{
+		{"effect-before-claim", guaranteeSizes},
+		{"effect-outside-tx", guaranteeSizes},
+		{"blind-copy-claim", guaranteeSizes[1:]}, // only big batches are copied
+	} {
+		for _, n := range m.sizes {
+			t.Run(fmt.Sprintf("%s/batch=%d", m.name, n), func(t *testing.T) {
+				undo := inbox.SetMutation(m.name)
+				defer undo()
+				v := runGuaranteeScenario(t, n)
+				if len(v) == 0 {
+					t.Fatalf("mutation %s went unnoticed: the guarantee test cannot fail", m.name)
+				}
+				t.Logf("mutation %s caught: %d violations, first %s", m.name, len(v), v[0])
+			})
+		}
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -135,6 +136,10 @@ type Processor struct {
 	cfg    Config
 	tracer trace.Tracer  // nil unless tracing
 	turns  chan struct{} // effect-and-commit turns, EffectConcurrency of them
+	// copyCooldown counts down the batches still to claim with conflict
+	// checks after a copy claim met an existing row.
+	copyCooldown atomic.Int32
+	copyClaims   atomic.Int64 // batches claimed with COPY, for tests
 }
 
 // NewProcessor returns a Processor using db for its transactions.
@@ -163,6 +168,8 @@ var errIsolate = errors.New("inbox: batch failed; isolating messages")
 var mutation struct {
 	effectBeforeClaim bool // apply every message's effect, then claim
 	effectOutsideTx   bool // apply effects in their own, already committed, transaction
+	noCopyClaim       bool // always claim with ClaimTx (tests compare both paths)
+	blindCopyClaim    bool // the fast claim skips existing rows yet reports every claim fresh
 }
 
 // Process runs one batch in one transaction: it claims every message, applies
@@ -189,15 +196,26 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Outcome, err
 		return out, nil
 	}
 	isolate := false
+	fast := p.copyClaimable(msgs, valid)
 	var bo backoff.BackOff
 	for attempt := 1; ; attempt++ {
-		err := p.processOnce(ctx, msgs, valid, out, isolate)
+		err := p.processOnce(ctx, msgs, valid, out, isolate, fast)
 		if err == nil {
 			return out, nil
+		}
+		if fast && errors.Is(err, errCopyClaim) {
+			// Some message was there already: claim this batch, and
+			// the next few, the careful way.
+			p.cfg.Logger.DebugContext(ctx, "inbox: copy claim failed, claiming with conflict checks", "scope", p.cfg.Scope, "size", len(valid), "err", err)
+			p.copyCooldown.Store(copyCooldownBatches)
+			fast = false
+			attempt--
+			continue
 		}
 		if errors.Is(err, errIsolate) && !isolate {
 			p.cfg.Logger.DebugContext(ctx, "inbox: batch failed, applying one message at a time", "scope", p.cfg.Scope, "size", len(valid), "err", err)
 			isolate = true
+			fast = false
 			attempt--
 			continue
 		}
@@ -221,7 +239,33 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Outcome, err
 	}
 }
 
-func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int, out []Outcome, isolate bool) (err error) {
+// copyCooldownBatches is how many batches after a failed copy claim are
+// claimed with conflict checks before COPY is tried again.
+const copyCooldownBatches = 32
+
+// copyClaimable reports whether a batch may be claimed with COPY: it is big
+// enough for COPY to pay, every message is on its first delivery (a
+// redelivery may well be claimed already), and no recent copy claim hit an
+// existing row. Everything else takes [ClaimTx]. COPY is an optimisation
+// only: when it meets a claimed ID the transaction is rolled back and the
+// batch claimed again with ClaimTx, so both paths give the same outcomes.
+func (p *Processor) copyClaimable(msgs []Message, valid []int) bool {
+	if len(valid) < copyClaimThreshold || mutation.noCopyClaim {
+		return false
+	}
+	if p.copyCooldown.Load() > 0 {
+		p.copyCooldown.Add(-1)
+		return false
+	}
+	for _, i := range valid {
+		if msgs[i].Deliveries > 1 {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int, out []Outcome, isolate, fast bool) (err error) {
 	tx, err := p.db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("inbox: begin: %w", err)
@@ -247,7 +291,28 @@ func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int
 		claims[k] = Claim{ID: m.ID, Fingerprint: Fingerprint(m.Payload), StreamSeq: m.StreamSeq, Subject: m.Subject}
 	}
 	end := p.span(ctx, "jetinbox.claim", len(claims))
-	res, err := ClaimTx(ctx, tx, p.cfg.Scope, claims)
+	var res []ClaimResult
+	var order []int
+	if fast {
+		order = sortedUnique(claims)
+	}
+	if order != nil {
+		claim := claimCopy
+		if mutation.blindCopyClaim {
+			claim = claimBlind
+		}
+		if err := claim(ctx, tx, p.cfg.Scope, claims, order); err != nil {
+			end(err)
+			return err
+		}
+		p.copyClaims.Add(1)
+		res = make([]ClaimResult, len(claims))
+		for k := range res {
+			res[k].State = ClaimFresh
+		}
+	} else {
+		res, err = ClaimTx(ctx, tx, p.cfg.Scope, claims)
+	}
 	end(err)
 	if err != nil {
 		return err
@@ -487,6 +552,19 @@ func isConnError(err error) bool {
 	}
 	var netErr net.Error
 	return pgconn.SafeToRetry(err) || errors.As(err, &netErr) || errors.Is(err, pgx.ErrTxClosed)
+}
+
+// claimBlind is the bug the blind-copy-claim mutation plants: a fast claim
+// that skips IDs already there but still calls every claim fresh.
+func claimBlind(ctx context.Context, tx pgx.Tx, scope string, claims []Claim, order []int) error {
+	ids := make([]string, len(order))
+	fps := make([][]byte, len(order))
+	for k, i := range order {
+		ids[k], fps[k] = claims[i].ID, claims[i].Fingerprint[:]
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO inbox (scope, message_id, fingerprint)
+SELECT $1, * FROM unnest($2::text[], $3::bytea[]) ON CONFLICT DO NOTHING`, scope, ids, fps)
+	return err
 }
 
 func (p *Processor) mutatedEffects(ctx context.Context, tx pgx.Tx, msgs []Message, valid []int) error {
