@@ -5,11 +5,13 @@ import (
 	"embed"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/migrate"
+	"github.com/jetinbox/jetinbox/internal/pgcopy"
 )
 
 //go:embed migrations/*.sql
@@ -90,6 +92,8 @@ SELECT u.id FROM unnest($1::bigint[]) AS u(id) WHERE NOT EXISTS (SELECT 1 FROM a
 // copyThreshold is the batch size from which entries go in with COPY.
 const copyThreshold = 64
 
+var copyBufs = sync.Pool{New: func() any { return pgcopy.New(3, 1024, 48) }}
+
 // Handle implements [inbox.Handler].
 func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, errs []error) error {
 	ids := make([]string, 0, len(msgs))
@@ -149,14 +153,21 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 	if !small {
 		// The entries go in with COPY, skipping intents for unknown
 		// accounts (whose balances the UPDATE did not touch either).
-		entries := make([][]any, 0, len(ids))
+		w := copyBufs.Get().(*pgcopy.Buffer)
+		defer copyBufs.Put(w)
+		w.Reset(3)
 		for k := range ids {
 			if len(unknown) == 0 || !slices.Contains(unknown, accounts[k]) {
-				entries = append(entries, []any{ids[k], accounts[k], amounts[k]})
+				w.Row()
+				w.Text(ids[k])
+				w.Int8(accounts[k])
+				w.Int8(amounts[k])
 			}
 		}
-		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"ledger_entries"}, []string{"message_id", "account", "amount"}, pgx.CopyFromRows(entries)); err != nil {
-			return fmt.Errorf("effects: ledger: %w", err)
+		if w.Rows() > 0 {
+			if _, err := w.CopyTo(ctx, tx, "ledger_entries", "message_id, account, amount"); err != nil {
+				return fmt.Errorf("effects: ledger: %w", err)
+			}
 		}
 	}
 	if len(unknown) == 0 {
