@@ -56,8 +56,11 @@ func NewLedger() *Ledger { return &Ledger{} }
 // transaction only. Concurrent batches over overlapping accounts then lock
 // rows in the same order and queue up instead of deadlocking; PostgreSQL
 // would find a deadlock only after deadlock_timeout (1s), and an explicit
-// SELECT … FOR UPDATE costs a WAL record per row.
-const orderedPlanSQL = `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true), set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_custom_plan', true)`
+// SELECT … FOR UPDATE costs a WAL record per row. The plan is generic (planned
+// once per connection, not per batch): with the other joins off its shape
+// does not depend on the batch, and re-planning cost a small batch about
+// 0.15 ms of its ~0.3 ms effect statement.
+const orderedPlanSQL = `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true), set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`
 
 // applySQL updates the balances of a batch in one statement: Go sums the
 // amounts per account ($1, ascending, $2), and the UPDATE touches only

@@ -1,0 +1,75 @@
+package effects
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/jetinbox/jetinbox/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// TestBalanceUpdatePlanIsOrdered checks the plan the balance updates run
+// with, after orderedPlanSQL: a nested loop driven by the account array, so
+// rows are locked in the (ascending) order Go sends. The plan is what keeps
+// concurrent batches from deadlocking on shared accounts.
+func TestBalanceUpdatePlanIsOrdered(t *testing.T) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testenv.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	if err := SeedAccounts(ctx, conn, 5000); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "ANALYZE accounts"); err != nil {
+		t.Fatal(err)
+	}
+	for name, sql := range map[string]string{"large": applySQL, "small": applySmallSQL} {
+		t.Run(name, func(t *testing.T) {
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			if _, err := tx.Exec(ctx, orderedPlanSQL); err != nil {
+				t.Fatal(err)
+			}
+			ids := make([]string, 3000)
+			for i := range ids {
+				ids[i] = strconv.Itoa(i + 1)
+			}
+			arr := "'{" + strings.Join(ids, ",") + "}'"
+			args := arr + ", " + arr
+			if name == "small" {
+				args += ", '{a}', '{1}', '{1}'"
+			}
+			// EXPLAIN EXECUTE shows the plan a prepared statement runs with.
+			if _, err := tx.Prepare(ctx, name, sql); err != nil {
+				t.Fatal(err)
+			}
+			rows, err := tx.Query(ctx, "EXPLAIN (COSTS OFF) EXECUTE "+name+"("+args+")")
+			if err != nil {
+				t.Fatal(err)
+			}
+			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatal(err)
+			}
+			plan := strings.Join(lines, "\n")
+			upd := plan[strings.Index(plan, "Update on accounts"):]
+			if !strings.Contains(upd, "Nested Loop") || strings.Contains(upd, "Hash") || strings.Contains(upd, "Merge") ||
+				strings.Index(upd, "Function Scan") > strings.Index(upd, "Index Scan using accounts_pkey") {
+				t.Fatalf("balance update is not a nested loop driven by the account array:\n%s", plan)
+			}
+		})
+	}
+}
