@@ -97,6 +97,17 @@ const copyThreshold = 64
 
 var copyBufs = sync.Pool{New: func() any { return pgcopy.New(3, 1024, 48) }}
 
+// Warm implements [inbox.Warmer]: it prepares the ledger's statements on
+// tx's connection.
+func (l *Ledger) Warm(ctx context.Context, tx pgx.Tx) error {
+	for _, sql := range []string{orderedPlanSQL, applySQL, applySmallSQL} {
+		if _, err := tx.Prepare(ctx, sql, sql); err != nil {
+			return fmt.Errorf("effects: ledger: prepare: %w", err)
+		}
+	}
+	return nil
+}
+
 // Handle implements [inbox.Handler].
 func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, errs []error) error {
 	ids := make([]string, 0, len(msgs))

@@ -165,3 +165,37 @@ func TestCopyClaimRaces(t *testing.T) {
 	}
 	assertClean(t, pool, want)
 }
+
+// TestWarmOpensConnections: Warm leaves n connections open in the pool, each
+// with the claim and ledger statements prepared, and nothing written.
+func TestWarmOpensConnections(t *testing.T) {
+	t.Parallel()
+	pool := newDB(t)
+	p := newLedgerProcessor(t, pool)
+	ctx := context.Background()
+	if err := p.Warm(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	if n := pool.Stat().TotalConns(); n < 3 {
+		t.Fatalf("%d connections open after Warm(3)", n)
+	}
+	conns := pool.AcquireAllIdle(ctx)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for _, c := range conns {
+		var n int
+		if err := c.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_statements`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n < 5 { // claim, existing, and the ledger's three
+			t.Errorf("connection has %d prepared statements", n)
+		}
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("inbox rows after Warm: %d, %v", rows, err)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -156,6 +157,69 @@ func NewProcessor(db Beginner, cfg Config) (*Processor, error) {
 		p.tracer = cfg.TracerProvider.Tracer("github.com/jetinbox/jetinbox/inbox")
 	}
 	return p, nil
+}
+
+// Warmer is implemented by handlers that can prepare for their first batch
+// (prepare statements, load caches) on a fresh connection. See
+// [Processor.Warm].
+type Warmer interface {
+	Warm(ctx context.Context, tx pgx.Tx) error
+}
+
+// Warm opens n transactions at once, so that a pool opens n connections,
+// prepares the claim statements (and the handler's, if it is a [Warmer]) on
+// each, and rolls them back. Run it before the first batch: a cold start
+// otherwise puts connection setup and statement preparation into the
+// latency of the first messages. n should not exceed the pool size; Warm
+// gives up after 10 seconds.
+func (p *Processor) Warm(ctx context.Context, n int) error {
+	n = max(n, 1)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var ready sync.WaitGroup
+	ready.Add(n)
+	all := make(chan struct{})
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			tx, err := p.db.Begin(ctx)
+			if err != nil {
+				ready.Done()
+				errs <- fmt.Errorf("inbox: warm: %w", err)
+				return
+			}
+			err = p.prepare(ctx, tx)
+			// Hold the transaction until all have begun, so the pool
+			// cannot hand one connection out n times.
+			ready.Done()
+			<-all
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			errs <- err
+		}()
+	}
+	ready.Wait()
+	close(all)
+	var first error
+	for range n {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func (p *Processor) prepare(ctx context.Context, tx pgx.Tx) error {
+	for _, sql := range []string{claimSQL, existingSQL} {
+		if _, err := tx.Prepare(ctx, sql, sql); err != nil {
+			return fmt.Errorf("inbox: warm: %w", err)
+		}
+	}
+	if w, ok := p.cfg.Handler.(Warmer); ok {
+		if err := w.Warm(ctx, tx); err != nil {
+			return fmt.Errorf("inbox: warm handler: %w", err)
+		}
+	}
+	return nil
 }
 
 // Scope returns the processor's scope.

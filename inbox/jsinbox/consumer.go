@@ -287,6 +287,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return err
 	}
 	c.bound.Store(&cons)
+	// Open and prepare a connection per batch in flight before the first
+	// message: otherwise the first batches pay for it in latency. A
+	// database that is down now is handled like one that fails later.
+	if err := c.proc.Warm(ctx, c.cfg.InFlight); err != nil {
+		c.cfg.Logger.Warn("jsinbox: warming the database connections failed", "err", err)
+	}
 	// The server gives up on a message after MaxDeliver deliveries even if
 	// it was never settled (a crash or an expired AckWait on the last
 	// delivery). Its advisory says which: rescue those.
