@@ -263,6 +263,45 @@ func (p *Postgres) CreateDatabase(ctx context.Context, name string) (string, err
 	return p.URL(name), nil
 }
 
+// DropDatabase drops a database, closing its connections.
+func (p *Postgres) DropDatabase(ctx context.Context, name string) error {
+	c, err := pgx.Connect(ctx, p.URL("postgres"))
+	if err != nil {
+		return fmt.Errorf("testenv: %w", err)
+	}
+	defer c.Close(ctx)
+	if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("testenv: drop database %s: %w", name, err)
+	}
+	return nil
+}
+
+// Settle waits, up to max, until no autovacuum worker is running, after a
+// CHECKPOINT: a measurement that starts then is not sharing the machine
+// with the cleanup of earlier work.
+func (p *Postgres) Settle(ctx context.Context, max time.Duration) error {
+	c, err := pgx.Connect(ctx, p.URL("postgres"))
+	if err != nil {
+		return fmt.Errorf("testenv: %w", err)
+	}
+	defer c.Close(ctx)
+	if _, err := c.Exec(ctx, "CHECKPOINT"); err != nil {
+		return fmt.Errorf("testenv: checkpoint: %w", err)
+	}
+	deadline := time.Now().Add(max)
+	for time.Now().Before(deadline) {
+		var n int
+		if err := c.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'`).Scan(&n); err != nil {
+			return fmt.Errorf("testenv: %w", err)
+		}
+		if n == 0 {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil
+}
+
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
