@@ -141,7 +141,7 @@ func (p *Publisher) Publish(ctx context.Context, in Intent) error {
 		return ctx.Err()
 	}
 	p.wg.Add(1)
-	t := &tracker{p: p, in: in, bo: p.cfg.Retry.NewBackOff(), start: time.Now(), header: nats.Header{jetstream.MsgIDHeader: []string{in.ID}}}
+	t := &tracker{p: p, in: in, header: nats.Header{jetstream.MsgIDHeader: []string{in.ID}}}
 	if p.cfg.TracerProvider != nil {
 		var sctx context.Context
 		sctx, t.span = p.tracer.Start(ctx, "jetinbox.publish", trace.WithSpanKind(trace.SpanKindProducer),
@@ -185,7 +185,6 @@ type tracker struct {
 	in       Intent
 	bo       interface{ NextBackOff() time.Duration }
 	attempts int
-	start    time.Time
 	header   nats.Header
 	span     trace.Span // nil unless tracing
 	future   jetstream.PubAckFuture
@@ -253,6 +252,9 @@ func (t *tracker) wait(timer *time.Timer) {
 }
 
 func (t *tracker) retry(err error) {
+	if t.bo == nil { // most publishes never retry: no backoff until one does
+		t.bo = t.p.cfg.Retry.NewBackOff()
+	}
 	d := t.bo.NextBackOff()
 	if d < 0 || t.p.ctx.Err() != nil || !retryable(err) {
 		t.p.failed.Add(1)
