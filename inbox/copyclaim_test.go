@@ -48,7 +48,7 @@ func runCopyScenario(t *testing.T, pool *pgxpool.Pool) (got []string, copies int
 		if err != nil {
 			t.Fatalf("batch %d: %v", i, err)
 		}
-		copies += inbox.CopyClaims(p)
+		copies += p.Stats().CopyClaims
 		got = append(got, statuses(out))
 	}
 	rows, err := pool.Query(ctx, `SELECT message_id || ' ' || status || ' ' || coalesce(reason, '') FROM inbox ORDER BY message_id`)
@@ -146,7 +146,7 @@ func TestCopyClaimRaces(t *testing.T) {
 				}
 			}
 			mu.Lock()
-			copies += inbox.CopyClaims(p)
+			copies += p.Stats().CopyClaims
 			mu.Unlock()
 		})
 	}

@@ -21,8 +21,5 @@ func SetMutation(name string) (undo func()) {
 	}
 }
 
-// CopyClaims is how many batches p claimed with COPY.
-func CopyClaims(p *Processor) int64 { return p.copyClaims.Load() }
-
 // CopyClaimThreshold is the smallest batch claimed with COPY.
 const CopyClaimThreshold = copyClaimThreshold

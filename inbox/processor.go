@@ -139,8 +139,26 @@ type Processor struct {
 	turns  chan struct{} // effect-and-commit turns, EffectConcurrency of them
 	// copyCooldown counts down the batches still to claim with conflict
 	// checks after a copy claim met an existing row.
-	copyCooldown atomic.Int32
-	copyClaims   atomic.Int64 // batches claimed with COPY, for tests
+	copyCooldown  atomic.Int32
+	copyClaims    atomic.Int64
+	copyFallbacks atomic.Int64
+}
+
+// ProcessorStats counts how batches were claimed.
+type ProcessorStats struct {
+	// CopyClaims: batches claimed with COPY (first deliveries, 64+
+	// messages).
+	CopyClaims int64
+	// CopyFallbacks: batches whose COPY met an ID already claimed and that
+	// were claimed again with conflict checks. A steady rate means first
+	// deliveries of old IDs: a replay, or copies published after the
+	// stream's duplicate window.
+	CopyFallbacks int64
+}
+
+// Stats returns the counters so far.
+func (p *Processor) Stats() ProcessorStats {
+	return ProcessorStats{CopyClaims: p.copyClaims.Load(), CopyFallbacks: p.copyFallbacks.Load()}
 }
 
 // NewProcessor returns a Processor using db for its transactions.
@@ -272,6 +290,7 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Outcome, err
 			// the next few, the careful way.
 			p.cfg.Logger.DebugContext(ctx, "inbox: copy claim failed, claiming with conflict checks", "scope", p.cfg.Scope, "size", len(valid), "err", err)
 			p.copyCooldown.Store(copyCooldownBatches)
+			p.copyFallbacks.Add(1)
 			fast = false
 			attempt--
 			continue

@@ -113,12 +113,14 @@ var (
 	descInFlight     = prometheus.NewDesc(ns+"_batches_in_flight", "Batches being processed now.", nil, nil)
 	descPending      = prometheus.NewDesc(ns+"_consumer_pending_messages", "Messages in the stream not yet delivered to the durable (server's view).", nil, nil)
 	descAckPending   = prometheus.NewDesc(ns+"_consumer_ack_pending_messages", "Messages delivered and not yet acked (server's view).", nil, nil)
+	descCopyClaims   = prometheus.NewDesc(ns+"_copy_claim_batches_total", "Batches of first deliveries claimed with COPY (the fast path).", nil, nil)
+	descCopyFallback = prometheus.NewDesc(ns+"_copy_claim_fallbacks_total", "Batches whose COPY claim met an ID already claimed and were claimed again with conflict checks (a replay, or copies published after the stream's duplicate window).", nil, nil)
 )
 
 type consumerCollector Consumer
 
 func (c *consumerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descReceived, descApplied, descDuplicates, descConflicts, descRedeliveries, descDeadLetters, descBatches, descFailed, descInFlight, descPending, descAckPending} {
+	for _, d := range []*prometheus.Desc{descReceived, descApplied, descDuplicates, descConflicts, descRedeliveries, descDeadLetters, descBatches, descFailed, descInFlight, descPending, descAckPending, descCopyClaims, descCopyFallback} {
 		ch <- d
 	}
 }
@@ -139,6 +141,8 @@ func (c *consumerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descDeadLetters, s.DeadLettered)
 	counter(descBatches, s.Batches)
 	counter(descFailed, s.FailedBatches)
+	counter(descCopyClaims, s.CopyClaims)
+	counter(descCopyFallback, s.CopyFallbacks)
 	ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(s.InFlight))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()

@@ -192,6 +192,8 @@ type ConsumerStats struct {
 	// Rescued: messages the server gave up on after MaxDeliver, settled
 	// from its advisory.
 	Rescued int64
+	// CopyClaims and CopyFallbacks: see [inbox.ProcessorStats].
+	CopyClaims, CopyFallbacks int64
 }
 
 // Consumer runs a durable pull consumer through an [inbox.Processor]: one
@@ -243,11 +245,13 @@ func (c *Consumer) Draining() bool { return c.draining.Load() }
 
 // Stats returns the counters so far.
 func (c *Consumer) Stats() ConsumerStats {
+	ps := c.proc.Stats()
 	return ConsumerStats{
 		Received: c.received.Load(), Applied: c.applied.Load(), Duplicates: c.duplicates.Load(),
 		Rejected: c.rejected.Load(), Conflicts: c.conflicts.Load(), Redeliveries: c.redeliveries.Load(),
 		Naks: c.naks.Load(), DeadLettered: c.deadLettered.Load(), Batches: c.batches.Load(), FailedBatches: c.failedBatches.Load(),
 		InFlight: c.inFlight.Load(), Rescued: c.rescued.Load(),
+		CopyClaims: ps.CopyClaims, CopyFallbacks: ps.CopyFallbacks,
 	}
 }
 

@@ -47,7 +47,9 @@ func TestCrashPoints(t *testing.T) {
 			fp := failpoint.New()
 			fp.EnableEvery(point, 3, 1) // the third batch dies there
 			ctx := failpoint.With(context.Background(), fp)
-			cfg := jsinbox.ConsumerConfig{BatchSize: 50, InFlight: 1, AckWait: time.Second}
+			// Batches of 100 first deliveries take the COPY claim,
+			// the default fast path.
+			cfg := jsinbox.ConsumerConfig{BatchSize: 100, InFlight: 1, AckWait: time.Second}
 			r := e.startConsumer(t, ctx, nil, cfg)
 			if err := waitRun(t, r, 30*time.Second); !errors.Is(err, jsinbox.ErrCrashed) {
 				t.Fatalf("Run = %v, want ErrCrashed", err)
@@ -86,7 +88,7 @@ func TestTwoConsumersAckWaitTooShort(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "", jsinbox.StreamOptions{})
 	e.publish(t, load(1000, "two"))
-	cfg := jsinbox.ConsumerConfig{BatchSize: 50, InFlight: 2, AckWait: 500 * time.Millisecond, KeepAlive: -1}
+	cfg := jsinbox.ConsumerConfig{BatchSize: 100, InFlight: 2, AckWait: 500 * time.Millisecond, KeepAlive: -1}
 	slow := func() *slowHandler {
 		h := &slowHandler{inner: effects.NewLedger(), delay: 900 * time.Millisecond}
 		h.slow.Store(4)
@@ -304,7 +306,7 @@ func TestAckBeforeCommitIsCaught(t *testing.T) {
 	e.publish(t, load(n, "mut"))
 	fp := failpoint.New()
 	fp.EnableEvery(failpoint.BeforeCommit, 2, 1)
-	cfg := jsinbox.ConsumerConfig{BatchSize: 50, InFlight: 1, AckWait: time.Second}
+	cfg := jsinbox.ConsumerConfig{BatchSize: 100, InFlight: 1, AckWait: time.Second}
 	r := e.startConsumer(t, failpoint.With(context.Background(), fp), nil, cfg)
 	if err := waitRun(t, r, 30*time.Second); !errors.Is(err, jsinbox.ErrCrashed) {
 		t.Fatalf("Run = %v", err)
