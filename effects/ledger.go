@@ -59,8 +59,17 @@ func NewLedger() *Ledger { return &Ledger{} }
 // SELECT … FOR UPDATE costs a WAL record per row. The plan is generic (planned
 // once per connection, not per batch): with the other joins off its shape
 // does not depend on the batch, and re-planning cost a small batch about
-// 0.15 ms of its ~0.3 ms effect statement.
-const orderedPlanSQL = `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true), set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`
+// 0.15 ms of its ~0.3 ms effect statement. The settings in force before are
+// saved, and restorePlanSQL puts them back right after the update, so the
+// rest of the transaction (the processor's bookkeeping, a handler wrapping
+// this one) is planned as usual.
+const orderedPlanSQL = `SELECT set_config('jetinbox.saved_planner', concat_ws(',', current_setting('enable_hashjoin'), current_setting('enable_mergejoin'), current_setting('enable_seqscan'), current_setting('plan_cache_mode')), true),
+	set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true), set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`
+
+// restorePlanSQL undoes orderedPlanSQL for the rest of the transaction.
+const restorePlanSQL = `SELECT set_config('enable_hashjoin', split_part(s, ',', 1), true), set_config('enable_mergejoin', split_part(s, ',', 2), true),
+	set_config('enable_seqscan', split_part(s, ',', 3), true), set_config('plan_cache_mode', split_part(s, ',', 4), true)
+FROM current_setting('jetinbox.saved_planner') AS s`
 
 // applySQL updates the balances of a batch in one statement: Go sums the
 // amounts per account ($1, ascending, $2), and the UPDATE touches only
@@ -100,7 +109,7 @@ var copyBufs = sync.Pool{New: func() any { return pgcopy.New(3, 1024, 48) }}
 // Warm implements [inbox.Warmer]: it prepares the ledger's statements on
 // tx's connection.
 func (l *Ledger) Warm(ctx context.Context, tx pgx.Tx) error {
-	for _, sql := range []string{orderedPlanSQL, applySQL, applySmallSQL} {
+	for _, sql := range []string{orderedPlanSQL, applySQL, applySmallSQL, restorePlanSQL} {
 		if _, err := tx.Prepare(ctx, sql, sql); err != nil {
 			return fmt.Errorf("effects: ledger: prepare: %w", err)
 		}
@@ -146,6 +155,7 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 	} else {
 		b.Queue(applySQL, distinct, sums)
 	}
+	b.Queue(restorePlanSQL)
 	br := tx.SendBatch(ctx, &b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -161,6 +171,10 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 		br.Close()
 		return fmt.Errorf("effects: ledger: %w", err)
 	}
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return fmt.Errorf("effects: ledger: restore planner settings: %w", err)
+	}
 	if err := br.Close(); err != nil {
 		return fmt.Errorf("effects: ledger: %w", err)
 	}
@@ -168,7 +182,6 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 		// The entries go in with COPY, skipping intents for unknown
 		// accounts (whose balances the UPDATE did not touch either).
 		w := copyBufs.Get().(*pgcopy.Buffer)
-		defer copyBufs.Put(w)
 		w.Reset(3)
 		for k := range ids {
 			if len(unknown) == 0 || !slices.Contains(unknown, accounts[k]) {
@@ -180,9 +193,11 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 		}
 		if w.Rows() > 0 {
 			if _, err := w.CopyTo(ctx, tx, "ledger_entries", "message_id, account, amount"); err != nil {
+				// pgconn may still be reading w: leave it to the GC.
 				return fmt.Errorf("effects: ledger: %w", err)
 			}
 		}
+		copyBufs.Put(w)
 	}
 	if len(unknown) == 0 {
 		return nil

@@ -2,12 +2,14 @@ package effects
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -65,11 +67,60 @@ func TestBalanceUpdatePlanIsOrdered(t *testing.T) {
 				t.Fatal(err)
 			}
 			plan := strings.Join(lines, "\n")
-			upd := plan[strings.Index(plan, "Update on accounts"):]
+			at := strings.Index(plan, "Update on accounts")
+			if at < 0 {
+				t.Fatalf("no update in the plan:\n%s", plan)
+			}
+			upd := plan[at:]
+			fn, idx := strings.Index(upd, "Function Scan"), strings.Index(upd, "Index Scan using accounts_pkey")
 			if !strings.Contains(upd, "Nested Loop") || strings.Contains(upd, "Hash") || strings.Contains(upd, "Merge") ||
-				strings.Index(upd, "Function Scan") > strings.Index(upd, "Index Scan using accounts_pkey") {
+				fn < 0 || idx < 0 || fn > idx {
 				t.Fatalf("balance update is not a nested loop driven by the account array:\n%s", plan)
 			}
 		})
+	}
+}
+
+// TestPlannerSettingsRestored: the ledger's planner settings last only for
+// its balance update; the rest of the transaction plans as before, including
+// settings the session chose itself.
+func TestPlannerSettingsRestored(t *testing.T) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testenv.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	if err := SeedAccounts(ctx, conn, 10); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "SET enable_seqscan = off"); err != nil { // the session's own choice
+		t.Fatal(err)
+	}
+	for _, n := range []int{1, copyThreshold} { // both statement paths
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs := make([]inbox.Message, n)
+		for i := range msgs {
+			msgs[i] = inbox.Message{ID: fmt.Sprintf("m%d-%d", n, i), Payload: Intent{Account: 1 + int64(i%10), Amount: 1}.AppendJSON(nil)}
+		}
+		if err := NewLedger().Handle(ctx, tx, msgs, make([]error, n)); err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		if err := tx.QueryRow(ctx, `SELECT concat_ws(',', current_setting('enable_hashjoin'), current_setting('enable_mergejoin'), current_setting('enable_seqscan'), current_setting('plan_cache_mode'))`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != "on,on,off,auto" {
+			t.Errorf("batch of %d: planner settings after the ledger: %s, want on,on,off,auto", n, got)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

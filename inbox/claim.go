@@ -68,16 +68,17 @@ type ClaimResult struct {
 	First   int
 }
 
-// claimSQL inserts every claim in one statement, in ID order so that two
-// transactions claiming overlapping sets lock keys in the same order and
-// cannot deadlock, and returns the ordinals of the claims that were NOT
+// claimSQL inserts every claim in one statement, in ID byte order (COLLATE
+// "C", the order Go sorts in for the COPY claim, whatever the database's
+// locale) so that two transactions claiming overlapping sets lock keys in
+// the same order and cannot deadlock, and returns the ordinals of the claims that were NOT
 // inserted: usually none. A row held by a concurrent transaction makes the
 // INSERT wait; if that transaction commits, the claim conflicts.
 const claimSQL = `WITH t AS (
 	SELECT * FROM unnest($2::text[], $3::bytea[], $4::bigint[], $5::text[]) WITH ORDINALITY AS t(id, fp, seq, subj, ord)
 ), ins AS (
 	INSERT INTO inbox (scope, message_id, fingerprint, stream_seq, subject)
-	SELECT $1, t.id, t.fp, t.seq, t.subj FROM t ORDER BY t.id
+	SELECT $1, t.id, t.fp, t.seq, t.subj FROM t ORDER BY t.id COLLATE "C"
 	ON CONFLICT (scope, message_id) DO NOTHING
 	RETURNING message_id
 )
@@ -210,19 +211,26 @@ const claimColumns = "scope, message_id, fingerprint, stream_seq, subject"
 
 var copyBufs = sync.Pool{New: func() any { return pgcopy.New(5, 1024, 96) }}
 
-// errCopyClaim says the COPY claim failed on the server, usually because
-// some ID was already there (23505): the transaction is aborted, and the
-// batch must be claimed again the careful way in a new one.
-var errCopyClaim = errors.New("inbox: copy claim failed")
+// errCopyClaim says the COPY claim met an ID already there (23505): the
+// transaction is aborted, and the batch must be claimed again the careful
+// way in a new one.
+var errCopyClaim = errors.New("inbox: copy claim met an existing ID")
 
-// claimCopy inserts every claim with COPY, in ID order (order lists claim
-// indexes sorted by ID), so that concurrent batches take key locks in the
-// same order as [ClaimTx]. It succeeds only if every row is new; any
-// server error, such as a duplicate key, returns errCopyClaim wrapping it,
-// and tx is then unusable. Claims must have unique, valid IDs.
-func claimCopy(ctx context.Context, tx pgx.Tx, scope string, claims []Claim, order []int) error {
+// claimCopy inserts every claim with COPY, in ID byte order (order lists
+// claim indexes sorted by ID), the order [ClaimTx] locks keys in, so that
+// concurrent batches queue instead of deadlocking. It succeeds only if every
+// row is new; a duplicate key returns errCopyClaim wrapping the server's
+// error, and any error leaves tx unusable. Claims must have unique, valid
+// IDs.
+func claimCopy(ctx context.Context, tx pgx.Tx, scope string, claims []Claim, order []int) (err error) {
 	w := copyBufs.Get().(*pgcopy.Buffer)
-	defer copyBufs.Put(w)
+	defer func() {
+		// After some failures pgconn returns before its writer goroutine
+		// has finished reading the buffer: never reuse it then.
+		if err == nil {
+			copyBufs.Put(w)
+		}
+	}()
 	w.Reset(5)
 	for _, i := range order {
 		c := &claims[i]
@@ -235,7 +243,7 @@ func claimCopy(ctx context.Context, tx pgx.Tx, scope string, claims []Claim, ord
 	}
 	if _, err := w.CopyTo(ctx, tx, "inbox", claimColumns); err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 			return fmt.Errorf("%w: %w", errCopyClaim, err)
 		}
 		return fmt.Errorf("inbox: claim: %w", err)

@@ -7,10 +7,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
 // copyScenario is a run of big batches that meets every case the copy claim
@@ -39,7 +42,7 @@ func copyScenario() [][]inbox.Message {
 
 // runCopyScenario runs the scenario with a new processor per batch (so every
 // batch tries COPY first) and returns each batch's statuses and the rows.
-func runCopyScenario(t *testing.T, pool *pgxpool.Pool) (got []string, copies int64) {
+func runCopyScenario(t *testing.T, pool *pgxpool.Pool) (got []string, stats inbox.ProcessorStats) {
 	t.Helper()
 	ctx := context.Background()
 	for i, batch := range copyScenario() {
@@ -48,8 +51,11 @@ func runCopyScenario(t *testing.T, pool *pgxpool.Pool) (got []string, copies int
 		if err != nil {
 			t.Fatalf("batch %d: %v", i, err)
 		}
-		copies += p.Stats().CopyClaims
-		got = append(got, statuses(out))
+		stats.CopyClaims += p.Stats().CopyClaims
+		stats.CopyFallbacks += p.Stats().CopyFallbacks
+		for j, o := range out {
+			got = append(got, fmt.Sprintf("%d %s %v %v %s", i, batch[j].ID, o.Status, o.Redelivered, o.Reason))
+		}
 	}
 	rows, err := pool.Query(ctx, `SELECT message_id || ' ' || status || ' ' || coalesce(reason, '') FROM inbox ORDER BY message_id`)
 	if err != nil {
@@ -67,19 +73,21 @@ func runCopyScenario(t *testing.T, pool *pgxpool.Pool) (got []string, copies int
 	if err := pool.QueryRow(ctx, `SELECT string_agg(id || '=' || balance, ',' ORDER BY id) FROM accounts WHERE balance <> 0`).Scan(&bal); err != nil {
 		t.Fatal(err)
 	}
-	return append(got, bal), copies
+	return append(got, bal), stats
 }
 
 // TestCopyClaimSameOutcomesAsClaimTx runs the same batches with the copy
 // claim on (the default) and off, and requires identical outcomes, inbox
 // rows and balances: COPY is an optimisation, never a different answer.
 func TestCopyClaimSameOutcomesAsClaimTx(t *testing.T) {
-	fast, copies := runCopyScenario(t, newDB(t))
+	fast, fs := runCopyScenario(t, newDB(t))
 	undo := inbox.SetMutation("no-copy-claim")
-	slow, none := runCopyScenario(t, newDB(t))
+	slow, ss := runCopyScenario(t, newDB(t))
 	undo()
-	if copies < 2 || none != 0 {
-		t.Fatalf("copy claims: %d with the fast path, %d without; the test does not compare the two paths", copies, none)
+	// fresh, withBad and the last batch copy; overlap and again fall
+	// back; twice (an ID twice) never tries.
+	if fs.CopyClaims != 3 || fs.CopyFallbacks != 2 || ss != (inbox.ProcessorStats{}) {
+		t.Fatalf("claims: %+v with the fast path, %+v without; the test does not compare the two paths", fs, ss)
 	}
 	if !slices.Equal(fast, slow) {
 		for i := range max(len(fast), len(slow)) {
@@ -95,8 +103,11 @@ func TestCopyClaimSameOutcomesAsClaimTx(t *testing.T) {
 			}
 		}
 	}
-	if !strings.Contains(fast[1], "conflict") || !strings.Contains(fast[3], "rejected") {
-		t.Fatalf("scenario did not reach its cases: %v", fast[:5])
+	all := strings.Join(fast, "\n")
+	for _, want := range []string{"1 a0050 conflict true", "1 a0010 duplicate true", "2 bad0 rejected false", "3 bad0 rejected true", "4 e0003 duplicate false"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("scenario did not reach %q", want)
+		}
 	}
 }
 
@@ -186,16 +197,49 @@ func TestWarmOpensConnections(t *testing.T) {
 		}
 	}()
 	for _, c := range conns {
-		var n int
-		if err := c.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_statements`).Scan(&n); err != nil {
+		var claim, ledger int
+		if err := c.QueryRow(ctx, `SELECT count(*) FILTER (WHERE statement LIKE '%INSERT INTO inbox%'),
+	count(*) FILTER (WHERE statement LIKE '%UPDATE accounts%')
+FROM pg_prepared_statements WHERE statement NOT LIKE '%pg_prepared_statements%'`).Scan(&claim, &ledger); err != nil {
 			t.Fatal(err)
 		}
-		if n < 5 { // claim, existing, and the ledger's three
-			t.Errorf("connection has %d prepared statements", n)
+		if claim != 1 || ledger != 2 { // the claim; the ledger's large and small updates
+			t.Errorf("connection has %d claim and %d ledger statements prepared", claim, ledger)
 		}
 	}
 	var rows int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&rows); err != nil || rows != 0 {
 		t.Fatalf("inbox rows after Warm: %d, %v", rows, err)
+	}
+}
+
+// TestWarmSmallPool: asking for more connections than the pool has is
+// capped, not a ten-second wait.
+func TestWarmSmallPool(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testenv.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := inbox.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := effects.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	p := newLedgerProcessor(t, pool)
+	start := time.Now()
+	if err := p.Warm(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Warm(5) on a pool of 2 took %v", d)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -179,7 +180,8 @@ func NewProcessor(db Beginner, cfg Config) (*Processor, error) {
 
 // Warmer is implemented by handlers that can prepare for their first batch
 // (prepare statements, load caches) on a fresh connection. See
-// [Processor.Warm].
+// [Processor.Warm]; it is called only on connections that cache prepared
+// statements (pgx's default mode), so it may prepare them.
 type Warmer interface {
 	Warm(ctx context.Context, tx pgx.Tx) error
 }
@@ -188,9 +190,18 @@ type Warmer interface {
 // prepares the claim statements (and the handler's, if it is a [Warmer]) on
 // each, and rolls them back. Run it before the first batch: a cold start
 // otherwise puts connection setup and statement preparation into the
-// latency of the first messages. n should not exceed the pool size; Warm
+// latency of the first messages. n is capped at a pool's MaxConns, and is 1
+// for a single connection. Statements are prepared only where the
+// connection caches them anyway (pgx's default mode; not with a
+// transaction-pooling proxy set up for exec or simple-protocol mode). Warm
 // gives up after 10 seconds.
 func (p *Processor) Warm(ctx context.Context, n int) error {
+	switch db := p.db.(type) {
+	case *pgx.Conn:
+		n = 1
+	case interface{ Stat() *pgxpool.Stat }:
+		n = min(n, int(db.Stat().MaxConns()))
+	}
 	n = max(n, 1)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -227,6 +238,9 @@ func (p *Processor) Warm(ctx context.Context, n int) error {
 }
 
 func (p *Processor) prepare(ctx context.Context, tx pgx.Tx) error {
+	if tx.Conn().Config().DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+		return nil
+	}
 	for _, sql := range []string{claimSQL, existingSQL} {
 		if _, err := tx.Prepare(ctx, sql, sql); err != nil {
 			return fmt.Errorf("inbox: warm: %w", err)
@@ -336,9 +350,14 @@ func (p *Processor) copyClaimable(msgs []Message, valid []int) bool {
 	if len(valid) < copyClaimThreshold || mutation.noCopyClaim {
 		return false
 	}
-	if p.copyCooldown.Load() > 0 {
-		p.copyCooldown.Add(-1)
-		return false
+	for {
+		n := p.copyCooldown.Load()
+		if n <= 0 {
+			break
+		}
+		if p.copyCooldown.CompareAndSwap(n, n-1) {
+			return false
+		}
 	}
 	for _, i := range valid {
 		if msgs[i].Deliveries > 1 {
