@@ -291,12 +291,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return err
 	}
 	c.bound.Store(&cons)
-	// Open and prepare a connection per batch in flight before the first
-	// message: otherwise the first batches pay for it in latency. A
-	// database that is down now is handled like one that fails later.
-	if err := c.proc.Warm(ctx, c.cfg.InFlight); err != nil {
-		c.cfg.Logger.Warn("jsinbox: warming the database connections failed", "err", err)
-	}
 	// The server gives up on a message after MaxDeliver deliveries even if
 	// it was never settled (a crash or an expired AckWait on the last
 	// delivery). Its advisory says which: rescue those.
@@ -312,7 +306,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("jsinbox: subscribe to max-deliveries advisories: %w", err)
 	}
-	defer sub.Unsubscribe()            //nolint:errcheck // the connection may be gone
+	defer sub.Unsubscribe() //nolint:errcheck // the connection may be gone
+	// Open and prepare a connection per batch in flight before the first
+	// message: otherwise the first batches pay for it in latency. A
+	// database that is down now is handled like one that fails later.
+	if err := c.proc.Warm(ctx, c.cfg.InFlight); err != nil {
+		c.cfg.Logger.Warn("jsinbox: warming the database connections failed", "err", err)
+	}
 	work := context.WithoutCancel(ctx) // batches finish even when ctx ends
 	slots := make(chan struct{}, c.cfg.InFlight)
 	var wg sync.WaitGroup

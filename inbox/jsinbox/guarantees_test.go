@@ -346,11 +346,14 @@ func TestCrashOnLastDeliveryRescued(t *testing.T) {
 	fp := failpoint.New()
 	fp.Enable(failpoint.BeforeCommit, 1)
 	a := e.startConsumer(t, failpoint.With(ctx, fp), nil, jsinbox.ConsumerConfig{BatchSize: 50, InFlight: 1})
-	b := e.startConsumer(t, ctx, nil, jsinbox.ConsumerConfig{BatchSize: 50, InFlight: 1})
 	e.publish(t, load(200, "last"))
 	if err := waitRun(t, a, 30*time.Second); !errors.Is(err, jsinbox.ErrCrashed) {
 		t.Fatalf("consumer A: %v, want a crash", err)
 	}
+	// B starts once A crashed (started together, B could take every
+	// message first), well within the AckWait after which the server
+	// gives up on what A held.
+	b := e.startConsumer(t, ctx, nil, jsinbox.ConsumerConfig{BatchSize: 50, InFlight: 1})
 	waitFor(t, 30*time.Second, func() bool { return b.c.Stats().Rescued > 0 })
 	e.settle(t, 30*time.Second)
 	waitFor(t, 10*time.Second, func() bool { return e.verify(t).AppliedOnce == 200 })
