@@ -157,7 +157,7 @@ func TestHelpDocumentsFlags(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) || ExitCode(err) != 0 {
 		t.Fatalf("-h: %v", err)
 	}
-	for _, want := range []string{"-database-url", "-batch", "(default 3000)", "-ack-wait", "(default 30s)", "NATS_CREDS", "-drain-timeout"} {
+	for _, want := range []string{"-database-url", "-batch", "(default 6000)", "-ack-wait", "(default 30s)", "NATS_CREDS", "-drain-timeout"} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("consumer -h lacks %q", want)
 		}
