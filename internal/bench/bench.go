@@ -42,6 +42,7 @@ type Options struct {
 	Hot        bool
 	Batch      int
 	InFlight   int
+	Consumers  int
 	Rounds     int
 	PayloadPad int
 	SyncAlways bool
@@ -63,6 +64,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&o.Hot, "hot", false, "every message on one hot account")
 	fs.IntVar(&o.Batch, "batch", 6000, "jetinbox: most messages per transaction")
 	fs.IntVar(&o.InFlight, "inflight", 2, "jetinbox: batches in flight")
+	fs.IntVar(&o.Consumers, "consumers", 1, "jetinbox: consumers on the durable, each with its own processor and connections")
 	fs.IntVar(&o.Rounds, "rounds", 1, "rounds; the median is reported")
 	fs.IntVar(&o.PayloadPad, "payload-pad", 0, "extra payload bytes per message")
 	fs.BoolVar(&o.SyncAlways, "sync-always", false, "JetStream fsyncs every write (production setting; the producer rate drops)")
@@ -78,8 +80,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if o.N < 1 || o.Batch < 1 || o.InFlight < 1 || o.Rounds < 1 {
-		return errors.New("bench: -n, -batch, -inflight and -rounds must be positive")
+	if o.N < 1 || o.Batch < 1 || o.InFlight < 1 || o.Rounds < 1 || o.Consumers < 1 {
+		return errors.New("bench: -n, -batch, -inflight, -consumers and -rounds must be positive")
 	}
 	return Run(ctx, o, stdout, stderr)
 }
@@ -258,8 +260,8 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		}
 	}
 
-	fmt.Fprintf(stdout, "\njetinbox bench: %d messages, %d accounts%s, batch ≤ %d, %d in flight, payload %d B, %d round(s), median\n",
-		o.N, o.Accounts, map[bool]string{true: " (hot: all on account 1)"}[o.Hot], o.Batch, o.InFlight, payloadSize, o.Rounds)
+	fmt.Fprintf(stdout, "\njetinbox bench: %d messages, %d accounts%s, %d consumer(s), batch ≤ %d, %d in flight, payload %d B, %d round(s), median\n",
+		o.N, o.Accounts, map[bool]string{true: " (hot: all on account 1)"}[o.Hot], o.Consumers, o.Batch, o.InFlight, payloadSize, o.Rounds)
 	fmt.Fprintf(stdout, "producer: %.0f msg/s into a local stream (sync_interval always: %v)\n\n", pubRate, o.SyncAlways)
 	fmt.Fprintf(stdout, "%-38s %10s %9s\n", "approach", "msg/s", "vs raw")
 	raw := results["raw"]
@@ -413,40 +415,58 @@ func runJetinbox(ctx context.Context, js jetstream.JetStream, c jetstream.Consum
 	})
 }
 
+// consumeWith runs o.Consumers jetinbox consumers on c's durable (each with
+// its own processor, as separate processes would be) until wait returns.
 func consumeWith(ctx context.Context, js jetstream.JetStream, c jetstream.Consumer, pool *pgxpool.Pool, o Options, obs jsinbox.Observer, wait func() error) error {
 	info := c.CachedInfo()
-	proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: effects.NewLedger()})
-	if err != nil {
-		return err
-	}
-	cons, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{
-		Stream: info.Stream, Durable: info.Name, BatchSize: o.Batch, InFlight: o.InFlight,
-		AckWait: time.Minute, MaxAckPending: 50_000, DB: pool, Observer: obs,
-		DeliverPolicy: info.Config.DeliverPolicy, OptStartSeq: info.Config.OptStartSeq,
-	})
-	if err != nil {
-		return err
+	k := max(o.Consumers, 1)
+	all := make([]*jsinbox.Consumer, k)
+	for i := range all {
+		proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: effects.NewLedger()})
+		if err != nil {
+			return err
+		}
+		all[i], err = jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{
+			Stream: info.Stream, Durable: info.Name, BatchSize: o.Batch, InFlight: o.InFlight,
+			AckWait: time.Minute, MaxAckPending: 50_000, DB: pool, Observer: obs,
+			DeliverPolicy: info.Config.DeliverPolicy, OptStartSeq: info.Config.OptStartSeq,
+		})
+		if err != nil {
+			return err
+		}
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- cons.Run(rctx) }()
+	done := make(chan error, k)
+	for _, cons := range all {
+		go func() { done <- cons.Run(rctx) }()
+	}
 	waited := make(chan error, 1)
 	go func() {
-		// Start the clock of a latency phase once the consumer is
+		// Start the clock of a latency phase once the consumers are
 		// connected, warmed up and pulling, as a running service is.
-		for deadline := time.Now().Add(10 * time.Second); !cons.Ready() && time.Now().Before(deadline); {
-			time.Sleep(time.Millisecond)
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			ready := 0
+			for _, cons := range all {
+				if cons.Ready() {
+					ready++
+				}
+			}
+			if ready == k {
+				break
+			}
 		}
 		waited <- wait()
 	}()
 	select {
-	case err := <-done: // the consumer stopped on its own: a failure
+	case err := <-done: // a consumer stopped on its own: a failure
 		return fmt.Errorf("consumer stopped: %v", err)
 	case werr := <-waited:
 		cancel()
-		if err := <-done; err != nil {
-			return err
+		for range k {
+			if err := <-done; err != nil {
+				return err
+			}
 		}
 		return werr
 	}
