@@ -2,15 +2,18 @@ package jsinbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -47,7 +50,24 @@ type PublisherConfig struct {
 	// "jetinbox.publish") and carries its W3C trace context to the consumer
 	// in the message headers. Default: no tracing.
 	TracerProvider trace.TracerProvider
+	// Batch, above 1, publishes intents in JetStream atomic batches of up
+	// to Batch messages (at most [MaxBatch]): the server stores a batch
+	// with one fsync and one PubAck instead of one each, which is what
+	// limits a stream with sync_interval: always. The stream must allow
+	// atomic publishing (StreamOptions sets it). A batch the server refuses
+	// as a whole (an ID it already has, a timeout, a server without atomic
+	// publishing) is published again one intent at a time, with the same
+	// IDs, so per-intent deduplication is kept. Default 0: one publish per
+	// intent.
+	Batch int
+	// Linger is how long a partial batch waits for more intents before it
+	// is sent. Default 1ms.
+	Linger time.Duration
 }
+
+// MaxBatch is the largest atomic batch a JetStream server accepts by
+// default.
+const MaxBatch = 1000
 
 // WithDefaults returns c with defaults filled in.
 func (c PublisherConfig) WithDefaults() PublisherConfig {
@@ -64,6 +84,10 @@ func (c PublisherConfig) WithDefaults() PublisherConfig {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	c.Batch = min(c.Batch, MaxBatch)
+	if c.Linger <= 0 {
+		c.Linger = time.Millisecond
+	}
 	return c
 }
 
@@ -76,6 +100,9 @@ type PublishStats struct {
 	Duplicates int64
 	// Retries: publishes sent again after a timeout or error.
 	Retries int64
+	// Batches: atomic batches the stream stored; BatchFallbacks: batches
+	// it refused as a whole, whose intents were published one by one.
+	Batches, BatchFallbacks int64
 	// Failed intents: retry budget spent without a PubAck.
 	Failed int64
 }
@@ -103,6 +130,12 @@ type Publisher struct {
 	pending chan *tracker
 
 	published, duplicates, retries, failed atomic.Int64
+	batches, batchFallbacks                atomic.Int64
+
+	// batchIn feeds the batching goroutine when Batch > 1; noBatch is set
+	// once the stream turns out not to allow atomic batches.
+	batchIn chan *tracker
+	noBatch atomic.Bool
 
 	mu       sync.Mutex
 	failures []Failure
@@ -119,6 +152,10 @@ func NewPublisher(ctx context.Context, js jetstream.JetStream, cfg PublisherConf
 	p := &Publisher{js: js, cfg: cfg, tracer: tracer(cfg.TracerProvider), sem: make(chan struct{}, cfg.MaxInFlight),
 		pending: make(chan *tracker, cfg.MaxInFlight), ctx: ctx, stop: stop}
 	go p.waitLoop()
+	if cfg.Batch > 1 {
+		p.batchIn = make(chan *tracker, cfg.Batch)
+		go p.batchLoop()
+	}
 	return p, nil
 }
 
@@ -148,6 +185,14 @@ func (p *Publisher) Publish(ctx context.Context, in Intent) error {
 			trace.WithAttributes(attribute.String("messaging.message.id", in.ID), attribute.String("messaging.destination.name", in.Subject)))
 		injectTrace(sctx, t.header)
 	}
+	if p.batchIn != nil && !p.noBatch.Load() {
+		select {
+		case p.batchIn <- t:
+		case <-p.ctx.Done():
+			t.retry(p.ctx.Err()) // closed: reported as failed
+		}
+		return nil
+	}
 	t.send()
 	return nil
 }
@@ -170,7 +215,8 @@ func (p *Publisher) Close() { p.stop() }
 
 // Stats returns the counters so far.
 func (p *Publisher) Stats() PublishStats {
-	return PublishStats{Published: p.published.Load(), Duplicates: p.duplicates.Load(), Retries: p.retries.Load(), Failed: p.failed.Load()}
+	return PublishStats{Published: p.published.Load(), Duplicates: p.duplicates.Load(), Retries: p.retries.Load(), Failed: p.failed.Load(),
+		Batches: p.batches.Load(), BatchFallbacks: p.batchFallbacks.Load()}
 }
 
 // Failures returns the intents that could not be published.
@@ -286,4 +332,129 @@ func (t *tracker) done() {
 // a wrong subject) is too, within the budget, since space may free up.
 func retryable(err error) bool {
 	return !errors.Is(err, jetstream.ErrInvalidSubject) && !errors.Is(err, nats.ErrBadSubject) && !errors.Is(err, nats.ErrMaxPayload)
+}
+
+// batchLoop gathers intents into atomic batches: a batch goes out when it
+// is full or when its first intent has waited Linger.
+func (p *Publisher) batchLoop() {
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	var cur []*tracker
+	for {
+		select {
+		case t := <-p.batchIn:
+			if len(cur) == 0 {
+				timer.Reset(p.cfg.Linger)
+			}
+			cur = append(cur, t)
+			if len(cur) < p.cfg.Batch {
+				continue
+			}
+		case <-timer.C:
+		case <-p.ctx.Done():
+			for _, t := range cur {
+				t.retry(p.ctx.Err())
+			}
+			return
+		}
+		if len(cur) > 0 {
+			timer.Stop()
+			p.sendBatch(cur)
+			cur = nil
+		}
+	}
+}
+
+// Headers of JetStream's atomic batch publishing (ADR-50).
+const (
+	batchIDHeader     = "Nats-Batch-Id"
+	batchSeqHeader    = "Nats-Batch-Sequence"
+	batchCommitHeader = "Nats-Batch-Commit"
+)
+
+// sendBatch publishes ts as one atomic batch: every message but the last
+// without a reply, the last with the commit header as a request whose
+// reply is the batch's PubAck.
+func (p *Publisher) sendBatch(ts []*tracker) {
+	if p.noBatch.Load() {
+		for _, t := range ts {
+			t.send()
+		}
+		return
+	}
+	nc := p.js.Conn()
+	id := nuid.Next()
+	for i, t := range ts {
+		t.attempts++
+		h := make(nats.Header, len(t.header)+3)
+		for k, v := range t.header {
+			h[k] = v
+		}
+		h[batchIDHeader] = []string{id}
+		h[batchSeqHeader] = []string{strconv.Itoa(i + 1)}
+		msg := &nats.Msg{Subject: t.in.Subject, Data: t.in.Payload, Header: h}
+		if i < len(ts)-1 {
+			// An error here leaves the batch incomplete: the server
+			// refuses the commit and every intent goes again on its own.
+			_ = nc.PublishMsg(msg)
+			continue
+		}
+		h[batchCommitHeader] = []string{"1"}
+		go func() {
+			resp, err := nc.RequestMsg(msg, p.cfg.AckTimeout)
+			p.settleBatch(ts, resp, err)
+		}()
+	}
+}
+
+// batchAck is the PubAck of an atomic batch, or its error.
+type batchAck struct {
+	Stream string `json:"stream"`
+	Seq    uint64 `json:"seq"`
+	Count  int    `json:"count"`
+	Error  *struct {
+		Code        int    `json:"code"`
+		ErrCode     int    `json:"err_code"`
+		Description string `json:"description"`
+	} `json:"error"`
+}
+
+// errAtomicDisabled is JetStream's error code for a batch sent to a stream
+// that does not allow atomic publishing.
+const errAtomicDisabled = 10174
+
+// settleBatch settles a batch from its commit's reply. Stored: every
+// intent is published. Refused, lost or late: every intent is published
+// again on its own with its ID, and the stream's duplicate window drops
+// those it already stored.
+func (p *Publisher) settleBatch(ts []*tracker, resp *nats.Msg, err error) {
+	var ack batchAck
+	if err == nil {
+		if jerr := json.Unmarshal(resp.Data, &ack); jerr != nil {
+			err = fmt.Errorf("batch PubAck: %w", jerr)
+		} else if ack.Error != nil {
+			err = fmt.Errorf("batch refused: %s (%d)", ack.Error.Description, ack.Error.ErrCode)
+		} else if ack.Count != len(ts) {
+			err = fmt.Errorf("batch PubAck counts %d of %d messages", ack.Count, len(ts))
+		}
+	}
+	if err == nil && failpoint.Hit(p.ctx, failpoint.LosePubAck) {
+		err = errors.New("batch PubAck lost (failpoint)")
+	}
+	if err == nil {
+		p.batches.Add(1)
+		for _, t := range ts {
+			p.published.Add(1)
+			t.done()
+		}
+		return
+	}
+	if ack.Error != nil && ack.Error.ErrCode == errAtomicDisabled && !p.noBatch.Swap(true) {
+		p.cfg.Logger.Warn("jsinbox: the stream does not allow atomic batches; publishing one intent at a time", "subject", ts[0].in.Subject)
+	}
+	p.batchFallbacks.Add(1)
+	p.cfg.Logger.Debug("jsinbox: batch not stored as a whole; publishing its intents one at a time", "size", len(ts), "err", err)
+	for _, t := range ts {
+		t.send()
+	}
 }

@@ -86,6 +86,10 @@ func (o StreamOptions) Config() jetstream.StreamConfig {
 		DenyPurge:   true,
 		AllowRollup: false,
 		AllowMsgTTL: false,
+		// Lets the producer publish atomic batches: one fsync per batch
+		// under sync_interval: always. It adds no way to delete or alter
+		// stored intents.
+		AllowAtomicPublish: true,
 	}
 }
 

@@ -95,6 +95,34 @@ func TestProducerJSONL(t *testing.T) {
 	}
 }
 
+// TestProducerBatches: generated load published in atomic batches, all of
+// it stored, once.
+func TestProducerBatches(t *testing.T) {
+	t.Parallel()
+	srv := testenv.NewNATS(t, testenv.NATSOptions{SyncAlways: true})
+	var out, errOut bytes.Buffer
+	if err := Producer(context.Background(), []string{"-count", "3000", "-batch", "500", "-prefix", "pb"}, mapEnv(map[string]string{"NATS_URL": srv.URL()}),
+		nil, &out, &errOut); err != nil {
+		t.Fatalf("%v\n%s", err, errOut.String())
+	}
+	if !strings.Contains(out.String(), "published 3000 ") || !strings.Contains(out.String(), "refused and published one by one 0)") {
+		t.Fatalf("summary: %s", out.String())
+	}
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	s, err := js.Stream(context.Background(), jsinbox.DefaultStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := s.CachedInfo().State.Msgs; n != 3000 {
+		t.Fatalf("stream holds %d messages, want 3000", n)
+	}
+}
+
 func TestFlagAndEnvErrors(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -121,6 +149,9 @@ func TestFlagAndEnvErrors(t *testing.T) {
 		{"producer bad dup fraction", func(w io.Writer) error {
 			return Producer(context.Background(), []string{"-dup-fraction", "2"}, mapEnv(nil), nil, io.Discard, w)
 		}, "dup-fraction", 2},
+		{"producer batch too large", func(w io.Writer) error {
+			return Producer(context.Background(), []string{"-batch", "5000"}, mapEnv(nil), nil, io.Discard, w)
+		}, "-batch must be within", 2},
 		{"unknown command", func(w io.Writer) error {
 			return Jetinbox(context.Background(), []string{"frobnicate"}, mapEnv(nil), nil, io.Discard, w)
 		}, "unknown command", 2},

@@ -44,6 +44,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		dupFrac   = fs.Float64("dup-fraction", 0, "fraction of generated intents published a second time (same ID, same payload)")
 		prefix    = fs.String("prefix", "", "ID prefix for generated intents (default: a random run ID)")
 		inFlight  = fs.Int("max-inflight", 4096, "publishes awaiting a PubAck at once")
+		batch     = fs.Int("batch", 0, "intents per JetStream atomic batch, at most 1000: one fsync and one PubAck per batch, for servers with sync_interval: always; 0 publishes each intent on its own")
 		ackTO     = fs.Duration("ack-timeout", 5*time.Second, "wait for one PubAck before retrying")
 		attempts  = fs.Int("retry-attempts", 10, "retries per intent before it is reported as failed")
 		replicas  = fs.Int("replicas", 1, "stream replicas when creating it")
@@ -66,6 +67,9 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	}
 	if err := retry.Validate(); err != nil {
 		return usageError{err}
+	}
+	if *batch < 0 || *batch > jsinbox.MaxBatch {
+		return usageError{fmt.Errorf("-batch must be within [0, %d]", jsinbox.MaxBatch)}
 	}
 	if *dupFrac < 0 || *dupFrac > 1 {
 		return usageError{errors.New("-dup-fraction must be within [0, 1]")}
@@ -90,7 +94,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		return err
 	}
 	defer stopTracing(context.WithoutCancel(ctx)) //nolint:errcheck // best effort at exit
-	pub, err := jsinbox.NewPublisher(ctx, js, jsinbox.PublisherConfig{MaxInFlight: *inFlight, AckTimeout: *ackTO, Retry: retry, Logger: log, TracerProvider: tp})
+	pub, err := jsinbox.NewPublisher(ctx, js, jsinbox.PublisherConfig{MaxInFlight: *inFlight, Batch: *batch, AckTimeout: *ackTO, Retry: retry, Logger: log, TracerProvider: tp})
 	if err != nil {
 		return usageError{err}
 	}
@@ -137,8 +141,12 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	}
 	s := pub.Stats()
 	elapsed := time.Since(start)
-	fmt.Fprintf(stdout, "published %d (%.0f/s)  server-side duplicates %d  retries %d  failed %d  bad input lines %d\n",
+	fmt.Fprintf(stdout, "published %d (%.0f/s)  server-side duplicates %d  retries %d  failed %d  bad input lines %d",
 		s.Published, float64(s.Published)/elapsed.Seconds(), s.Duplicates, s.Retries, s.Failed, badLines)
+	if *batch > 1 {
+		fmt.Fprintf(stdout, "  atomic batches %d (refused and published one by one %d)", s.Batches, s.BatchFallbacks)
+	}
+	fmt.Fprintln(stdout)
 	if f := pub.Failures(); len(f) > 0 {
 		fmt.Fprintf(stderr, "not published within the retry budget (%d):\n", len(f))
 		for _, x := range f {
