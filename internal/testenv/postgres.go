@@ -150,6 +150,26 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 // Start starts the server (again) on its port and data dir and waits until it
 // accepts connections.
 func (p *Postgres) Start(ctx context.Context) error {
+	// Right after a Kill the killed backends may still hold the old shared
+	// memory for a moment, and the new postmaster refuses to start next to
+	// it: try again briefly.
+	var err error
+	for attempt := 0; attempt < 20; attempt++ {
+		if err = p.start(ctx); !errors.Is(err, errExitedDuringStart) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return err
+}
+
+var errExitedDuringStart = errors.New("testenv: postgres exited during start")
+
+func (p *Postgres) start(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd != nil {
@@ -189,7 +209,7 @@ func (p *Postgres) Start(ctx context.Context) error {
 		select {
 		case <-done:
 			p.cmd = nil
-			return fmt.Errorf("testenv: postgres exited during start: %w", err)
+			return fmt.Errorf("%w: %w", errExitedDuringStart, err)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(20 * time.Millisecond):
