@@ -15,23 +15,32 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
+// ledgerDB connects to a fresh database with the ledger tables and accounts
+// 1..accounts.
+func ledgerDB(t *testing.T, accounts int) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testenv.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
+	if _, err := Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	if err := SeedAccounts(ctx, conn, accounts); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
 // TestBalanceUpdatePlanIsOrdered checks the plan the balance updates run
 // with, after orderedPlanSQL: a nested loop driven by the account array, so
 // rows are locked in the (ascending) order Go sends. The plan is what keeps
 // concurrent batches from deadlocking on shared accounts.
 func TestBalanceUpdatePlanIsOrdered(t *testing.T) {
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testenv.NewDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := Migrate(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
-	if err := SeedAccounts(ctx, conn, 5000); err != nil {
-		t.Fatal(err)
-	}
+	conn := ledgerDB(t, 5000)
 	if _, err := conn.Exec(ctx, "ANALYZE accounts"); err != nil {
 		t.Fatal(err)
 	}
@@ -86,17 +95,7 @@ func TestBalanceUpdatePlanIsOrdered(t *testing.T) {
 // settings the session chose itself.
 func TestPlannerSettingsRestored(t *testing.T) {
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testenv.NewDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := Migrate(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
-	if err := SeedAccounts(ctx, conn, 10); err != nil {
-		t.Fatal(err)
-	}
+	conn := ledgerDB(t, 10)
 	if _, err := conn.Exec(ctx, "SET enable_seqscan = off"); err != nil { // the session's own choice
 		t.Fatal(err)
 	}

@@ -407,11 +407,7 @@ func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int
 			end(err)
 			return err
 		}
-		p.copyClaims.Add(1)
-		res = make([]ClaimResult, len(claims))
-		for k := range res {
-			res[k].State = ClaimFresh
-		}
+		p.copyClaims.Add(1) // every claim is fresh; res stays nil
 	} else {
 		res, err = ClaimTx(ctx, tx, p.cfg.Scope, claims)
 	}
@@ -425,11 +421,15 @@ func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int
 	var conflicts []int
 	var inBatchDups [][2]int // (message, first copy), both indexes into msgs
 	for k, i := range valid {
-		if r := res[k]; r.InBatch && r.State == ClaimDuplicate {
+		r := ClaimResult{State: ClaimFresh}
+		if res != nil {
+			r = res[k]
+		}
+		if r.InBatch && r.State == ClaimDuplicate {
 			inBatchDups = append(inBatchDups, [2]int{i, valid[r.First]})
 			continue
 		}
-		switch r := res[k]; r.State {
+		switch r.State {
 		case ClaimFresh:
 			fresh = append(fresh, msgs[i])
 			freshIdx = append(freshIdx, i)
