@@ -60,6 +60,9 @@ type ClaimResult struct {
 	// "rejected") and reason, for duplicates and conflicts found in the table.
 	PriorStatus string
 	PriorReason string
+	// PriorSeq is the stored row's stream sequence: the message that
+	// claimed it (0 if it was not given).
+	PriorSeq uint64
 	// InBatch is true when the duplicate or conflict was with an earlier
 	// claim of the same call rather than with a stored row; First is that
 	// claim's index. Such a claim shares the first one's fate: if the first
@@ -87,7 +90,7 @@ SELECT t.ord FROM t WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.message_id = t
 // existingSQL reads the rows that were already there. It runs as a new
 // statement, so under READ COMMITTED it sees rows committed by a concurrent
 // transaction the claim waited for.
-const existingSQL = `SELECT message_id, fingerprint, status, coalesce(reason, '')
+const existingSQL = `SELECT message_id, fingerprint, status, coalesce(reason, ''), stream_seq
 FROM inbox WHERE scope = $1 AND message_id = ANY($2::text[])`
 
 // ClaimTx claims messages for scope inside the caller's transaction, with one
@@ -169,10 +172,11 @@ func ClaimTx(ctx context.Context, tx pgx.Tx, scope string, claims []Claim) ([]Cl
 	for rows.Next() {
 		var id, status, reason string
 		var fp []byte
-		if err := rows.Scan(&id, &fp, &status, &reason); err != nil {
+		var seq int64
+		if err := rows.Scan(&id, &fp, &status, &reason, &seq); err != nil {
 			return nil, fmt.Errorf("inbox: claim: read existing: %w", err)
 		}
-		byID[id] = ClaimResult{State: ClaimDuplicate, PriorStatus: status, PriorReason: reason}
+		byID[id] = ClaimResult{State: ClaimDuplicate, PriorStatus: status, PriorReason: reason, PriorSeq: uint64(seq)}
 		stored[id] = fp
 	}
 	if err := rows.Err(); err != nil {
@@ -197,6 +201,47 @@ func ClaimTx(ctx context.Context, tx pgx.Tx, scope string, claims []Claim) ([]Cl
 		}
 	}
 	return res, nil
+}
+
+// claimEach claims one message at a time, each under a savepoint, so that a
+// claim the database refuses (a data error the checks before the claim did
+// not catch) rolls back alone: refused[i] is its permanent error, and the
+// other claims stand. Copies of an ID earlier in the slice are resolved
+// the way [ClaimTx] does.
+func claimEach(ctx context.Context, tx pgx.Tx, scope string, claims []Claim) (res []ClaimResult, refused []error, err error) {
+	res = make([]ClaimResult, len(claims))
+	refused = make([]error, len(claims))
+	first := make(map[string]int, len(claims))
+	for i := range claims {
+		c := &claims[i]
+		if j, dup := first[c.ID]; dup {
+			res[i] = ClaimResult{State: ClaimDuplicate, InBatch: true, First: j}
+			if claims[j].Fingerprint != c.Fingerprint {
+				res[i].State = ClaimConflict
+			}
+			continue
+		}
+		first[c.ID] = i
+		if _, err := tx.Exec(ctx, "SAVEPOINT jetinbox_claim"); err != nil {
+			return nil, nil, fmt.Errorf("inbox: savepoint: %w", err)
+		}
+		r, err := ClaimTx(ctx, tx, scope, claims[i:i+1])
+		if err != nil {
+			if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT jetinbox_claim"); rerr != nil {
+				return nil, nil, fmt.Errorf("inbox: rollback to savepoint: %w", rerr)
+			}
+			if !isDataError(err) {
+				return nil, nil, err
+			}
+			refused[i] = Permanent(fmt.Errorf("%w: %w", ErrClaimRefused, err))
+		} else {
+			res[i] = r[0]
+		}
+		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT jetinbox_claim"); err != nil {
+			return nil, nil, fmt.Errorf("inbox: release savepoint: %w", err)
+		}
+	}
+	return res, refused, nil
 }
 
 // copyClaimThreshold is the batch size from which a batch whose messages

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -21,6 +22,13 @@ var (
 	// ErrInvalidID is returned for an empty, overlong or non-printable
 	// message ID or scope.
 	ErrInvalidID = errors.New("inbox: invalid message ID")
+	// ErrInvalidSubject rejects a message whose subject cannot be stored
+	// as text: invalid UTF-8 or a NUL byte.
+	ErrInvalidSubject = errors.New("inbox: invalid subject")
+	// ErrClaimRefused rejects a message whose claim the database refused
+	// with a data error (a constraint, an encoding) that the checks before
+	// the claim did not catch; its neighbours are claimed without it.
+	ErrClaimRefused = errors.New("inbox: the database refused the claim")
 	// ErrUnsafeHorizon is returned by [Prune] for a retention horizon shorter
 	// than the horizon over which messages can come back.
 	ErrUnsafeHorizon = errors.New("inbox: retention horizon shorter than the redelivery/replay horizon")
@@ -83,6 +91,21 @@ func ValidateID(id string) error {
 	return nil
 }
 
+// validateMessage checks what goes into a claim before the claim
+// statement, which would otherwise fail for the whole batch.
+func validateMessage(m *Message) error {
+	if err := ValidateID(m.ID); err != nil {
+		return err
+	}
+	if !utf8.ValidString(m.Subject) {
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidSubject)
+	}
+	if strings.IndexByte(m.Subject, 0) >= 0 {
+		return fmt.Errorf("%w: NUL byte", ErrInvalidSubject)
+	}
+	return nil
+}
+
 // Status is what happened to one message of a batch, and so what the
 // transport does with it.
 type Status uint8
@@ -130,6 +153,13 @@ type Outcome struct {
 	Redelivered bool
 	// Err is the underlying error of a retry or rejection, if any.
 	Err error
+	// FirstSeq, for an outcome decided by another message (a row already
+	// in the inbox, or a copy earlier in the batch), is the stream
+	// sequence of that message, when known; 0 otherwise. A rejected
+	// intent whose FirstSeq names another message is dead-lettered as
+	// that message: a transport terminates this copy without a second
+	// dead letter.
+	FirstSeq uint64
 }
 
 // Ackable reports whether the transport may ack the message: its inbox row

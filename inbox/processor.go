@@ -282,7 +282,7 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Outcome, err
 	out := make([]Outcome, len(msgs))
 	valid := make([]int, 0, len(msgs))
 	for i := range msgs {
-		if err := ValidateID(msgs[i].ID); err != nil {
+		if err := validateMessage(&msgs[i]); err != nil {
 			out[i] = Outcome{Status: StatusRejected, Reason: err.Error(), Err: Permanent(err)}
 			continue
 		}
@@ -367,6 +367,23 @@ func (p *Processor) copyClaimable(msgs []Message, valid []int) bool {
 	return true
 }
 
+// batch is one attempt at a batch, step by step: claim, classify, apply,
+// record, commit.
+type batch struct {
+	msgs  []Message
+	valid []int     // indexes into msgs of the messages to claim
+	out   []Outcome // one per message, filled in as the steps decide
+
+	fresh     []Message // claimed now: apply their effects
+	freshIdx  []int     // their indexes into msgs
+	conflicts []int
+	// inBatch pairs a copy of an ID with its first copy in the batch
+	// (indexes into msgs); refused marks messages whose claim the
+	// database refused.
+	inBatch [][2]int
+	refused map[int]bool
+}
+
 func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int, out []Outcome, isolate, fast bool) (err error) {
 	tx, err := p.db.Begin(ctx)
 	if err != nil {
@@ -387,13 +404,63 @@ func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int
 		}
 	}
 
-	claims := make([]Claim, len(valid))
-	for k, i := range valid {
-		m := &msgs[i]
+	b := &batch{msgs: msgs, valid: valid, out: out}
+	res, err := p.claim(ctx, tx, b, isolate, fast)
+	if err != nil {
+		return err
+	}
+	p.classify(b, res)
+
+	// Take a turn for the effect and the commit.
+	select {
+	case p.turns <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-p.turns }()
+
+	errs, err := p.apply(ctx, tx, b.fresh, isolate)
+	if err != nil {
+		return err
+	}
+	if failpoint.Hit(ctx, failpoint.BeforeCommit) {
+		return &failpoint.Error{Name: failpoint.BeforeCommit}
+	}
+	rejIDs, rejReasons, retryIDs := p.decide(b, errs)
+	if err := p.record(ctx, tx, msgs, rejIDs, rejReasons, retryIDs, b.conflicts); err != nil {
+		return err
+	}
+	return p.commit(ctx, tx, len(valid))
+}
+
+// claim claims the batch's valid messages: with COPY when fast (every
+// claim is then fresh and res is nil), else with [ClaimTx]; in isolation
+// one message at a time, so that a claim the database refuses rejects only
+// its own message. A claim refused outside isolation fails the batch with
+// errIsolate.
+func (p *Processor) claim(ctx context.Context, tx pgx.Tx, b *batch, isolate, fast bool) (res []ClaimResult, err error) {
+	claims := make([]Claim, len(b.valid))
+	for k, i := range b.valid {
+		m := &b.msgs[i]
 		claims[k] = Claim{ID: m.ID, Fingerprint: Fingerprint(m.Payload), StreamSeq: m.StreamSeq, Subject: m.Subject}
 	}
 	end := p.span(ctx, "jetinbox.claim", len(claims))
-	var res []ClaimResult
+	defer func() { end(err) }()
+	if isolate {
+		var refused []error
+		res, refused, err = claimEach(ctx, tx, p.cfg.Scope, claims)
+		for k, e := range refused {
+			if e != nil {
+				i := b.valid[k]
+				b.out[i] = Outcome{Status: StatusRejected, Reason: e.Error(), Err: e}
+				if b.refused == nil {
+					b.refused = map[int]bool{}
+				}
+				b.refused[i] = true
+			}
+		}
+		return res, err
+	}
 	var order []int
 	if fast {
 		order = sortedUnique(claims)
@@ -404,77 +471,83 @@ func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int
 			claim = claimBlind
 		}
 		if err := claim(ctx, tx, p.cfg.Scope, claims, order); err != nil {
-			end(err)
-			return err
+			if isDataError(err) && !errors.Is(err, errCopyClaim) {
+				return nil, fmt.Errorf("%w: %w", errIsolate, err)
+			}
+			return nil, err
 		}
 		p.copyClaims.Add(1) // every claim is fresh; res stays nil
-	} else {
-		res, err = ClaimTx(ctx, tx, p.cfg.Scope, claims)
+		return nil, nil
 	}
-	end(err)
-	if err != nil {
-		return err
+	res, err = ClaimTx(ctx, tx, p.cfg.Scope, claims)
+	if err != nil && isDataError(err) {
+		return nil, fmt.Errorf("%w: %w", errIsolate, err)
 	}
+	return res, err
+}
 
-	fresh := make([]Message, 0, len(valid))
-	freshIdx := make([]int, 0, len(valid))
-	var conflicts []int
-	var inBatchDups [][2]int // (message, first copy), both indexes into msgs
-	for k, i := range valid {
+// classify sorts the claimed messages: fresh ones to apply, duplicates and
+// conflicts decided now, copies of an earlier message of the batch decided
+// with it.
+func (p *Processor) classify(b *batch, res []ClaimResult) {
+	b.fresh = make([]Message, 0, len(b.valid))
+	b.freshIdx = make([]int, 0, len(b.valid))
+	for k, i := range b.valid {
+		if b.refused[i] {
+			continue
+		}
 		r := ClaimResult{State: ClaimFresh}
 		if res != nil {
 			r = res[k]
 		}
 		if r.InBatch && r.State == ClaimDuplicate {
-			inBatchDups = append(inBatchDups, [2]int{i, valid[r.First]})
+			b.inBatch = append(b.inBatch, [2]int{i, b.valid[r.First]})
 			continue
 		}
 		switch r.State {
 		case ClaimFresh:
-			fresh = append(fresh, msgs[i])
-			freshIdx = append(freshIdx, i)
+			b.fresh = append(b.fresh, b.msgs[i])
+			b.freshIdx = append(b.freshIdx, i)
 		case ClaimDuplicate:
-			out[i] = Outcome{Status: StatusDuplicate, Redelivered: true}
-			if r.PriorStatus == "rejected" {
-				out[i] = Outcome{Status: StatusRejected, Reason: r.PriorReason, Redelivered: true}
+			b.out[i] = Outcome{Status: StatusDuplicate, Redelivered: true, FirstSeq: r.PriorSeq}
+			if r.PriorStatus == StatusRejected.String() {
+				b.out[i] = Outcome{Status: StatusRejected, Reason: r.PriorReason, Redelivered: true, FirstSeq: r.PriorSeq}
 			}
 		case ClaimConflict:
-			out[i] = Outcome{Status: StatusConflict, Redelivered: true,
+			b.out[i] = Outcome{Status: StatusConflict, Redelivered: true,
 				Reason: "message ID reused with a different payload (fingerprint mismatch)"}
-			conflicts = append(conflicts, i)
+			b.conflicts = append(b.conflicts, i)
 		}
 	}
+}
 
-	// Take a turn for the effect and the commit.
-	select {
-	case p.turns <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
+// apply runs the handler on the fresh messages, all at once or, in
+// isolation, one at a time under savepoints. errs[j] is fresh[j]'s own
+// error.
+func (p *Processor) apply(ctx context.Context, tx pgx.Tx, fresh []Message, isolate bool) (errs []error, err error) {
+	errs = make([]error, len(fresh))
+	if len(fresh) == 0 || mutation.effectBeforeClaim || mutation.effectOutsideTx {
+		return errs, nil
 	}
-	defer func() { <-p.turns }()
-
-	errs := make([]error, len(fresh))
-	endEffect := p.span(ctx, "jetinbox.effect", len(fresh))
-	if len(fresh) > 0 && !mutation.effectBeforeClaim && !mutation.effectOutsideTx {
-		if !isolate {
-			if err := p.handle(ctx, tx, fresh, errs); err != nil {
-				if isRetryableTx(err) {
-					return err
-				}
-				return fmt.Errorf("%w: %w", errIsolate, err)
-			}
-		} else if err := p.handleIsolated(ctx, tx, fresh, errs); err != nil {
-			endEffect(err)
-			return err
+	end := p.span(ctx, "jetinbox.effect", len(fresh))
+	defer func() { end(err) }()
+	if isolate {
+		return errs, p.handleIsolated(ctx, tx, fresh, errs)
+	}
+	if err := p.handle(ctx, tx, fresh, errs); err != nil {
+		if isRetryableTx(err) {
+			return nil, err
 		}
+		return nil, fmt.Errorf("%w: %w", errIsolate, err)
 	}
-	endEffect(nil)
-	if failpoint.Hit(ctx, failpoint.BeforeCommit) {
-		return &failpoint.Error{Name: failpoint.BeforeCommit}
-	}
+	return errs, nil
+}
 
-	var rejIDs, rejReasons, retryIDs []string
-	for j, i := range freshIdx {
+// decide turns the effects' errors into outcomes and lists the rows to
+// mark rejected and the claims to release for a retry.
+func (p *Processor) decide(b *batch, errs []error) (rejIDs, rejReasons, retryIDs []string) {
+	msgs, out := b.msgs, b.out
+	for j, i := range b.freshIdx {
 		e := errs[j]
 		switch {
 		case e == nil:
@@ -495,24 +568,34 @@ func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int
 		}
 	}
 	// A copy of a message that appeared earlier in the batch shares the
-	// first copy's fate: acked only if the first committed its effect.
-	for _, d := range inBatchDups {
+	// first copy's fate: acked only if the first committed its effect; a
+	// repeat of a rejected intent, dead-lettered as the first copy, unless
+	// the database refused the first copy's claim (no inbox row: each copy
+	// is dead-lettered).
+	for _, d := range b.inBatch {
 		o := out[d[1]]
 		switch o.Status {
 		case StatusApplied, StatusDuplicate:
-			o = Outcome{Status: StatusDuplicate}
-		case StatusRejected, StatusConflict:
-			o.Redelivered = false // dead-letter this copy too
+			o = Outcome{Status: StatusDuplicate, FirstSeq: msgs[d[1]].StreamSeq}
+		case StatusRejected:
+			o.Redelivered = false
+			if o.FirstSeq == 0 && !b.refused[d[1]] {
+				o.FirstSeq = msgs[d[1]].StreamSeq
+			}
+		case StatusConflict:
+			o.Redelivered = false // each conflicting message is dead-lettered
 		}
 		out[d[0]] = o
 	}
-	if err := p.record(ctx, tx, msgs, rejIDs, rejReasons, retryIDs, conflicts); err != nil {
-		return err
-	}
+	return rejIDs, rejReasons, retryIDs
+}
 
-	endCommit := p.span(ctx, "jetinbox.commit", len(valid))
+// commit commits under a context the caller cannot cancel, bounded by
+// CommitTimeout, and tells a rollback from an unknown outcome.
+func (p *Processor) commit(ctx context.Context, tx pgx.Tx, n int) error {
+	endCommit := p.span(ctx, "jetinbox.commit", n)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.CommitTimeout)
-	err = tx.Commit(cctx)
+	err := tx.Commit(cctx)
 	cancel()
 	endCommit(err)
 	if err != nil {

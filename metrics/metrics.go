@@ -38,7 +38,7 @@ type Consumer struct {
 func NewConsumer(reg prometheus.Registerer) (*Consumer, error) {
 	m := &Consumer{
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "rejected_total",
-			Help: "Messages rejected by the inbox, by reason: bad_input, invalid_id, panic, gave_up, permanent, conflict."}, []string{"reason"}),
+			Help: "Messages rejected by the inbox, by reason: bad_input, invalid_id, invalid_subject, claim_refused, panic, gave_up, permanent, conflict."}, []string{"reason"}),
 		naks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "retries_total",
 			Help: "Messages handed back for a later delivery with a jittered delay, by reason: transient (the effect asked for a retry) or batch_failed (database unreachable or commit outcome unknown)."}, []string{"reason"}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "batch_size_messages",
@@ -91,6 +91,10 @@ func RejectReason(o inbox.Outcome) string {
 		return "conflict"
 	case errors.Is(o.Err, inbox.ErrInvalidID):
 		return "invalid_id"
+	case errors.Is(o.Err, inbox.ErrInvalidSubject):
+		return "invalid_subject"
+	case errors.Is(o.Err, inbox.ErrClaimRefused):
+		return "claim_refused"
 	case strings.Contains(o.Reason, "effect panicked"):
 		return "panic"
 	case strings.HasPrefix(o.Reason, "gave up after"):
@@ -114,13 +118,16 @@ var (
 	descPending      = prometheus.NewDesc(ns+"_consumer_pending_messages", "Messages in the stream not yet delivered to the durable (server's view).", nil, nil)
 	descAckPending   = prometheus.NewDesc(ns+"_consumer_ack_pending_messages", "Messages delivered and not yet acked (server's view).", nil, nil)
 	descCopyClaims   = prometheus.NewDesc(ns+"_copy_claim_batches_total", "Batches of first deliveries claimed with COPY (the fast path).", nil, nil)
+	descHeld         = prometheus.NewDesc(ns+"_dead_letters_held", "Messages on their final delivery that the dead-letter stream refused (missing, full) and that the consumer holds and retries; above 0 the consumer is not ready.", nil, nil)
+	descRepeats      = prometheus.NewDesc(ns+"_rejected_repeats_total", "Copies of an intent rejected before at another stream sequence (a re-publish of the rejected ID), terminated without a second dead letter.", nil, nil)
+	descRescued      = prometheus.NewDesc(ns+"_rescued_total", "Messages the server gave up on after MaxDeliver, settled from their stored advisory.", nil, nil)
 	descCopyFallback = prometheus.NewDesc(ns+"_copy_claim_fallbacks_total", "Batches whose COPY claim met an ID already claimed and were claimed again with conflict checks (a replay, or copies published after the stream's duplicate window).", nil, nil)
 )
 
 type consumerCollector Consumer
 
 func (c *consumerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descReceived, descApplied, descDuplicates, descConflicts, descRedeliveries, descDeadLetters, descBatches, descFailed, descInFlight, descPending, descAckPending, descCopyClaims, descCopyFallback} {
+	for _, d := range []*prometheus.Desc{descReceived, descApplied, descDuplicates, descConflicts, descRedeliveries, descDeadLetters, descBatches, descFailed, descInFlight, descPending, descAckPending, descCopyClaims, descCopyFallback, descHeld, descRepeats, descRescued} {
 		ch <- d
 	}
 }
@@ -143,6 +150,9 @@ func (c *consumerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descFailed, s.FailedBatches)
 	counter(descCopyClaims, s.CopyClaims)
 	counter(descCopyFallback, s.CopyFallbacks)
+	counter(descRepeats, s.RejectedRepeats)
+	counter(descRescued, s.Rescued)
+	ch <- prometheus.MustNewConstMetric(descHeld, prometheus.GaugeValue, float64(s.DeadLettersHeld))
 	ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(s.InFlight))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -38,7 +39,7 @@ func TestConsumerMetricsLintAndCount(t *testing.T) {
 		t.Errorf("metric lint: %s: %s", p.Metric, p.Text)
 	}
 	want := `
-# HELP jetinbox_rejected_total Messages rejected by the inbox, by reason: bad_input, invalid_id, panic, gave_up, permanent, conflict.
+# HELP jetinbox_rejected_total Messages rejected by the inbox, by reason: bad_input, invalid_id, invalid_subject, claim_refused, panic, gave_up, permanent, conflict.
 # TYPE jetinbox_rejected_total counter
 jetinbox_rejected_total{reason="bad_input"} 1
 jetinbox_rejected_total{reason="conflict"} 1
@@ -53,12 +54,14 @@ jetinbox_rejected_total{reason="conflict"} 1
 
 func TestRejectReason(t *testing.T) {
 	cases := map[string]inbox.Outcome{
-		"conflict":   {Status: inbox.StatusConflict},
-		"invalid_id": {Status: inbox.StatusRejected, Err: inbox.Permanent(errors.Join(inbox.ErrInvalidID))},
-		"panic":      {Status: inbox.StatusRejected, Reason: "inbox: effect panicked: boom"},
-		"gave_up":    {Status: inbox.StatusRejected, Reason: "gave up after 20 deliveries: x"},
-		"bad_input":  {Status: inbox.StatusRejected, Reason: "effects: bad intent: x"},
-		"permanent":  {Status: inbox.StatusRejected, Reason: "no such customer"},
+		"conflict":        {Status: inbox.StatusConflict},
+		"invalid_id":      {Status: inbox.StatusRejected, Err: inbox.Permanent(errors.Join(inbox.ErrInvalidID))},
+		"invalid_subject": {Status: inbox.StatusRejected, Err: inbox.Permanent(fmt.Errorf("%w: NUL byte", inbox.ErrInvalidSubject))},
+		"claim_refused":   {Status: inbox.StatusRejected, Err: inbox.Permanent(fmt.Errorf("%w: check", inbox.ErrClaimRefused))},
+		"panic":           {Status: inbox.StatusRejected, Reason: "inbox: effect panicked: boom"},
+		"gave_up":         {Status: inbox.StatusRejected, Reason: "gave up after 20 deliveries: x"},
+		"bad_input":       {Status: inbox.StatusRejected, Reason: "effects: bad intent: x"},
+		"permanent":       {Status: inbox.StatusRejected, Reason: "no such customer"},
 	}
 	for want, o := range cases {
 		if got := RejectReason(o); got != want {

@@ -2,17 +2,14 @@ package jsinbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -20,18 +17,6 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/jitter"
-)
-
-// Headers the consumer adds to a dead-letter message. The original headers
-// are kept.
-const (
-	HeaderReason    = "Jetinbox-Reason"
-	HeaderStatus    = "Jetinbox-Status"
-	HeaderScope     = "Jetinbox-Scope"
-	HeaderStream    = "Jetinbox-Stream"
-	HeaderStreamSeq = "Jetinbox-Stream-Seq"
-	HeaderDelivered = "Jetinbox-Deliveries"
-	HeaderMessageID = "Jetinbox-Message-Id"
 )
 
 // mutation breaks the consumer on purpose; only tests set it, to show that
@@ -93,6 +78,12 @@ type ConsumerConfig struct {
 	// Reconnect times the database health checks while the database is
 	// down. Default: decorrelated jitter from 100ms to 5s.
 	Reconnect jitter.Policy
+	// DeadLetterRetry times the publishes of a dead letter that the
+	// dead-letter stream refused on a message's final delivery; the
+	// consumer holds the message and retries until the stream takes it
+	// (MaxAttempts and MaxElapsed are ignored: giving up would drop the
+	// intent). Default: decorrelated jitter from 250ms to 10s.
+	DeadLetterRetry jitter.Policy
 	// DB, when set, is pinged while the database is unreachable: the
 	// consumer stops fetching until it answers, so an outage does not turn
 	// into a redelivery storm.
@@ -139,6 +130,10 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 	if c.Reconnect.Kind == 0 && c.Reconnect.Base == 0 && c.Reconnect.Cap == 0 {
 		c.Reconnect = jitter.Policy{Kind: jitter.Decorrelated, Base: 100 * time.Millisecond, Cap: 5 * time.Second}
 	}
+	if c.DeadLetterRetry.Kind == 0 && c.DeadLetterRetry.Base == 0 && c.DeadLetterRetry.Cap == 0 {
+		c.DeadLetterRetry = jitter.Policy{Kind: jitter.Decorrelated, Base: 250 * time.Millisecond, Cap: 10 * time.Second}
+	}
+	c.DeadLetterRetry.MaxAttempts, c.DeadLetterRetry.MaxElapsed = 0, 0
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -154,6 +149,9 @@ func (c ConsumerConfig) validate() error {
 	}
 	if err := c.Reconnect.Validate(); err != nil {
 		return fmt.Errorf("jsinbox: Reconnect: %w", err)
+	}
+	if err := c.DeadLetterRetry.Validate(); err != nil {
+		return fmt.Errorf("jsinbox: DeadLetterRetry: %w", err)
 	}
 	return nil
 }
@@ -192,6 +190,14 @@ type ConsumerStats struct {
 	// Rescued: messages the server gave up on after MaxDeliver, settled
 	// from its advisory.
 	Rescued int64
+	// RejectedRepeats: copies of an intent rejected before at another
+	// stream sequence (a re-publish of the rejected ID), terminated
+	// without a second dead letter.
+	RejectedRepeats int64
+	// DeadLettersHeld: messages on their final delivery held now because
+	// the dead-letter stream refuses them (missing, full). Above 0 the
+	// consumer is not ready.
+	DeadLettersHeld int64
 	// CopyClaims and CopyFallbacks: see [inbox.ProcessorStats].
 	CopyClaims, CopyFallbacks int64
 }
@@ -211,7 +217,10 @@ type Consumer struct {
 
 	received, applied, duplicates, rejected, conflicts       atomic.Int64
 	redeliveries, naks, deadLettered, batches, failedBatches atomic.Int64
-	inFlight, rescued                                        atomic.Int64
+	inFlight, rescued, rejectedRepeats, deadLettersHeld      atomic.Int64
+
+	// stopping is closed when Run's context ends: held dead letters let go.
+	stopping <-chan struct{}
 
 	bound atomic.Pointer[jetstream.Consumer]
 }
@@ -234,10 +243,10 @@ func NewConsumer(js jetstream.JetStream, proc *inbox.Processor, cfg ConsumerConf
 // Config returns the consumer's configuration with defaults filled in.
 func (c *Consumer) Config() ConsumerConfig { return c.cfg }
 
-// Ready reports whether the consumer is consuming with a reachable database
-// and is not draining.
+// Ready reports whether the consumer is consuming with a reachable database,
+// holds no message that the dead-letter stream refused, and is not draining.
 func (c *Consumer) Ready() bool {
-	return c.ready.Load() && !c.draining.Load() && !c.dbDown.Load() && !c.crashed.Load()
+	return c.ready.Load() && !c.draining.Load() && !c.dbDown.Load() && !c.crashed.Load() && c.deadLettersHeld.Load() == 0
 }
 
 // Draining reports whether Run is shutting down.
@@ -250,7 +259,7 @@ func (c *Consumer) Stats() ConsumerStats {
 		Received: c.received.Load(), Applied: c.applied.Load(), Duplicates: c.duplicates.Load(),
 		Rejected: c.rejected.Load(), Conflicts: c.conflicts.Load(), Redeliveries: c.redeliveries.Load(),
 		Naks: c.naks.Load(), DeadLettered: c.deadLettered.Load(), Batches: c.batches.Load(), FailedBatches: c.failedBatches.Load(),
-		InFlight: c.inFlight.Load(), Rescued: c.rescued.Load(),
+		InFlight: c.inFlight.Load(), Rescued: c.rescued.Load(), RejectedRepeats: c.rejectedRepeats.Load(), DeadLettersHeld: c.deadLettersHeld.Load(),
 		CopyClaims: ps.CopyClaims, CopyFallbacks: ps.CopyFallbacks,
 	}
 }
@@ -291,22 +300,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return err
 	}
 	c.bound.Store(&cons)
-	// The server gives up on a message after MaxDeliver deliveries even if
-	// it was never settled (a crash or an expired AckWait on the last
-	// delivery). Its advisory says which: rescue those.
-	sub, err := c.js.Conn().Subscribe(maxDeliveriesSubject(c.cfg.Stream, c.cfg.Durable), func(msg *nats.Msg) {
-		var adv struct {
-			StreamSeq  uint64 `json:"stream_seq"`
-			Deliveries uint64 `json:"deliveries"`
-		}
-		if json.Unmarshal(msg.Data, &adv) == nil && adv.StreamSeq > 0 {
-			go c.rescue(context.WithoutCancel(ctx), adv.StreamSeq, adv.Deliveries)
-		}
-	})
+	// Messages the server gave up on after MaxDeliver, now or while no
+	// consumer ran, are rescued from their stored advisories.
+	rescueCons, err := c.bindRescue(ctx)
 	if err != nil {
-		return fmt.Errorf("jsinbox: subscribe to max-deliveries advisories: %w", err)
+		return err
 	}
-	defer sub.Unsubscribe() //nolint:errcheck // the connection may be gone
+	stopping, stop := context.WithCancel(ctx)
+	c.stopping = stopping.Done()
+	stopRescue, err := c.startRescue(context.WithoutCancel(ctx), rescueCons)
+	if err != nil {
+		stop()
+		return err
+	}
 	// Open and prepare a connection per batch in flight before the first
 	// message: otherwise the first batches pay for it in latency. A
 	// database that is down now is handled like one that fails later.
@@ -318,11 +324,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	crash := make(chan struct{})
 	var crashOnce sync.Once
-	onCrash := func() { crashOnce.Do(func() { c.crashed.Store(true); close(crash) }) }
+	onCrash := func() { crashOnce.Do(func() { c.crashed.Store(true); close(crash); stop() }) }
 	defer func() {
 		c.ready.Store(false)
+		stopRescue()
 		wg.Wait()
 	}()
+	defer stop() // first: a batch holding a dead letter lets go
 
 	for {
 		msgs := make(chan jetstream.Msg, c.cfg.BatchSize)
@@ -563,6 +571,9 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 		ctx, ack = c.tracer.Start(ctx, "jetinbox.ack")
 		defer ack.End()
 	}
+	// Acks and naks first, then what goes to the dead-letter stream: a
+	// dead letter held on an outage must not hold back its neighbours' acks.
+	var later []int
 	for i, m := range batch {
 		o := out[i]
 		switch {
@@ -578,65 +589,21 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 						"id", msgs[i].ID, "stream_seq", msgs[i].StreamSeq, "deliveries", msgs[i].Deliveries, "err", err)
 				}
 			}
-		case o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict:
-			if o.Status == inbox.StatusConflict {
-				c.conflicts.Add(1)
-			} else {
-				c.rejected.Add(1)
-			}
-			c.deadLetter(ctx, m, &msgs[i], o.Status.String(), o.Reason)
-		case msgs[i].Final:
-			c.lastTry(ctx, m, &msgs[i], o)
+		case o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict || msgs[i].Final:
+			later = append(later, i)
 		default:
 			c.naks.Add(1)
 			_ = m.NakWithDelay(c.cfg.Nak.Delay(int(max(msgs[i].Deliveries, 1))))
 		}
 	}
+	for _, i := range later {
+		if o := out[i]; o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict {
+			c.settleRejected(ctx, batch[i], &msgs[i], o)
+		} else {
+			c.lastTry(ctx, batch[i], &msgs[i], o)
+		}
+	}
 	return nil
-}
-
-func maxDeliveriesSubject(stream, durable string) string {
-	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + stream + "." + durable
-}
-
-// stranded is a message the server gave up on, read back from the stream:
-// it can no longer be acked, naked or terminated.
-type stranded struct{ raw *jetstream.RawStreamMsg }
-
-func (s stranded) Headers() nats.Header           { return s.raw.Header }
-func (s stranded) Subject() string                { return s.raw.Subject }
-func (s stranded) Data() []byte                   { return s.raw.Data }
-func (stranded) InProgress() error                { return nil }
-func (stranded) NakWithDelay(time.Duration) error { return nil }
-func (stranded) TermWithReason(string) error      { return nil }
-
-// rescue settles a message the server stopped delivering after MaxDeliver:
-// it runs it through the inbox once more as a final delivery, so it ends
-// applied (or found applied), or dead-lettered with a reason. Never silently
-// dropped while a consumer runs.
-func (c *Consumer) rescue(ctx context.Context, seq, deliveries uint64) {
-	s, err := c.js.Stream(ctx, c.cfg.Stream)
-	if err != nil {
-		c.cfg.Logger.Error("jsinbox: rescue after max deliveries: stream", "stream_seq", seq, "err", err)
-		return
-	}
-	raw, err := s.GetMsg(ctx, seq)
-	if err != nil {
-		c.cfg.Logger.Error("jsinbox: rescue after max deliveries: read message", "stream_seq", seq, "err", err)
-		return
-	}
-	im := inbox.Message{ID: raw.Header.Get(jetstream.MsgIDHeader), Payload: raw.Data, Subject: raw.Subject,
-		StreamSeq: seq, Deliveries: deliveries, Final: true}
-	out, err := c.proc.Process(ctx, []inbox.Message{im})
-	c.rescued.Add(1)
-	switch o := out[0]; {
-	case o.Ackable():
-		c.cfg.Logger.Info("jsinbox: message found applied after max deliveries", "id", im.ID, "stream_seq", seq)
-	case o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict:
-		c.deadLetter(ctx, stranded{raw}, &im, o.Status.String(), o.Reason)
-	default:
-		c.deadLetter(ctx, stranded{raw}, &im, "gave-up", fmt.Sprintf("gave up after %d deliveries: %v", deliveries, err))
-	}
 }
 
 // lastTry settles a message whose last delivery ended in retry. The batch
@@ -653,7 +620,7 @@ func (c *Consumer) lastTry(ctx context.Context, m jetstream.Msg, im *inbox.Messa
 		c.duplicates.Add(1)
 		_ = m.Ack()
 	case o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict:
-		c.deadLetter(ctx, m, im, o.Status.String(), o.Reason)
+		c.settleRejected(ctx, m, im, o)
 	default:
 		c.deadLetter(ctx, m, im, "gave-up", fmt.Sprintf("gave up after %d deliveries: %s", im.Deliveries, o.Reason))
 	}
@@ -677,79 +644,6 @@ func (c *Consumer) keepAlive(batch []jetstream.Msg, stop chan struct{}) {
 			return
 		}
 	}
-}
-
-// deadLetter publishes m to the dead-letter stream with the reason and the
-// original headers, waits for the stream to have it, then terminates m. If
-// the dead-letter publish fails, m is naked instead: it comes back and is
-// dead-lettered then.
-// settleable is what deadLetter needs of a message: a jetstream.Msg, or a
-// message read back from the stream after the server gave up on it.
-type settleable interface {
-	Headers() nats.Header
-	Subject() string
-	Data() []byte
-	InProgress() error
-	NakWithDelay(time.Duration) error
-	TermWithReason(string) error
-}
-
-func (c *Consumer) deadLetter(ctx context.Context, m settleable, im *inbox.Message, status, reason string) {
-	h := nats.Header{}
-	for k, v := range m.Headers() {
-		h[k] = append([]string(nil), v...)
-	}
-	delete(h, jetstream.MsgIDHeader)
-	h.Set(HeaderReason, reason)
-	h.Set(HeaderStatus, status)
-	h.Set(HeaderScope, c.proc.Scope())
-	h.Set(HeaderStream, c.cfg.Stream)
-	h.Set(HeaderStreamSeq, strconv.FormatUint(im.StreamSeq, 10))
-	h.Set(HeaderDelivered, strconv.FormatUint(im.Deliveries, 10))
-	h.Set(HeaderMessageID, im.ID)
-	dlqID := c.proc.Scope() + ":" + c.cfg.Stream + ":" + strconv.FormatUint(im.StreamSeq, 10)
-	dl := &nats.Msg{Subject: DeadLetterPrefix + m.Subject(), Data: m.Data(), Header: h}
-	// On its last delivery a nak would never bring the message back, so
-	// keep it (InProgress) and retry the dead-letter publish here.
-	attempts := 1
-	if im.Final {
-		attempts = 8
-	}
-	bo := c.cfg.Reconnect.NewBackOff()
-	var err error
-	for a := 0; a < attempts; a++ {
-		if a > 0 {
-			_ = m.InProgress()
-			d := bo.NextBackOff()
-			if d < 0 {
-				d = time.Second
-			}
-			time.Sleep(d)
-		}
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err = c.js.PublishMsg(pctx, dl, jetstream.WithMsgID(dlqID))
-		cancel()
-		if err == nil {
-			break
-		}
-	}
-	if err != nil {
-		if im.Final {
-			c.cfg.Logger.Error("jsinbox: could not dead-letter a message on its last delivery; it stays unacked, watch the consumer's MAX_DELIVERIES advisory",
-				"id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "err", err)
-			return
-		}
-		c.cfg.Logger.Error("jsinbox: dead-letter publish failed; naking", "id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "err", err)
-		c.naks.Add(1)
-		_ = m.NakWithDelay(c.cfg.Nak.Delay(int(max(im.Deliveries, 1))))
-		return
-	}
-	c.deadLettered.Add(1)
-	c.cfg.Logger.Warn("jsinbox: dead-lettered", "id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "status", status, "reason", reason)
-	if len(reason) > 256 {
-		reason = reason[:256]
-	}
-	_ = m.TermWithReason(reason)
 }
 
 // handBack returns a message the consumer will not process now: a short

@@ -113,7 +113,8 @@ func (o StreamOptions) DeadLetterConfig() jetstream.StreamConfig {
 // dead-letter subject.
 const DeadLetterPrefix = "dlq."
 
-// EnsureStream creates the stream and its dead-letter stream, or checks that
+// EnsureStream creates the stream, its dead-letter stream and its advisory
+// stream (see [AdvisoryStream]), or checks that
 // existing ones are safe: file storage, DiscardNew, deny delete and purge, no
 // rollup or per-message TTL headers, and a duplicate window at least as long
 // as asked. It never changes an existing stream; it returns an error naming
@@ -121,6 +122,9 @@ const DeadLetterPrefix = "dlq."
 func EnsureStream(ctx context.Context, js jetstream.JetStream, o StreamOptions) (jetstream.Stream, error) {
 	o = o.WithDefaults()
 	if _, err := ensure(ctx, js, o.DeadLetterConfig(), checkDeadLetter); err != nil {
+		return nil, err
+	}
+	if _, err := ensure(ctx, js, o.AdvisoryConfig(), checkAdvisory); err != nil {
 		return nil, err
 	}
 	return ensure(ctx, js, o.Config(), func(c jetstream.StreamConfig) []string { return CheckStream(c, o.DuplicateWindow) })

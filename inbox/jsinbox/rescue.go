@@ -1,0 +1,215 @@
+package jsinbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/inbox"
+)
+
+// The server gives up on a message after MaxDeliver deliveries even when
+// nobody settled it: a consumer that crashed, or whose AckWait ran out, on
+// the last delivery. It says so once, in a max-deliveries advisory on core
+// NATS, whether or not anyone listens. A rescue that depends on hearing it
+// loses every message given up on while no consumer runs (or under a role
+// that may not subscribe). So the advisories are kept in a stream of their
+// own, which the server fills whether or not a consumer runs, and each
+// consumer drains its durable's advisories there, at start and while it
+// runs: the message is read back from the intents stream and settled,
+// applied once or dead-lettered with a reason.
+
+// AdvisoryStream returns the name of the stream that keeps the
+// max-deliveries advisories of the consumers of an intents stream.
+func AdvisoryStream(stream string) string { return stream + "_ADVISORIES" }
+
+// maxDeliveriesSubject is the subject of durable's max-deliveries
+// advisories; durable "*" matches every consumer of stream.
+func maxDeliveriesSubject(stream, durable string) string {
+	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + stream + "." + durable
+}
+
+// Limits of the advisory stream. An advisory is about 300 bytes.
+const (
+	advisoryMaxMsgs  = 10_000_000
+	advisoryMaxBytes = 4 << 30
+)
+
+// AdvisoryConfig returns the configuration of the advisory stream: the
+// max-deliveries advisories of every consumer of the intents stream, kept
+// as long as the intents themselves (a rescue needs both), with the
+// intents stream's replicas.
+func (o StreamOptions) AdvisoryConfig() jetstream.StreamConfig { return advisoryConfig(o.Config()) }
+
+func advisoryConfig(intents jetstream.StreamConfig) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:       AdvisoryStream(intents.Name),
+		Subjects:   []string{maxDeliveriesSubject(intents.Name, "*")},
+		Storage:    jetstream.FileStorage,
+		Replicas:   intents.Replicas,
+		Retention:  jetstream.LimitsPolicy,
+		Discard:    jetstream.DiscardNew,
+		MaxMsgs:    advisoryMaxMsgs,
+		MaxBytes:   advisoryMaxBytes,
+		MaxAge:     intents.MaxAge,
+		DenyDelete: true,
+		DenyPurge:  true,
+	}
+}
+
+// checkAdvisory: advisories must survive a restart and be kept.
+func checkAdvisory(c jetstream.StreamConfig) []string {
+	var p []string
+	if c.Storage != jetstream.FileStorage {
+		p = append(p, "storage is not file: a restart loses the advisories of messages to rescue")
+	}
+	if c.Retention != jetstream.LimitsPolicy {
+		p = append(p, "retention is not limits")
+	}
+	return p
+}
+
+// bindRescue finds (or creates) the advisory stream and the durable's
+// consumer on it. The consumer has the durable's name and reads only that
+// durable's advisories; it never gives up (a rescue that fails for a
+// passing reason is naked and tried again).
+func (c *Consumer) bindRescue(ctx context.Context) (jetstream.Consumer, error) {
+	name := AdvisoryStream(c.cfg.Stream)
+	s, err := c.js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		var intents jetstream.Stream
+		if intents, err = c.js.Stream(ctx, c.cfg.Stream); err == nil {
+			s, err = c.js.CreateStream(ctx, advisoryConfig(intents.CachedInfo().Config))
+			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+				s, err = c.js.Stream(ctx, name)
+			}
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("jsinbox: advisory stream %s, which keeps the max-deliveries advisories a consumer rescues messages from (EnsureStream or deploy/jetstream/advisories-stream.json create it): %w", name, err)
+	}
+	if problems := checkAdvisory(s.CachedInfo().Config); len(problems) > 0 {
+		return nil, fmt.Errorf("jsinbox: existing stream %s is unsafe: %v", name, problems)
+	}
+	cons, err := s.Consumer(ctx, c.cfg.Durable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		cons, err = s.CreateConsumer(ctx, jetstream.ConsumerConfig{
+			Durable:       c.cfg.Durable,
+			FilterSubject: maxDeliveriesSubject(c.cfg.Stream, c.cfg.Durable),
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       c.cfg.AckWait,
+			MaxDeliver:    -1,
+			MaxAckPending: 64,
+		})
+		if errors.Is(err, jetstream.ErrConsumerExists) {
+			cons, err = s.Consumer(ctx, c.cfg.Durable)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("jsinbox: rescue consumer %s on %s: %w", c.cfg.Durable, name, err)
+	}
+	return cons, nil
+}
+
+// startRescue drains the durable's advisories, one at a time, until the
+// returned stop is called; stop waits for a rescue in progress.
+func (c *Consumer) startRescue(ctx context.Context, cons jetstream.Consumer) (stop func(), err error) {
+	var mu sync.Mutex
+	stopped := false
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped || c.crashed.Load() {
+			return // a stopped or dead consumer settles nothing
+		}
+		c.rescue(ctx, m)
+	}, jetstream.PullMaxMessages(16), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		c.cfg.Logger.Debug("jsinbox: rescue consume", "err", err)
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("jsinbox: consume advisories: %w", err)
+	}
+	return func() {
+		cc.Stop()
+		mu.Lock()
+		stopped = true
+		mu.Unlock()
+	}, nil
+}
+
+// rescued is a message the server gave up on, read back from the stream,
+// settled through its advisory: keeping it alive keeps the advisory,
+// naking it brings the advisory back later, terminating it (the message
+// is dead-lettered) acks the advisory.
+type rescued struct {
+	raw *jetstream.RawStreamMsg
+	adv jetstream.Msg
+}
+
+func (r rescued) Headers() nats.Header               { return r.raw.Header }
+func (r rescued) Subject() string                    { return r.raw.Subject }
+func (r rescued) Data() []byte                       { return r.raw.Data }
+func (r rescued) InProgress() error                  { return r.adv.InProgress() }
+func (r rescued) NakWithDelay(d time.Duration) error { return r.adv.NakWithDelay(d) }
+func (r rescued) TermWithReason(string) error        { return r.adv.Ack() }
+
+// rescue settles the message an advisory names: it runs it through the
+// inbox once more as a final delivery, so it ends applied (or found
+// applied) or dead-lettered with a reason. A database or stream that
+// fails now naks the advisory, to try again later.
+func (c *Consumer) rescue(ctx context.Context, adv jetstream.Msg) {
+	var a struct {
+		StreamSeq  uint64 `json:"stream_seq"`
+		Deliveries uint64 `json:"deliveries"`
+	}
+	if err := json.Unmarshal(adv.Data(), &a); err != nil || a.StreamSeq == 0 {
+		c.cfg.Logger.Error("jsinbox: unreadable max-deliveries advisory", "subject", adv.Subject(), "err", err)
+		_ = adv.Term()
+		return
+	}
+	retry := func(what string, err error) {
+		c.cfg.Logger.Warn("jsinbox: rescue after max deliveries failed; trying again later", "stream_seq", a.StreamSeq, "step", what, "err", err)
+		n := 1
+		if md, merr := adv.Metadata(); merr == nil {
+			n = int(md.NumDelivered)
+		}
+		_ = adv.NakWithDelay(c.cfg.Nak.Delay(n))
+	}
+	var raw *jetstream.RawStreamMsg
+	s, err := c.js.Stream(ctx, c.cfg.Stream)
+	if err == nil {
+		raw, err = s.GetMsg(ctx, a.StreamSeq)
+	}
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		c.cfg.Logger.Error("jsinbox: a message given up on after max deliveries is no longer in the stream; nothing to rescue",
+			"stream", c.cfg.Stream, "stream_seq", a.StreamSeq)
+		_ = adv.Ack()
+		return
+	}
+	if err != nil {
+		retry("read message", err)
+		return
+	}
+	im := inbox.Message{ID: raw.Header.Get(jetstream.MsgIDHeader), Payload: raw.Data, Subject: raw.Subject,
+		StreamSeq: a.StreamSeq, Deliveries: a.Deliveries, Final: true}
+	out, err := c.proc.Process(ctx, []inbox.Message{im})
+	src := rescued{raw: raw, adv: adv}
+	switch o := out[0]; {
+	case o.Ackable():
+		c.rescued.Add(1)
+		c.cfg.Logger.Info("jsinbox: rescued a message after max deliveries", "id", im.ID, "stream_seq", im.StreamSeq, "status", o.Status)
+		_ = adv.Ack()
+	case o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict:
+		if c.settleRejected(ctx, src, &im, o) {
+			c.rescued.Add(1)
+		}
+	default:
+		retry("inbox", err)
+	}
+}
