@@ -193,6 +193,38 @@ func TestHelpDocumentsFlags(t *testing.T) {
 			t.Errorf("consumer -h lacks %q", want)
 		}
 	}
+	// Every command that touches the inbox takes the scope as a setting of
+	// its own, says what it is, and keeps it apart from the durable.
+	for name, cmd := range map[string]func(io.Writer) error{
+		"consumer": func(w io.Writer) error {
+			return Consumer(context.Background(), []string{"-h"}, mapEnv(nil), io.Discard, w)
+		},
+		"verify": func(w io.Writer) error {
+			return Verify(context.Background(), []string{"-h"}, mapEnv(nil), nil, io.Discard, w)
+		},
+		"replay": func(w io.Writer) error {
+			return Replay(context.Background(), []string{"-h"}, mapEnv(nil), nil, io.Discard, w)
+		},
+		"prune": func(w io.Writer) error {
+			return Prune(context.Background(), []string{"-h"}, mapEnv(nil), nil, io.Discard, w)
+		},
+		"demo": func(w io.Writer) error {
+			return Demo(context.Background(), []string{"-h"}, mapEnv(nil), nil, io.Discard, w)
+		},
+	} {
+		var help bytes.Buffer
+		if err := cmd(&help); !errors.Is(err, flag.ErrHelp) {
+			t.Fatalf("%s -h: %v", name, err)
+		}
+		for _, want := range []string{"-scope", "identity of the effect", "Never change it for a running pipeline", "JETINBOX_SCOPE", `(default "ledger")`} {
+			if !strings.Contains(help.String(), want) {
+				t.Errorf("%s -h lacks %q", name, want)
+			}
+		}
+		if strings.Contains(help.String(), "also the inbox scope") {
+			t.Errorf("%s -h still ties the scope to the durable", name)
+		}
+	}
 }
 
 // TestConsumerCommandServesAndDrains runs the consumer command against real
@@ -402,4 +434,91 @@ SELECT 'ledger', 'old-' || g, '\x00'::bytea, now() - interval '30 days' FROM gen
 	if !strings.Contains(out.String(), "pruned 25 inbox rows") {
 		t.Fatalf("prune: %s", out.String())
 	}
+}
+
+// withEnv returns base with more variables set.
+func withEnv(base map[string]string, kv ...string) Env {
+	m := make(map[string]string, len(base)+len(kv)/2)
+	for k, v := range base {
+		m[k] = v
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return mapEnv(m)
+}
+
+// consumeAll runs the consumer command with env until durable has settled
+// the whole stream, then stops it.
+func consumeAll(t *testing.T, js jetstream.JetStream, env Env, durable string) {
+	t.Helper()
+	ctx := context.Background()
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	var logs bytes.Buffer
+	go func() { done <- Consumer(cctx, []string{"-http", ""}, env, io.Discard, &logs) }()
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	defer wcancel()
+	werr := pipeline.WaitSettled(wctx, js, jsinbox.DefaultStream, durable, nil)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("consumer on %s: %v\n%s", durable, err, logs.String())
+	}
+	if werr != nil {
+		t.Fatal(werr)
+	}
+}
+
+// TestRenamedDurableKeepsTheScope: the inbox scope, not the durable's name,
+// says which effect a message ID was applied to. Renaming the durable (or
+// re-creating it, or mistyping it) redelivers the whole stream, and the
+// inbox must find every message a duplicate.
+func TestRenamedDurableKeepsTheScope(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv, dbURL, pool, js := commandPipeline(t, 200, "sc")
+	base := map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL}
+	consumeAll(t, js, withEnv(base, "JETINBOX_DURABLE", "ledger-a"), "ledger-a")
+	if n := ledgerEntries(t, pool); n != 200 {
+		t.Fatalf("after durable ledger-a: %d ledger entries, want 200", n)
+	}
+	consumeAll(t, js, withEnv(base, "JETINBOX_DURABLE", "ledger-b"), "ledger-b")
+	if n := ledgerEntries(t, pool); n != 200 {
+		t.Fatalf("a renamed durable with the same scope applied the stream again: %d ledger entries, want 200", n)
+	}
+	var out bytes.Buffer
+	if err := Verify(ctx, nil, withEnv(base, "JETINBOX_DURABLE", "ledger-b"), nil, &out, io.Discard); err != nil {
+		t.Fatalf("verify after the rename: %v\n%s", err, out.String())
+	}
+}
+
+// TestVerifyPerScope: a second scope over the same stream is a second effect
+// with ledger entries of its own; verify of one scope judges only its own
+// rows and entries, and balances hold with both applied.
+func TestVerifyPerScope(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv, dbURL, pool, js := commandPipeline(t, 200, "ps")
+	base := map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL}
+	consumeAll(t, js, mapEnv(base), "ledger")
+	consumeAll(t, js, withEnv(base, "JETINBOX_SCOPE", "audit", "JETINBOX_DURABLE", "audit"), "audit")
+	if n := ledgerEntries(t, pool); n != 400 {
+		t.Fatalf("two scopes: %d ledger entries in all, want 200 per scope", n)
+	}
+	for _, env := range []Env{mapEnv(base), withEnv(base, "JETINBOX_SCOPE", "audit", "JETINBOX_DURABLE", "audit")} {
+		var out bytes.Buffer
+		err := Verify(ctx, nil, env, nil, &out, io.Discard)
+		if err != nil || !regexp.MustCompile(`(?m)^ *applied once +200 `).MatchString(out.String()) {
+			t.Fatalf("verify of scope %q with both scopes' entries in the ledger: %v\n%s", env("JETINBOX_SCOPE"), err, out.String())
+		}
+	}
+}
+
+func ledgerEntries(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM ledger_entries`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -40,10 +40,10 @@ func commands() map[string]command {
 		"bench": {"raw pipe vs naive vs jetinbox on the same messages, with latency and memory", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return bench.Main(ctx, args, stdout, stderr)
 		}},
-		"chaos": {"producer strategies × consumer strategies under faults, the seed's experiment on real parts", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
+		"chaos": {"producer strategies × consumer strategies under faults, on real servers", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return chaos.Main(ctx, args, stdout, stderr)
 		}},
-		"jitter": {"the seed's retry-storm experiment, plus an overloaded server; writes a chart", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
+		"jitter": {"a retry storm of 1000 clients under each jitter policy, plus an overloaded server; writes a chart", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return jittersim.Main(ctx, args, stdout, stderr)
 		}},
 	}
@@ -121,7 +121,8 @@ func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 	nf.register(fs, env)
 	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL)")
 	stream := fs.String("stream", env.or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream")
-	durable := fs.String("durable", env.or("JETINBOX_DURABLE", "ledger"), "durable consumer, also the inbox scope")
+	scope := scopeFlag(fs, env)
+	durable := durableFlag(fs, env)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	fromSeq := fs.Uint64("from-seq", 0, "check from this stream sequence (0: the start)")
 	toSeq := fs.Uint64("to-seq", 0, "check up to this stream sequence (0: the end)")
@@ -151,6 +152,9 @@ func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 	if err := nf.validate(); err != nil {
 		return usageError{err}
 	}
+	if err := checkScope(*scope); err != nil {
+		return err
+	}
 	if *dbURL == "" {
 		return usageError{errors.New("no database: set -database-url or DATABASE_URL")}
 	}
@@ -176,7 +180,7 @@ func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 			}
 		}
 	}
-	r, err := verify.Run(ctx, js, pool, verify.Options{Stream: *stream, Scope: *durable, Durable: *durable, Ledger: true,
+	r, err := verify.Run(ctx, js, pool, verify.Options{Stream: *stream, Scope: *scope, Durable: *durable, Ledger: true,
 		Range: rg, Horizon: verify.HorizonOptions{Retention: *retention, NakCap: *nakCap}, Progress: progress})
 	if err != nil {
 		return usageError{err}

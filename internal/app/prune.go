@@ -26,7 +26,8 @@ func Prune(ctx context.Context, args []string, env Env, _ io.Reader, stdout, std
 	var (
 		dbURL     = fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL)")
 		stream    = fs.String("stream", env.or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream")
-		durable   = fs.String("durable", env.or("JETINBOX_DURABLE", "ledger"), "durable consumer, also the inbox scope")
+		scope     = scopeFlag(fs, env)
+		durable   = durableFlag(fs, env)
 		olderThan = fs.Duration("older-than", 0, "delete rows received longer ago than this; required")
 		nakCap    = fs.Duration("nak-cap", 30*time.Second, "the consumer's longest nak delay")
 		batch     = fs.Int("batch", 10000, "rows per DELETE")
@@ -36,6 +37,9 @@ func Prune(ctx context.Context, args []string, env Env, _ io.Reader, stdout, std
 	}
 	if err := nf.validate(); err != nil {
 		return usageError{err}
+	}
+	if err := checkScope(*scope); err != nil {
+		return err
 	}
 	if *dbURL == "" || *olderThan <= 0 {
 		return usageError{errors.New("set -database-url (or DATABASE_URL) and -older-than")}
@@ -55,14 +59,14 @@ func Prune(ctx context.Context, args []string, env Env, _ io.Reader, stdout, std
 		return usageError{err}
 	}
 	defer pool.Close()
-	n, err := inbox.Prune(ctx, pool, inbox.PruneOptions{Scope: *durable, OlderThan: *olderThan, ReplayHorizon: horizon, BatchSize: *batch})
+	n, err := inbox.Prune(ctx, pool, inbox.PruneOptions{Scope: *scope, OlderThan: *olderThan, ReplayHorizon: horizon, BatchSize: *batch})
 	if errors.Is(err, inbox.ErrUnsafeHorizon) {
 		return fmt.Errorf("%w (the horizon is %s)", err, why)
 	}
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "pruned %d inbox rows of scope %q older than %v (horizon %v: %s)\n", n, *durable, *olderThan, horizon, why)
+	fmt.Fprintf(stdout, "pruned %d inbox rows of scope %q older than %v (horizon %v: %s)\n", n, *scope, *olderThan, horizon, why)
 	return nil
 }
 

@@ -12,7 +12,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
@@ -54,7 +53,7 @@ func Replay(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 	var (
 		dbURL    = fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL)")
 		stream   = fs.String("stream", env.or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream")
-		scope    = fs.String("scope", env.or("JETINBOX_DURABLE", "ledger"), "inbox scope of the consumer whose effects are replayed (its durable's name)")
+		scope    = scopeFlag(fs, env)
 		fromSeq  = fs.Int("from-seq", 1, "first stream sequence to replay")
 		fromTime = fs.String("from-time", "", "replay from this RFC 3339 time instead of -from-seq")
 		batch    = fs.Int("batch", 500, "most messages per transaction")
@@ -65,6 +64,9 @@ func Replay(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 	}
 	if err := nf.validate(); err != nil {
 		return usageError{err}
+	}
+	if err := checkScope(*scope); err != nil {
+		return err
 	}
 	if *dbURL == "" {
 		return usageError{errors.New("no database: set -database-url or DATABASE_URL")}
@@ -99,7 +101,7 @@ func Replay(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 	}
 	defer nc.Close()
 
-	proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: *scope, Handler: effects.NewLedger(), Logger: log})
+	proc, err := newLedgerProcessor(pool, inbox.Config{Scope: *scope, Logger: log})
 	if err != nil {
 		return usageError{err}
 	}

@@ -28,9 +28,12 @@ import (
 type Options struct {
 	// Stream is the intents stream. Default "INTENTS".
 	Stream string
-	// Scope is the inbox scope (the durable's name). Default "ledger".
+	// Scope is the inbox scope: the identity of the effect checked. Inbox
+	// rows, conflicts, dead letters and ledger entries of other scopes are
+	// not judged. Default "ledger".
 	Scope string
-	// Durable, if set, is consulted for messages still pending.
+	// Durable, if set, is consulted for messages still pending and for its
+	// redelivery settings. It has nothing to do with the scope.
 	Durable string
 	// Ledger checks the ledger effect: entries per message and balances.
 	// Set false for other effects.
@@ -207,7 +210,7 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 
 	entries := map[string]int{}
 	if o.Ledger {
-		lr, err := pool.Query(ctx, `SELECT message_id, count(*) FROM ledger_entries GROUP BY message_id`)
+		lr, err := pool.Query(ctx, `SELECT message_id, count(*) FROM ledger_entries WHERE scope = $1 GROUP BY message_id`, o.Scope)
 		if err != nil {
 			return nil, fmt.Errorf("verify: ledger: %w", err)
 		}
@@ -279,6 +282,23 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 			if in, err := effects.ParseIntent(byFP[id][[32]byte(rw.fp)]); err == nil {
 				want[in.Account] += in.Amount
 			}
+		}
+		// Other scopes apply their own effects to the same accounts: take
+		// their entries as they are (their own verify judges them), so that
+		// this scope's intents are still checked to the unit.
+		or, err := pool.Query(ctx, `SELECT account, sum(amount)::bigint FROM ledger_entries WHERE scope <> $1 GROUP BY account`, o.Scope)
+		if err != nil {
+			return nil, fmt.Errorf("verify: ledger of other scopes: %w", err)
+		}
+		for or.Next() {
+			var acct, sum int64
+			if err := or.Scan(&acct, &sum); err != nil {
+				return nil, fmt.Errorf("verify: ledger of other scopes: %w", err)
+			}
+			want[acct] += sum
+		}
+		if err := or.Err(); err != nil {
+			return nil, fmt.Errorf("verify: ledger of other scopes: %w", err)
 		}
 		br, err := pool.Query(ctx, `SELECT id, balance FROM accounts`)
 		if err != nil {
