@@ -522,3 +522,30 @@ func ledgerEntries(t *testing.T, pool *pgxpool.Pool) int {
 	}
 	return n
 }
+
+// TestVerifyRangeAndScopeMistakes: a reversed range is a usage error (exit
+// 2), not a clean report of nothing; a scope without a single inbox row says
+// first that -scope is likely wrong and names the scopes that have rows.
+func TestVerifyRangeAndScopeMistakes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv, dbURL, _, js := commandPipeline(t, 50, "vm")
+	base := map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL}
+	consumeAll(t, js, mapEnv(base), "ledger")
+
+	var out bytes.Buffer
+	err := Verify(ctx, []string{"-from-seq", "40", "-to-seq", "10"}, mapEnv(base), nil, &out, io.Discard)
+	if ExitCode(err) != 2 {
+		t.Fatalf("verify -from-seq 40 -to-seq 10: %v (exit %d), want a usage error\n%s", err, ExitCode(err), out.String())
+	}
+
+	out.Reset()
+	err = Verify(ctx, nil, withEnv(base, "JETINBOX_SCOPE", "ledgr"), nil, &out, io.Discard)
+	first, _, _ := strings.Cut(out.String(), "\n")
+	if ExitCode(err) != 1 || !strings.Contains(first, `scope "ledgr" has no inbox rows`) || !strings.Contains(first, `scopes with rows: "ledger"`) {
+		t.Fatalf("verify of a scope without rows: %v (exit %d), want exit 1 and the likely cause first:\n%s", err, ExitCode(err), out.String())
+	}
+	if strings.Contains(out.String(), "lost: stream seq") {
+		t.Fatalf("verify of a scope without rows lists lost messages:\n%s", out.String())
+	}
+}

@@ -116,7 +116,9 @@ var errViolations = errors.New("verify: invariants broken")
 
 // Verify reads the stream and checks the inbox and ledger against it.
 func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("jetinbox verify", "Check that every message in the stream was applied once or dead-lettered.\nExit 0 clean, 1 violations, 2 usage or connection errors.", stderr)
+	fs := newFlagSet("jetinbox verify", "Check that every message in the stream was applied once or dead-lettered, for one inbox scope.\n"+
+		"A dead letter counts only if its headers name the stream, the scope, a stream sequence and that message's ID.\n"+
+		"Exit 0 clean, 1 violations, 2 usage or connection errors (a reversed range is a usage error).", stderr)
 	var nf natsFlags
 	nf.register(fs, env)
 	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL)")
@@ -148,6 +150,9 @@ func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 			return usageError{fmt.Errorf("%s: %w", t.flag, err)}
 		}
 		*t.dst = v
+	}
+	if err := rg.Validate(); err != nil {
+		return usageError{err}
 	}
 	if err := nf.validate(); err != nil {
 		return usageError{err}
