@@ -428,7 +428,9 @@ SELECT 'ledger', 'old-' || g, '\x00'::bytea, now() - interval '30 days' FROM gen
 		t.Fatalf("prune inside the stream's 7-day MaxAge: %v", err)
 	}
 	var out bytes.Buffer
-	if err := Prune(ctx, []string{"-older-than", "720h", "-batch", "10"}, env, nil, &out, io.Discard); err != nil {
+	// Re-drives of the dead letters (kept 30 days) would stretch the
+	// horizon past 30 days; this pipeline never re-drives.
+	if err := Prune(ctx, []string{"-older-than", "720h", "-batch", "10", "-dlq-redrive=false"}, env, nil, &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "pruned 25 inbox rows") {
@@ -547,5 +549,80 @@ func TestVerifyRangeAndScopeMistakes(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "lost: stream seq") {
 		t.Fatalf("verify of a scope without rows lists lost messages:\n%s", out.String())
+	}
+}
+
+// TestPruneHorizonBoundaries: prune reads every part of the horizon from the
+// servers (stream MaxAge and duplicate window, the durable's AckWait and
+// MaxDeliver, the dead-letter stream's MaxAge), adds the nak cap and a
+// margin, and refuses an -older-than that is not strictly longer, with exit
+// code 2 and nothing deleted. The cut-off is PostgreSQL's clock.
+func TestPruneHorizonBoundaries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	dbURL := testenv.NewDatabase(t)
+	if err := Migrate(ctx, nil, mapEnv(map[string]string{"DATABASE_URL": dbURL}), nil, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	// MaxAge 1h; 200 deliveries × (AckWait 30s + nak cap 30s) = 3h20m of
+	// redeliveries outlast it; dead letters are kept 30 days.
+	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamOptions{MaxAge: time.Hour, DuplicateWindow: 2 * time.Minute}, 4); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateConsumer(ctx, jsinbox.DefaultStream, jetstream.ConsumerConfig{Durable: "ledger", AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait: 30 * time.Second, MaxDeliver: 200, MaxAckPending: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO inbox (scope, message_id, fingerprint, received_at)
+SELECT 'ledger', 'r-' || n, '\x00'::bytea, now() - (n || ' seconds')::interval
+FROM unnest(ARRAY[31*86400, 30*86400, 4*3600 + 22*60 + 3, 4*3600 + 21*60]) AS n`); err != nil {
+		t.Fatal(err)
+	}
+	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL})
+	rows := func() int {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	refused := func(want string, args ...string) {
+		t.Helper()
+		var out bytes.Buffer
+		err := Prune(ctx, args, env, nil, &out, io.Discard)
+		if ExitCode(err) != 2 || !strings.Contains(fmt.Sprint(err), want) {
+			t.Fatalf("prune %v: %v (exit %d), want exit 2 mentioning %q\n%s", args, err, ExitCode(err), want, out.String())
+		}
+		if n := rows(); n != 4 {
+			t.Fatalf("prune %v was refused but left %d of 4 rows", args, n)
+		}
+	}
+	// Re-drives count by default: late copies 2m + stream life 3h20m +
+	// dead letters 30d + stream life 3h20m. 30 days is not enough.
+	refused("re-drives", "-older-than", "720h")
+	// Without re-drives: 2m + 3h20m = 3h22m, plus the 1h margin.
+	noRedrive := []string{"-dlq-redrive=false", "-publish-retry", "1m"}
+	refused("not longer than the horizon 3h22m0s + margin 1h0m0s", append(noRedrive, "-older-than", "3h22m")...)
+	refused("not longer than the horizon 3h22m0s + margin 1h0m0s", append(noRedrive, "-older-than", "4h22m")...)
+	// A longer nak cap lengthens every redelivery.
+	refused("nak cap 1m0s", append(noRedrive, "-older-than", "4h22m1s", "-nak-cap", "1m")...)
+	var out bytes.Buffer
+	if err := Prune(ctx, append(noRedrive, "-older-than", "4h22m1s"), env, nil, &out, io.Discard); err != nil {
+		t.Fatalf("prune past the boundary: %v", err)
+	}
+	if !strings.Contains(out.String(), "pruned 3 inbox rows") || rows() != 1 {
+		t.Fatalf("prune -older-than 4h22m1s: %s(%d rows left, want only the one received 4h21m ago)", out.String(), rows())
 	}
 }

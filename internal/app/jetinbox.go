@@ -132,6 +132,7 @@ func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 	toTime := fs.String("to-time", "", "check up to this RFC 3339 time")
 	retention := fs.Duration("retention", 0, "the inbox retention in use (Prune OlderThan), to check against the stream's horizons; 0: never pruned")
 	nakCap := fs.Duration("nak-cap", 30*time.Second, "the consumer's longest nak delay, for the redelivery horizon")
+	redrive := fs.Bool("dlq-redrive", true, "count dead-letter re-drives in the horizon, as jetinbox prune does")
 	textfile := fs.String("textfile", "", "also write jetinbox_verify_violations to this file in Prometheus text format (node_exporter's textfile collector), for the JetinboxVerifyViolations alert")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -186,7 +187,7 @@ func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 		}
 	}
 	r, err := verify.Run(ctx, js, pool, verify.Options{Stream: *stream, Scope: *scope, Durable: *durable, Ledger: true,
-		Range: rg, Horizon: verify.HorizonOptions{Retention: *retention, NakCap: *nakCap}, Progress: progress})
+		Range: rg, Horizon: verify.HorizonOptions{Retention: *retention, NakCap: *nakCap, Redrive: *redrive}, Progress: progress})
 	if err != nil {
 		return usageError{err}
 	}

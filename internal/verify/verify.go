@@ -23,7 +23,7 @@ import (
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
-	"github.com/jetinbox/jetinbox/jitter"
+	"github.com/jetinbox/jetinbox/internal/horizon"
 )
 
 // Options says what to check.
@@ -89,6 +89,16 @@ type HorizonOptions struct {
 	// PublishRetry is the producer's retry horizon. Default: that of
 	// jitter.Default().
 	PublishRetry time.Duration
+	// Margin is how much longer than the horizon the retention must be.
+	// Default inbox.DefaultPruneMargin, as for Prune.
+	Margin time.Duration
+	// Redrive counts dead-letter re-drives: dead letters re-published with
+	// their message ID while the dead-letter stream keeps them. Run reads
+	// that stream's configuration into DeadLetters.
+	Redrive bool
+	// DeadLetters is the dead-letter stream's configuration, counted when
+	// set. Run fills it in when Redrive is set.
+	DeadLetters *jetstream.StreamConfig
 }
 
 // Report is what verify found. Duplicate deliveries are expected and not
@@ -388,6 +398,12 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 			}
 		}
 	}
+	if o.Horizon.Redrive && o.Horizon.DeadLetters == nil {
+		if s, err := js.Stream(ctx, o.Stream+"_DLQ"); err == nil {
+			cfg := s.CachedInfo().Config
+			o.Horizon.DeadLetters = &cfg
+		}
+	}
 	if s, err := js.Stream(ctx, o.Stream); err == nil {
 		r.Horizons = CheckHorizons(s.CachedInfo().Config, consumerCfg, o.Horizon)
 	}
@@ -532,33 +548,40 @@ func Mark(ok bool) string {
 }
 
 // CheckHorizons names the settings under which a message could come back
-// after the inbox forgot it (a duplicate effect), or be given up on.
+// after the inbox forgot it (a duplicate effect), or be given up on. The
+// horizon is computed by package horizon, as `jetinbox prune` computes it.
 func CheckHorizons(stream jetstream.StreamConfig, consumer *jetstream.ConsumerConfig, h HorizonOptions) []string {
 	if h.NakCap == 0 {
-		h.NakCap = 30 * time.Second
+		h.NakCap = horizon.DefaultNakCap
 	}
 	if h.PublishRetry == 0 {
-		h.PublishRetry, _ = jitter.Default().Horizon()
+		h.PublishRetry = horizon.DefaultPublishRetry()
+	}
+	if h.Margin == 0 {
+		h.Margin = inbox.DefaultPruneMargin
 	}
 	var p []string
-	if h.Retention > 0 {
-		if stream.MaxAge == 0 {
-			p = append(p, fmt.Sprintf("stream %s keeps messages forever (MaxAge 0) but inbox rows are pruned after %v: a replay or re-drive of an older message applies it again; set MaxAge below the inbox retention", stream.Name, h.Retention))
-		} else if stream.MaxAge > h.Retention {
-			p = append(p, fmt.Sprintf("stream MaxAge %v is longer than the inbox retention %v: a message can be replayed after its inbox row is gone; raise the retention (Prune OlderThan) above MaxAge", stream.MaxAge, h.Retention))
-		}
+	if consumer != nil && consumer.MaxDeliver < 1 {
+		p = append(p, fmt.Sprintf("durable %s has unlimited MaxDeliver: a message that keeps failing is never dead-lettered", consumer.Durable))
 	}
-	if consumer != nil {
-		if consumer.MaxDeliver < 1 {
-			p = append(p, fmt.Sprintf("durable %s has unlimited MaxDeliver: a message that keeps failing is never dead-lettered", consumer.Durable))
-		} else if h.Retention > 0 {
-			step := max(consumer.AckWait, h.NakCap)
-			if n := len(consumer.BackOff); n > 0 {
-				step = max(step, consumer.BackOff[n-1])
+	if h.Retention > 0 {
+		span, err := horizon.Compute(horizon.Inputs{Stream: stream, DeadLetters: h.DeadLetters, Consumer: consumer, NakCap: h.NakCap, PublishRetry: h.PublishRetry})
+		switch {
+		case stream.MaxAge == 0:
+			p = append(p, fmt.Sprintf("stream %s keeps messages forever (MaxAge 0) but inbox rows are pruned after %v: a replay or re-drive of an older message applies it again; set MaxAge below the inbox retention", stream.Name, h.Retention))
+		case errors.Is(err, horizon.ErrUnbounded):
+			if consumer == nil || consumer.MaxDeliver >= 1 {
+				p = append(p, fmt.Sprintf("inbox rows are pruned after %v, but %v", h.Retention, err))
 			}
-			if redelivery := time.Duration(consumer.MaxDeliver) * step; redelivery > h.Retention {
-				p = append(p, fmt.Sprintf("MaxDeliver %d × %v can redeliver a message %v after its first delivery, longer than the inbox retention %v", consumer.MaxDeliver, step, redelivery, h.Retention))
-			}
+		case err != nil:
+			p = append(p, err.Error())
+		case stream.MaxAge > h.Retention:
+			p = append(p, fmt.Sprintf("stream MaxAge %v is longer than the inbox retention %v: a message can be replayed after its inbox row is gone; raise the retention (Prune OlderThan) above the horizon %v + margin %v (%s)",
+				stream.MaxAge, h.Retention, span.Total, h.Margin, span.Why))
+		case span.Redelivery > h.Retention:
+			p = append(p, fmt.Sprintf("redeliveries can bring a message back %v after its first delivery, longer than the inbox retention %v (%s)", span.Redelivery, h.Retention, span.Why))
+		case h.Retention <= span.Total+h.Margin:
+			p = append(p, fmt.Sprintf("inbox retention %v is not longer than the horizon %v + margin %v over which a message can come back (%s)", h.Retention, span.Total, h.Margin, span.Why))
 		}
 	}
 	if stream.Duplicates < h.PublishRetry {

@@ -156,6 +156,10 @@ func TestCheckHorizons(t *testing.T) {
 		{"unlimited MaxDeliver", stream, &jetstream.ConsumerConfig{Durable: "x", MaxDeliver: -1}, verify.HorizonOptions{}, "unlimited MaxDeliver"},
 		{"redelivery past retention", jetstream.StreamConfig{MaxAge: time.Minute, Duplicates: 2 * time.Minute}, &jetstream.ConsumerConfig{MaxDeliver: 100, AckWait: time.Minute}, verify.HorizonOptions{Retention: time.Hour}, "longer than the inbox retention 1h0m0s"},
 		{"short duplicate window", jetstream.StreamConfig{MaxAge: time.Hour, Duplicates: 10 * time.Second}, cons, verify.HorizonOptions{}, "duplicate window 10s is shorter"},
+		// The horizon prune computes: 2m late copies + 7d, plus a 1h margin.
+		{"retention at the horizon", stream, cons, verify.HorizonOptions{Retention: 7*24*time.Hour + 2*time.Minute + time.Hour}, "is not longer than the horizon 168h2m0s + margin 1h0m0s"},
+		{"retention past the horizon", stream, cons, verify.HorizonOptions{Retention: 7*24*time.Hour + 2*time.Minute + time.Hour + time.Second}, ""},
+		{"re-drives count", stream, cons, verify.HorizonOptions{Retention: 30 * 24 * time.Hour, DeadLetters: &jetstream.StreamConfig{Name: "INTENTS_DLQ", MaxAge: 30 * 24 * time.Hour}}, "re-drives"},
 	}
 	for _, c := range cases {
 		got := strings.Join(verify.CheckHorizons(c.stream, c.cons, c.h), "\n")
