@@ -335,15 +335,24 @@ func TestVerifyAndReplayCommands(t *testing.T) {
 		t.Fatalf("verify after replay: %v", err)
 	}
 
-	// An inbox row that vanished (pruned too early): replay applies the
-	// message a second time, and both commands say so.
+	// An inbox row that vanished (pruned too early): a replay (a dry run by
+	// default) says the message would be applied and changes nothing; with
+	// -apply it applies the message a second time, and both commands say so.
 	if _, err := pool.Exec(ctx, `DELETE FROM inbox WHERE message_id = 'vr-7'`); err != nil {
 		t.Fatal(err)
 	}
 	out.Reset()
 	err := Replay(ctx, nil, env, nil, &out, io.Discard)
-	if ExitCode(err) != 1 || !strings.Contains(out.String(), "applied now              1") {
+	if ExitCode(err) != 1 || !strings.Contains(out.String(), "would apply              1") {
 		t.Fatalf("replay over a missing inbox row: %v (exit %d)\n%s", err, ExitCode(err), out.String())
+	}
+	if n := ledgerEntries(t, pool); n != 300 {
+		t.Fatalf("a dry-run replay changed the ledger: %d entries, want 300", n)
+	}
+	out.Reset()
+	err = Replay(ctx, []string{"-apply"}, env, nil, &out, io.Discard)
+	if ExitCode(err) != 1 || !strings.Contains(out.String(), "applied now              1") {
+		t.Fatalf("replay -apply over a missing inbox row: %v (exit %d)\n%s", err, ExitCode(err), out.String())
 	}
 	out.Reset()
 	textfile := filepath.Join(t.TempDir(), "verify.prom")
@@ -624,5 +633,112 @@ FROM unnest(ARRAY[31*86400, 30*86400, 4*3600 + 22*60 + 3, 4*3600 + 21*60]) AS n`
 	}
 	if !strings.Contains(out.String(), "pruned 3 inbox rows") || rows() != 1 {
 		t.Fatalf("prune -older-than 4h22m1s: %s(%d rows left, want only the one received 4h21m ago)", out.String(), rows())
+	}
+}
+
+// TestReplayChangesNothingByDefault: replay is a dry run unless -apply: a
+// message whose inbox row is gone is reported as "would apply" (exit 1) and
+// the ledger and the inbox stay as they were. In neither mode does replay
+// dead-letter a message again: rejected ones are counted. -to-seq bounds the
+// range, and a reversed range is a usage error.
+func TestReplayChangesNothingByDefault(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	dbURL := testenv.NewDatabase(t)
+	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL})
+	if err := Migrate(ctx, nil, env, nil, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	// A short duplicate window, also the dead-letter stream's: a second
+	// dead letter for the same message would not be dropped as a copy.
+	const window = time.Second
+	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamOptions{DuplicateWindow: window}, 16); err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := jsinbox.NewPublisher(ctx, js, jsinbox.PublisherConfig{})
+	intents := pipeline.Generate(pipeline.Load{Count: 100, Accounts: 16, Prefix: "rd"})
+	intents = append(intents, jsinbox.Intent{ID: "rd-bad-1", Subject: "intents.x", Payload: []byte(`{"account":1,`)},
+		jsinbox.Intent{ID: "rd-bad-2", Subject: "intents.x", Payload: []byte(`{"account":99999,"amount":5}`)})
+	for _, in := range intents {
+		if err := pub.Publish(ctx, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pub.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	consumeAll(t, js, env, "ledger")
+	deadLetters := func() uint64 {
+		t.Helper()
+		s, err := js.Stream(ctx, jsinbox.DefaultStream+"_DLQ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Msgs
+	}
+	inboxRows := func() int {
+		t.Helper()
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if d, e := deadLetters(), ledgerEntries(t, pool); d != 2 || e != 100 {
+		t.Fatalf("after consuming: %d dead letters, %d ledger entries; want 2 and 100", d, e)
+	}
+	time.Sleep(window + 200*time.Millisecond)
+
+	// "Pruned too early": one applied message's row is gone.
+	if _, err := pool.Exec(ctx, `DELETE FROM inbox WHERE message_id = 'rd-7'`); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	err = Replay(ctx, nil, env, nil, &out, io.Discard)
+	for _, want := range []string{"dry run", "duplicates (no effect)   99", "rejected before          2", "would apply              1"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("dry-run replay output lacks %q", want)
+		}
+	}
+	if ExitCode(err) != 1 || t.Failed() {
+		t.Fatalf("dry-run replay over a missing row: %v (exit %d), want exit 1\n%s", err, ExitCode(err), out.String())
+	}
+	if d, e, r := deadLetters(), ledgerEntries(t, pool), inboxRows(); d != 2 || e != 100 || r != 101 {
+		t.Fatalf("a dry-run replay changed things: %d dead letters (want 2), %d ledger entries (want 100), %d inbox rows (want 101)", d, e, r)
+	}
+
+	out.Reset()
+	if err := Replay(ctx, []string{"-from-seq", "1", "-to-seq", "5"}, env, nil, &out, io.Discard); err != nil || !strings.Contains(out.String(), "replayed 5 messages") {
+		t.Fatalf("replay -to-seq 5: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	err = Replay(ctx, []string{"-from-seq", "50", "-to-seq", "10"}, env, nil, &out, io.Discard)
+	if ExitCode(err) != 2 {
+		t.Fatalf("replay -from-seq 50 -to-seq 10: %v (exit %d), want a usage error\n%s", err, ExitCode(err), out.String())
+	}
+
+	out.Reset()
+	err = Replay(ctx, []string{"-apply"}, env, nil, &out, io.Discard)
+	if ExitCode(err) != 1 || !strings.Contains(out.String(), "applied now              1") || !strings.Contains(out.String(), "rejected before          2") {
+		t.Fatalf("replay -apply over a missing row: %v (exit %d)\n%s", err, ExitCode(err), out.String())
+	}
+	if d, r := deadLetters(), inboxRows(); d != 2 || r != 102 {
+		t.Fatalf("after replay -apply: %d dead letters (want 2, none published again), %d inbox rows (want 102)", d, r)
 	}
 }

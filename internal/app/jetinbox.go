@@ -32,11 +32,11 @@ func commands() map[string]command {
 	return map[string]command{
 		"demo":    {"the all-in-one run: embedded JetStream, throwaway PostgreSQL, producer, two consumers, faults, verified result", Demo},
 		"migrate": {"apply the inbox and ledger schemas (-print shows the SQL instead)", Migrate},
-		"verify":  {"check a stream against the inbox and ledger: lost, duplicated, unexpected", Verify},
+		"verify":  {"check a stream against one scope's inbox and ledger: lost, duplicated, unexpected", Verify},
 		"consumer": {"the consumer (same as the consumer binary), for one-binary deployments and jetinbox bench", func(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return Consumer(ctx, args, env, stdout, stderr)
 		}},
-		"replay": {"re-drive a stream range through the inbox with a fresh durable; effects must not change", Replay},
+		"replay": {"run a stream range through the inbox again, rolled back unless -apply: what would it change?", Replay},
 		"bench": {"raw pipe vs naive vs jetinbox on the same messages, with latency and memory", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return bench.Main(ctx, args, stdout, stderr)
 		}},
