@@ -593,7 +593,9 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 			check(err == nil && pu.Scheme == "tls" && slices.Contains(natsNodes, pu.Hostname()), "%s: NATS_URL entry %q is not tls:// to a cluster node", svc, u)
 		}
 	}
-	for _, k := range []string{"DATABASE_URL", "JETINBOX_DURABLE", "JETINBOX_DRAIN_TIMEOUT", "JETINBOX_HTTP_ADDR"} {
+	// The scope is set explicitly: it is the effect's identity and must not
+	// drift with a default or with the durable's name.
+	for _, k := range []string{"DATABASE_URL", "JETINBOX_SCOPE", "JETINBOX_DURABLE", "JETINBOX_DRAIN_TIMEOUT", "JETINBOX_HTTP_ADDR"} {
 		check(env("consumer", k) != "", "consumer: %s is not set", k)
 	}
 	check(env("consumer", "JETINBOX_DURABLE") == js.ledger.Durable, "consumer: JETINBOX_DURABLE %q, the durable is %q", env("consumer", "JETINBOX_DURABLE"), js.ledger.Durable)
@@ -868,7 +870,7 @@ func validateK8s(fsys files) error {
 	c, ok := findContainer(spec.Containers, "consumer")
 	check(ok, "Deployment has no container named consumer")
 	env := envOf(c)
-	for _, name := range []string{"NATS_URL", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY", "DATABASE_URL", "JETINBOX_STREAM", "JETINBOX_DURABLE", "JETINBOX_HTTP_ADDR", "JETINBOX_DRAIN_TIMEOUT"} {
+	for _, name := range []string{"NATS_URL", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY", "DATABASE_URL", "JETINBOX_STREAM", "JETINBOX_SCOPE", "JETINBOX_DURABLE", "JETINBOX_HTTP_ADDR", "JETINBOX_DRAIN_TIMEOUT"} {
 		check(env[name].Value != "", "consumer env %s is not set", name)
 	}
 	check(env["JETINBOX_STREAM"].Value == js.intents.Name, "consumer JETINBOX_STREAM %q, the stream is %q", env["JETINBOX_STREAM"].Value, js.intents.Name)

@@ -1,7 +1,8 @@
 // Package effects holds side effects applied inside the inbox transaction.
 //
 // The first is the [Ledger]: an intent {"account":N,"amount":M} adds M to
-// account N's balance and appends a ledger entry carrying the message ID.
+// account N's balance and appends a ledger entry carrying the message ID and
+// the inbox scope that applied it (see [NewScopedLedger]).
 // ledger_entries has no unique constraint on the message ID on purpose: if
 // the inbox ever let a duplicate through, a checker would see two entries.
 //

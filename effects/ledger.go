@@ -3,6 +3,7 @@ package effects
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -42,14 +43,35 @@ func SeedAccounts(ctx context.Context, db inbox.Execer, n int) error {
 	return nil
 }
 
-// Ledger is the demo effect: each intent adds its amount to an account's
-// balance and appends a ledger entry carrying the message ID. It implements
-// [inbox.Handler] with one statement per batch. Bad input (see
-// [ParseIntent]) and unknown accounts are permanent errors.
-type Ledger struct{}
+// DefaultScope is the inbox scope of the ledger when none is chosen: the
+// scope jetinbox's commands default to, and the one ledger entries written
+// before entries carried a scope belong to.
+const DefaultScope = "ledger"
 
-// NewLedger returns the ledger effect.
-func NewLedger() *Ledger { return &Ledger{} }
+// Ledger is the demo effect: each intent adds its amount to an account's
+// balance and appends a ledger entry carrying the message ID and the inbox
+// scope. It implements [inbox.Handler] with one statement per batch. Bad
+// input (see [ParseIntent]) and unknown accounts are permanent errors.
+//
+// The ledger's scope must be the scope of the [inbox.Processor] it runs
+// under: the entries then say which (scope, message ID) applied them, and a
+// checker can count effects per scope.
+type Ledger struct{ scope string }
+
+// NewLedger returns the ledger effect for [DefaultScope].
+func NewLedger() *Ledger { return &Ledger{scope: DefaultScope} }
+
+// NewScopedLedger returns the ledger effect for an inbox scope; give the
+// processor it runs under the same scope.
+func NewScopedLedger(scope string) (*Ledger, error) {
+	if err := inbox.ValidateID(scope); err != nil {
+		return nil, fmt.Errorf("effects: ledger scope: %w", err)
+	}
+	return &Ledger{scope: scope}, nil
+}
+
+// Scope returns the inbox scope the ledger writes its entries under.
+func (l *Ledger) Scope() string { return l.scope }
 
 // orderedPlanSQL makes the balance update below a nested loop driven by the
 // account IDs in ascending order (the order Go sends them in), for this
@@ -95,8 +117,8 @@ const applySmallSQL = `WITH upd AS (
 	FROM unnest($1::bigint[], $2::bigint[]) AS u(id, total)
 	WHERE a.id = u.id
 ), ins AS (
-	INSERT INTO ledger_entries (message_id, account, amount)
-	SELECT m.id, m.account, m.amount FROM unnest($3::text[], $4::bigint[], $5::bigint[]) AS m(id, account, amount)
+	INSERT INTO ledger_entries (scope, message_id, account, amount)
+	SELECT $6::text, m.id, m.account, m.amount FROM unnest($3::text[], $4::bigint[], $5::bigint[]) AS m(id, account, amount)
 	WHERE EXISTS (SELECT 1 FROM accounts a WHERE a.id = m.account)
 )
 SELECT u.id FROM unnest($1::bigint[]) AS u(id) WHERE NOT EXISTS (SELECT 1 FROM accounts a WHERE a.id = u.id)`
@@ -104,7 +126,11 @@ SELECT u.id FROM unnest($1::bigint[]) AS u(id) WHERE NOT EXISTS (SELECT 1 FROM a
 // copyThreshold is the batch size from which entries go in with COPY.
 const copyThreshold = 64
 
-var copyBufs = sync.Pool{New: func() any { return pgcopy.New(3, 1024, 48) }}
+// entryColumns are the ledger_entries columns the COPY path writes, in field
+// order.
+const entryColumns = "scope, message_id, account, amount"
+
+var copyBufs = sync.Pool{New: func() any { return pgcopy.New(4, 1024, 56) }}
 
 // Warm implements [inbox.Warmer]: it prepares the ledger's statements on
 // tx's connection.
@@ -119,6 +145,9 @@ func (l *Ledger) Warm(ctx context.Context, tx pgx.Tx) error {
 
 // Handle implements [inbox.Handler].
 func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, errs []error) error {
+	if l.scope == "" {
+		return errors.New("effects: ledger without a scope: use NewLedger or NewScopedLedger")
+	}
 	ids := make([]string, 0, len(msgs))
 	accounts := make([]int64, 0, len(msgs))
 	amounts := make([]int64, 0, len(msgs))
@@ -151,7 +180,7 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 	b.Queue(orderedPlanSQL)
 	small := len(ids) < copyThreshold
 	if small {
-		b.Queue(applySmallSQL, distinct, sums, ids, accounts, amounts)
+		b.Queue(applySmallSQL, distinct, sums, ids, accounts, amounts, l.scope)
 	} else {
 		b.Queue(applySQL, distinct, sums)
 	}
@@ -182,17 +211,18 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 		// The entries go in with COPY, skipping intents for unknown
 		// accounts (whose balances the UPDATE did not touch either).
 		w := copyBufs.Get().(*pgcopy.Buffer)
-		w.Reset(3)
+		w.Reset(4)
 		for k := range ids {
 			if len(unknown) == 0 || !slices.Contains(unknown, accounts[k]) {
 				w.Row()
+				w.Text(l.scope)
 				w.Text(ids[k])
 				w.Int8(accounts[k])
 				w.Int8(amounts[k])
 			}
 		}
 		if w.Rows() > 0 {
-			if _, err := w.CopyTo(ctx, tx, "ledger_entries", "message_id, account, amount"); err != nil {
+			if _, err := w.CopyTo(ctx, tx, "ledger_entries", entryColumns); err != nil {
 				// pgconn may still be reading w: leave it to the GC.
 				return fmt.Errorf("effects: ledger: %w", err)
 			}

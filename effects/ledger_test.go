@@ -61,7 +61,7 @@ func TestBalanceUpdatePlanIsOrdered(t *testing.T) {
 			arr := "'{" + strings.Join(ids, ",") + "}'"
 			args := arr + ", " + arr
 			if name == "small" {
-				args += ", '{a}', '{1}', '{1}'"
+				args += ", '{a}', '{1}', '{1}', 'ledger'"
 			}
 			// EXPLAIN EXECUTE shows the plan a prepared statement runs with.
 			if _, err := tx.Prepare(ctx, name, sql); err != nil {
@@ -121,5 +121,57 @@ func TestPlannerSettingsRestored(t *testing.T) {
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestEntriesCarryTheScope: both statement paths write the ledger's scope
+// into every entry, so effects can be counted per scope; two scopes applying
+// the same message ID each get their own entry.
+func TestEntriesCarryTheScope(t *testing.T) {
+	ctx := context.Background()
+	conn := ledgerDB(t, 10)
+	if _, err := NewScopedLedger(""); err == nil {
+		t.Fatal("NewScopedLedger accepted an empty scope")
+	}
+	for _, scope := range []string{"ledger", "audit"} {
+		l, err := NewScopedLedger(scope)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []int{1, copyThreshold} { // both statement paths
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			msgs := make([]inbox.Message, n)
+			for i := range msgs {
+				msgs[i] = inbox.Message{ID: fmt.Sprintf("s%d-%d", n, i), Payload: Intent{Account: 1 + int64(i%10), Amount: 1}.AppendJSON(nil)}
+			}
+			if err := l.Handle(ctx, tx, msgs, make([]error, n)); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	rows, err := conn.Query(ctx, `SELECT scope, count(*), count(DISTINCT message_id) FROM ledger_entries GROUP BY scope ORDER BY scope`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var scope string
+		var n, distinct int
+		if err := rows.Scan(&scope, &n, &distinct); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%s:%d/%d", scope, n, distinct))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("audit:%d/%d ledger:%d/%d", 1+copyThreshold, 1+copyThreshold, 1+copyThreshold, 1+copyThreshold); strings.Join(got, " ") != want {
+		t.Fatalf("entries per scope: %v, want %s", got, want)
 	}
 }

@@ -14,43 +14,66 @@ type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
+// PruneDB runs statements and queries. *pgxpool.Pool, *pgx.Conn and pgx.Tx
+// satisfy it.
+type PruneDB interface {
+	Execer
+	Querier
+}
+
+// DefaultPruneMargin is how much longer than the replay horizon [Prune]
+// requires OlderThan to be, by default. It absorbs what the horizon's
+// arithmetic cannot see: the skew between the clocks the horizon's parts
+// run on (the NATS servers' for MaxAge and the duplicate window,
+// PostgreSQL's for received_at and the cut-off), the time a batch spends
+// between delivery and commit, and the prune's own running time.
+const DefaultPruneMargin = time.Hour
+
 // PruneOptions configures [Prune].
 type PruneOptions struct {
 	// Scope limits pruning to one scope. Default "": every scope.
 	Scope string
-	// OlderThan deletes rows received more than this long ago. Required.
+	// OlderThan deletes rows received more than this long ago, by
+	// PostgreSQL's clock: received_at comes from its now(), and so does the
+	// cut-off. It must be strictly longer than ReplayHorizon + Margin.
+	// Required.
 	OlderThan time.Duration
-	// ReplayHorizon is the longest time after which a message can still come
-	// back: the stream's MaxAge, how far back replays and dead-letter
-	// re-drives may reach, and MaxDeliver times the longest nak delay. A row
-	// pruned inside it would let a redelivery apply the effect twice, so
-	// Prune refuses an OlderThan shorter than it. Required.
+	// ReplayHorizon is the longest time after an inbox row was written that
+	// its message ID can still reach the inbox: stream MaxAge, redeliveries
+	// (MaxDeliver × (AckWait + longest nak delay)), late copies after the
+	// duplicate window, dead-letter re-drives. A row pruned inside it would
+	// let a message come back and apply its effect twice. Required.
 	ReplayHorizon time.Duration
+	// Margin is added to ReplayHorizon before comparing. Default
+	// [DefaultPruneMargin].
+	Margin time.Duration
 	// BatchSize is how many rows one DELETE removes, keeping locks and WAL
 	// bursts small. Default 10000.
 	BatchSize int
-	// Now returns the current time. Default time.Now.
-	Now func() time.Time
 }
 
-// Prune deletes inbox rows older than opts.OlderThan in batches and returns
-// how many it deleted. It returns [ErrUnsafeHorizon] without deleting anything
-// when OlderThan is shorter than ReplayHorizon.
-func Prune(ctx context.Context, db Execer, opts PruneOptions) (int64, error) {
+// Prune deletes inbox rows received longer than opts.OlderThan ago, in
+// batches, and returns how many it deleted. The cut-off is taken once, from
+// PostgreSQL's now(), the clock received_at comes from. It returns
+// [ErrUnsafeHorizon] without deleting anything unless OlderThan is strictly
+// longer than ReplayHorizon + Margin.
+func Prune(ctx context.Context, db PruneDB, opts PruneOptions) (int64, error) {
 	if opts.ReplayHorizon <= 0 {
-		return 0, errors.New("inbox: prune: ReplayHorizon is required (stream MaxAge, replay and re-drive reach)")
+		return 0, errors.New("inbox: prune: ReplayHorizon is required (stream MaxAge, redeliveries, late copies, re-drives)")
 	}
-	if opts.OlderThan < opts.ReplayHorizon {
-		return 0, fmt.Errorf("%w: OlderThan %v < ReplayHorizon %v", ErrUnsafeHorizon, opts.OlderThan, opts.ReplayHorizon)
+	if opts.Margin <= 0 {
+		opts.Margin = DefaultPruneMargin
+	}
+	if least := opts.ReplayHorizon + opts.Margin; opts.OlderThan <= least || least < opts.ReplayHorizon {
+		return 0, fmt.Errorf("%w: OlderThan %v is not longer than ReplayHorizon %v + margin %v", ErrUnsafeHorizon, opts.OlderThan, opts.ReplayHorizon, opts.Margin)
 	}
 	if opts.BatchSize <= 0 {
 		opts.BatchSize = 10000
 	}
-	now := time.Now
-	if opts.Now != nil {
-		now = opts.Now
+	var cutoff time.Time
+	if err := db.QueryRow(ctx, `SELECT now() - $1::bigint * interval '1 microsecond'`, opts.OlderThan.Microseconds()).Scan(&cutoff); err != nil {
+		return 0, fmt.Errorf("inbox: prune: cut-off: %w", err)
 	}
-	cutoff := now().Add(-opts.OlderThan)
 	var total int64
 	for {
 		tag, err := db.Exec(ctx, `DELETE FROM inbox WHERE ctid = ANY (ARRAY (

@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/jitter"
@@ -25,15 +24,18 @@ import (
 // Consumer runs the inbox consumer until ctx ends (SIGTERM/SIGINT), then
 // drains and returns nil.
 func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Writer) error {
-	fs := newFlagSet("consumer", "consumer applies intents from a JetStream stream exactly once per ID:\n"+
-		"inbox row and ledger effect in one PostgreSQL transaction, ack after commit.", stderr)
+	fs := newFlagSet("consumer", "consumer applies intents from a JetStream stream once per (scope, message ID):\n"+
+		"inbox row and ledger effect in one PostgreSQL transaction, ack after commit.\n"+
+		"The scope is the identity of the effect and must never change for a running pipeline;\n"+
+		"the durable is only the subscription.", stderr)
 	var nf natsFlags
 	nf.register(fs, env)
 	var envErrs []error
 	var (
 		dbURL        = fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL); required")
 		stream       = fs.String("stream", env.or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream (env JETINBOX_STREAM)")
-		durable      = fs.String("durable", env.or("JETINBOX_DURABLE", "ledger"), "durable consumer name, also the inbox scope (env JETINBOX_DURABLE)")
+		scope        = scopeFlag(fs, env)
+		durable      = durableFlag(fs, env)
 		batch        = fs.Int("batch", 6000, "most messages per transaction (batches never wait to fill)")
 		inflight     = fs.Int("inflight", 2, "batches processed at once, each in its own transaction")
 		ackWait      = fs.Duration("ack-wait", 30*time.Second, "AckWait: redelivery timer, above the p99 batch time")
@@ -58,6 +60,9 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	}
 	if err := nf.validate(); err != nil {
 		return usageError{err}
+	}
+	if err := checkScope(*scope); err != nil {
+		return err
 	}
 	if *dbURL == "" {
 		return usageError{errors.New("no database: set -database-url or DATABASE_URL")}
@@ -91,7 +96,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	defer stopTracing(context.WithoutCancel(ctx)) //nolint:errcheck // best effort at exit
 	txRetry := w.db
 	txRetry.Base, txRetry.Cap, txRetry.MaxAttempts = 5*time.Millisecond, 200*time.Millisecond, 3
-	proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: *durable, Handler: effects.NewLedger(), Logger: log, TxRetry: txRetry, TracerProvider: tp})
+	proc, err := newLedgerProcessor(pool, inbox.Config{Scope: *scope, Logger: log, TxRetry: txRetry, TracerProvider: tp})
 	if err != nil {
 		return err
 	}
@@ -121,7 +126,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		defer srv.Close()
 	}
 
-	log.Info("consumer: running", "stream", *stream, "durable", *durable, "batch", *batch, "inflight", *inflight)
+	log.Info("consumer: running", "stream", *stream, "scope", *scope, "durable", *durable, "batch", *batch, "inflight", *inflight)
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	done := make(chan error, 1)

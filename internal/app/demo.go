@@ -42,12 +42,17 @@ func Demo(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stde
 		timeout    = fs.Duration("timeout", 3*time.Minute, "give up waiting for the pipeline to settle after this long")
 		verbose    = fs.Bool("v", false, "log what the consumers do (dead letters, crashes, retries)")
 		syncAlways = fs.Bool("sync-always", true, "embedded server fsyncs every JetStream write, as production must (sync_interval: always)")
+		scope      = scopeFlag(fs, env)
+		durable    = durableFlag(fs, env)
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *n < 10 || *consumers < 1 {
 		return usageError{errors.New("-intents must be at least 10 and -consumers at least 1")}
+	}
+	if err := checkScope(*scope); err != nil {
+		return err
 	}
 	start := time.Now()
 	level := slog.LevelError + 1
@@ -121,13 +126,11 @@ func Demo(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stde
 
 	// Consumers, each on its own connection as separate processes would be.
 	// Consumer 1 crashes once between COMMIT and ACK and drops some acks.
-	scope := "ledger"
-	if searchPath != "" {
-		scope = "demo-" + run
-	}
-	cfg := jsinbox.ConsumerConfig{Stream: streamOpts.Name, Durable: scope, BatchSize: 200, InFlight: 3,
+	// On shared servers the stream and the schema are the run's own, so the
+	// scope and the durable cannot meet anyone else's.
+	cfg := jsinbox.ConsumerConfig{Stream: streamOpts.Name, Durable: *durable, BatchSize: 200, InFlight: 3,
 		AckWait: 2 * time.Second, MaxDeliver: 20, Logger: log}
-	fleet := &demoFleet{natsURL: natsURL, pool: pool, cfg: cfg, log: log, say: say}
+	fleet := &demoFleet{natsURL: natsURL, pool: pool, scope: *scope, cfg: cfg, log: log, say: say}
 	crashFP := failpoint.New()
 	crashFP.EnableEvery(failpoint.AfterCommit, 5, 1)
 	crashFP.EnableEvery(failpoint.SkipAck, 4, 4)
@@ -140,8 +143,8 @@ func Demo(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stde
 			return err
 		}
 	}
-	say("%d consumers on durable %q (batch ≤ %d, %d in flight, AckWait %v); consumer 1 will crash after a COMMIT and drop acks",
-		*consumers, scope, cfg.BatchSize, cfg.InFlight, cfg.AckWait)
+	say("%d consumers on durable %q, inbox scope %q (batch ≤ %d, %d in flight, AckWait %v); consumer 1 will crash after a COMMIT and drop acks",
+		*consumers, *durable, *scope, cfg.BatchSize, cfg.InFlight, cfg.AckWait)
 
 	// Producer, losing some PubAcks so that it retries with the same ID.
 	intents := pipeline.Generate(pipeline.Load{Count: *n, Accounts: *accounts, Prefix: "demo-" + run, Subject: subject, Seed: rand.Uint64()})
@@ -194,7 +197,7 @@ func Demo(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stde
 	}
 	say("replayed %d intents after the duplicate window, and reused 1 ID with a different payload", len(replays))
 
-	err = pipeline.WaitSettled(ctx, js, streamOpts.Name, scope, func(settled, total uint64) {
+	err = pipeline.WaitSettled(ctx, js, streamOpts.Name, *durable, func(settled, total uint64) {
 		fleet.progress(settled, total)
 	})
 	fleet.stopAll()
@@ -203,7 +206,7 @@ func Demo(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stde
 	}
 	say("settled; verifying the stream against the inbox and the ledger")
 
-	rep, err := verify.Run(context.WithoutCancel(ctx), js, pool, verify.Options{Stream: streamOpts.Name, Scope: scope, Durable: scope, Ledger: true})
+	rep, err := verify.Run(context.WithoutCancel(ctx), js, pool, verify.Options{Stream: streamOpts.Name, Scope: *scope, Durable: *durable, Ledger: true})
 	if err != nil {
 		return err
 	}
@@ -285,6 +288,7 @@ func poisonIntents(subject, run string) []jsinbox.Intent {
 type demoFleet struct {
 	natsURL string
 	pool    *pgxpool.Pool
+	scope   string
 	cfg     jsinbox.ConsumerConfig
 	log     *slog.Logger
 	say     func(string, ...any)
@@ -308,7 +312,7 @@ func (f *demoFleet) start(ctx context.Context, id int, fp *failpoint.Set) error 
 		nc.Close()
 		return err
 	}
-	proc, err := inbox.NewProcessor(f.pool, inbox.Config{Scope: f.cfg.Durable, Handler: effects.NewLedger(), Logger: f.log})
+	proc, err := newLedgerProcessor(f.pool, inbox.Config{Scope: f.scope, Logger: f.log})
 	if err != nil {
 		nc.Close()
 		return err

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/jetinbox/jetinbox/effects"
+	"github.com/jetinbox/jetinbox/inbox"
 )
 
 // flagSet is the subset of *flag.FlagSet the shared registrations use.
@@ -41,4 +44,52 @@ func envDuration(env Env, name string, def time.Duration, errs *[]error) time.Du
 		return def
 	}
 	return d
+}
+
+// defaultScope is the inbox scope every command uses unless told otherwise.
+// It is the effect's identity, not the subscription's: the default matches
+// the durable's default name, which was also the scope before the two were
+// separate settings, so existing inbox rows keep counting.
+const defaultScope = effects.DefaultScope
+
+// scopeUsage is the help text of -scope, the same in every command.
+const scopeUsage = "inbox scope: the identity of the effect; each message ID is applied at most once per scope. " +
+	"Never change it for a running pipeline: under a new scope every message in the stream is applied again (env JETINBOX_SCOPE)"
+
+// durableUsage is the help text of -durable for commands that read the
+// durable's settings or pending counts.
+const durableUsage = "JetStream durable consumer: only the subscription, not the effect's identity; " +
+	"renaming or re-creating it redelivers the stream, which the inbox absorbs as duplicates (env JETINBOX_DURABLE)"
+
+// scopeFlag registers -scope, defaulting to JETINBOX_SCOPE or "ledger".
+func scopeFlag(fs flagSet, env Env) *string {
+	s := new(string)
+	fs.StringVar(s, "scope", env.or("JETINBOX_SCOPE", defaultScope), scopeUsage)
+	return s
+}
+
+// durableFlag registers -durable, defaulting to JETINBOX_DURABLE or "ledger".
+func durableFlag(fs flagSet, env Env) *string {
+	s := new(string)
+	fs.StringVar(s, "durable", env.or("JETINBOX_DURABLE", "ledger"), durableUsage)
+	return s
+}
+
+// checkScope reports an unusable scope as a usage error.
+func checkScope(scope string) error {
+	if err := inbox.ValidateID(scope); err != nil {
+		return usageError{fmt.Errorf("-scope / JETINBOX_SCOPE %q: %w", scope, err)}
+	}
+	return nil
+}
+
+// newLedgerProcessor returns a processor whose inbox scope and ledger scope
+// are one and the same, cfg.Scope: the two must never differ.
+func newLedgerProcessor(db inbox.Beginner, cfg inbox.Config) (*inbox.Processor, error) {
+	l, err := effects.NewScopedLedger(cfg.Scope)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Handler = l
+	return inbox.NewProcessor(db, cfg)
 }

@@ -32,18 +32,18 @@ func commands() map[string]command {
 	return map[string]command{
 		"demo":    {"the all-in-one run: embedded JetStream, throwaway PostgreSQL, producer, two consumers, faults, verified result", Demo},
 		"migrate": {"apply the inbox and ledger schemas (-print shows the SQL instead)", Migrate},
-		"verify":  {"check a stream against the inbox and ledger: lost, duplicated, unexpected", Verify},
+		"verify":  {"check a stream against one scope's inbox and ledger: lost, duplicated, unexpected", Verify},
 		"consumer": {"the consumer (same as the consumer binary), for one-binary deployments and jetinbox bench", func(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return Consumer(ctx, args, env, stdout, stderr)
 		}},
-		"replay": {"re-drive a stream range through the inbox with a fresh durable; effects must not change", Replay},
+		"replay": {"run a stream range through the inbox again, rolled back unless -apply: what would it change?", Replay},
 		"bench": {"raw pipe vs naive vs jetinbox on the same messages, with latency and memory", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return bench.Main(ctx, args, stdout, stderr)
 		}},
-		"chaos": {"producer strategies × consumer strategies under faults, the seed's experiment on real parts", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
+		"chaos": {"producer strategies × consumer strategies under faults, on real servers", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return chaos.Main(ctx, args, stdout, stderr)
 		}},
-		"jitter": {"the seed's retry-storm experiment, plus an overloaded server; writes a chart", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
+		"jitter": {"a retry storm of 1000 clients under each jitter policy, plus an overloaded server; writes a chart", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return jittersim.Main(ctx, args, stdout, stderr)
 		}},
 	}
@@ -116,12 +116,15 @@ var errViolations = errors.New("verify: invariants broken")
 
 // Verify reads the stream and checks the inbox and ledger against it.
 func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("jetinbox verify", "Check that every message in the stream was applied once or dead-lettered.\nExit 0 clean, 1 violations, 2 usage or connection errors.", stderr)
+	fs := newFlagSet("jetinbox verify", "Check that every message in the stream was applied once or dead-lettered, for one inbox scope.\n"+
+		"A dead letter counts only if its headers name the stream, the scope, a stream sequence and that message's ID.\n"+
+		"Exit 0 clean, 1 violations, 2 usage or connection errors (a reversed range is a usage error).", stderr)
 	var nf natsFlags
 	nf.register(fs, env)
 	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL)")
 	stream := fs.String("stream", env.or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream")
-	durable := fs.String("durable", env.or("JETINBOX_DURABLE", "ledger"), "durable consumer, also the inbox scope")
+	scope := scopeFlag(fs, env)
+	durable := durableFlag(fs, env)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	fromSeq := fs.Uint64("from-seq", 0, "check from this stream sequence (0: the start)")
 	toSeq := fs.Uint64("to-seq", 0, "check up to this stream sequence (0: the end)")
@@ -129,6 +132,7 @@ func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 	toTime := fs.String("to-time", "", "check up to this RFC 3339 time")
 	retention := fs.Duration("retention", 0, "the inbox retention in use (Prune OlderThan), to check against the stream's horizons; 0: never pruned")
 	nakCap := fs.Duration("nak-cap", 30*time.Second, "the consumer's longest nak delay, for the redelivery horizon")
+	redrive := fs.Bool("dlq-redrive", true, "count dead-letter re-drives in the horizon, as jetinbox prune does")
 	textfile := fs.String("textfile", "", "also write jetinbox_verify_violations to this file in Prometheus text format (node_exporter's textfile collector), for the JetinboxVerifyViolations alert")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -148,8 +152,14 @@ func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 		}
 		*t.dst = v
 	}
+	if err := rg.Validate(); err != nil {
+		return usageError{err}
+	}
 	if err := nf.validate(); err != nil {
 		return usageError{err}
+	}
+	if err := checkScope(*scope); err != nil {
+		return err
 	}
 	if *dbURL == "" {
 		return usageError{errors.New("no database: set -database-url or DATABASE_URL")}
@@ -176,8 +186,8 @@ func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 			}
 		}
 	}
-	r, err := verify.Run(ctx, js, pool, verify.Options{Stream: *stream, Scope: *durable, Durable: *durable, Ledger: true,
-		Range: rg, Horizon: verify.HorizonOptions{Retention: *retention, NakCap: *nakCap}, Progress: progress})
+	r, err := verify.Run(ctx, js, pool, verify.Options{Stream: *stream, Scope: *scope, Durable: *durable, Ledger: true,
+		Range: rg, Horizon: verify.HorizonOptions{Retention: *retention, NakCap: *nakCap, Redrive: *redrive}, Progress: progress})
 	if err != nil {
 		return usageError{err}
 	}

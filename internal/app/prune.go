@@ -6,29 +6,35 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/horizon"
 )
 
 // Prune deletes old inbox rows. The horizon it must respect is read from
-// the servers, not taken on trust: the stream's MaxAge, the dead-letter
-// stream's MaxAge (re-drives), and MaxDeliver × the longest delay of the
-// durable.
+// the servers, not taken on trust: the stream's MaxAge and duplicate window,
+// the durable's AckWait, BackOff and MaxDeliver, and the dead-letter
+// stream's MaxAge (re-drives); see package horizon for the arithmetic.
 func Prune(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("jetinbox prune", "Delete inbox rows older than -older-than, in batches. Refuses a horizon shorter than\n"+
-		"the time over which a message can come back, read from the stream and the durable.", stderr)
+	fs := newFlagSet("jetinbox prune", "Delete inbox rows of one scope older than -older-than, in batches, by PostgreSQL's clock.\n"+
+		"-older-than must be longer than the horizon over which a message can come back, read from the\n"+
+		"stream, the durable and the dead-letter stream, plus -margin. Exit 0 pruned, 1 failure,\n"+
+		"2 usage error or an unsafe -older-than (nothing is deleted then).", stderr)
 	var nf natsFlags
 	nf.register(fs, env)
 	var (
 		dbURL     = fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL)")
-		stream    = fs.String("stream", env.or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream")
-		durable   = fs.String("durable", env.or("JETINBOX_DURABLE", "ledger"), "durable consumer, also the inbox scope")
+		stream    = fs.String("stream", env.or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream (env JETINBOX_STREAM)")
+		scope     = scopeFlag(fs, env)
+		durable   = durableFlag(fs, env)
 		olderThan = fs.Duration("older-than", 0, "delete rows received longer ago than this; required")
-		nakCap    = fs.Duration("nak-cap", 30*time.Second, "the consumer's longest nak delay")
+		nakCap    = fs.Duration("nak-cap", horizon.DefaultNakCap, "the consumer's longest nak delay")
+		pubRetry  = fs.Duration("publish-retry", horizon.DefaultPublishRetry(), "the producers' retry horizon: how long after its first publish an intent may be published again")
+		redrive   = fs.Bool("dlq-redrive", true, "dead letters may be re-published into the stream with their message ID while the dead-letter stream keeps them; false leaves its MaxAge out")
+		margin    = fs.Duration("margin", inbox.DefaultPruneMargin, "how much longer than the horizon -older-than must be (clock skew between NATS and PostgreSQL, batches in flight)")
 		batch     = fs.Int("batch", 10000, "rows per DELETE")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -37,8 +43,14 @@ func Prune(ctx context.Context, args []string, env Env, _ io.Reader, stdout, std
 	if err := nf.validate(); err != nil {
 		return usageError{err}
 	}
+	if err := checkScope(*scope); err != nil {
+		return err
+	}
 	if *dbURL == "" || *olderThan <= 0 {
 		return usageError{errors.New("set -database-url (or DATABASE_URL) and -older-than")}
+	}
+	if *margin <= 0 {
+		return usageError{errors.New("-margin must be positive")}
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	nc, js, err := nf.connect("jetinbox-prune", defaultWaits().resolved().natsReconnect, log)
@@ -46,56 +58,56 @@ func Prune(ctx context.Context, args []string, env Env, _ io.Reader, stdout, std
 		return usageError{err}
 	}
 	defer nc.Close()
-	horizon, why, err := replayHorizon(ctx, js, *stream, *durable, *nakCap)
+	span, err := readHorizon(ctx, js, *stream, *durable, horizon.Inputs{NakCap: *nakCap, PublishRetry: *pubRetry}, *redrive)
+	if errors.Is(err, horizon.ErrUnbounded) {
+		return usageError{fmt.Errorf("prune: %w", err)}
+	}
 	if err != nil {
 		return err
+	}
+	if least := span.Total + *margin; *olderThan <= least {
+		return usageError{fmt.Errorf("prune: %w: -older-than %v is not longer than the horizon %v + margin %v; use more than %v (%s)",
+			inbox.ErrUnsafeHorizon, *olderThan, span.Total, *margin, least, span.Why)}
 	}
 	pool, err := openDB(ctx, *dbURL, 2, log)
 	if err != nil {
 		return usageError{err}
 	}
 	defer pool.Close()
-	n, err := inbox.Prune(ctx, pool, inbox.PruneOptions{Scope: *durable, OlderThan: *olderThan, ReplayHorizon: horizon, BatchSize: *batch})
-	if errors.Is(err, inbox.ErrUnsafeHorizon) {
-		return fmt.Errorf("%w (the horizon is %s)", err, why)
-	}
+	n, err := inbox.Prune(ctx, pool, inbox.PruneOptions{Scope: *scope, OlderThan: *olderThan, ReplayHorizon: span.Total, Margin: *margin, BatchSize: *batch})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "pruned %d inbox rows of scope %q older than %v (horizon %v: %s)\n", n, *durable, *olderThan, horizon, why)
+	fmt.Fprintf(stdout, "pruned %d inbox rows of scope %q older than %v (horizon %v: %s)\n", n, *scope, *olderThan, span.Total, span.Why)
 	return nil
 }
 
-// replayHorizon is the longest time after which a message of stream can
-// still reach the inbox, and which setting says so. A stream without MaxAge
-// keeps messages forever: no horizon is safe, so it is an error.
-func replayHorizon(ctx context.Context, js jetstream.JetStream, stream, durable string, nakCap time.Duration) (time.Duration, string, error) {
+// readHorizon reads the settings the horizon depends on from the servers:
+// the stream, the durable (its defaults if it does not exist, as the
+// consumer would create it) and, if re-drives count, the dead-letter stream.
+func readHorizon(ctx context.Context, js jetstream.JetStream, stream, durable string, in horizon.Inputs, redrive bool) (horizon.Span, error) {
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
-		return 0, "", fmt.Errorf("prune: stream %s: %w", stream, err)
+		return horizon.Span{}, fmt.Errorf("prune: stream %s: %w", stream, err)
 	}
-	cfg := s.CachedInfo().Config
-	if cfg.MaxAge == 0 {
-		return 0, "", fmt.Errorf("prune: stream %s keeps messages forever (MaxAge 0): any pruned row could be replayed into a duplicate; set a MaxAge first", stream)
-	}
-	horizon, why := cfg.MaxAge, fmt.Sprintf("stream %s MaxAge", stream)
-	if dlq, err := js.Stream(ctx, stream+"_DLQ"); err == nil {
-		if a := dlq.CachedInfo().Config.MaxAge; a == 0 || a > horizon {
-			if a == 0 {
-				return 0, "", fmt.Errorf("prune: dead-letter stream %s_DLQ keeps messages forever: a re-drive could come back after any horizon", stream)
-			}
-			horizon, why = a, fmt.Sprintf("dead-letter stream %s_DLQ MaxAge", stream)
+	in.Stream = s.CachedInfo().Config
+	if redrive {
+		dlq, err := js.Stream(ctx, stream+"_DLQ")
+		switch {
+		case err == nil:
+			cfg := dlq.CachedInfo().Config
+			in.DeadLetters = &cfg
+		case !errors.Is(err, jetstream.ErrStreamNotFound):
+			return horizon.Span{}, fmt.Errorf("prune: dead-letter stream %s_DLQ: %w", stream, err)
 		}
 	}
-	if c, err := js.Consumer(ctx, stream, durable); err == nil {
-		cc := c.CachedInfo().Config
-		step := max(cc.AckWait, nakCap)
-		if n := len(cc.BackOff); n > 0 {
-			step = max(step, cc.BackOff[n-1])
-		}
-		if r := time.Duration(cc.MaxDeliver) * step; cc.MaxDeliver > 0 && r > horizon {
-			horizon, why = r, fmt.Sprintf("durable %s MaxDeliver × longest delay", durable)
-		}
+	c, err := js.Consumer(ctx, stream, durable)
+	switch {
+	case err == nil:
+		cfg := c.CachedInfo().Config
+		in.Consumer = &cfg
+	case !errors.Is(err, jetstream.ErrConsumerNotFound):
+		return horizon.Span{}, fmt.Errorf("prune: durable %s: %w", durable, err)
 	}
-	return horizon, why, nil
+	return horizon.Compute(in)
 }

@@ -3,89 +3,87 @@ package app
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"strconv"
-	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
-	"github.com/jetinbox/jetinbox/internal/pipeline"
+	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
-// errReplayApplied makes replay exit 1: a replayed message changed effects.
-var errReplayApplied = errors.New("replay: some replayed messages were applied: they had not been applied before (lost, or their inbox rows were pruned)")
+// errReplayApplied makes replay exit 1: a replayed message would be (or was)
+// applied, so the inbox had no row for it.
+var errReplayApplied = errors.New("replay: the inbox had no row for some replayed messages (pruned, lost, or the wrong -scope)")
 
-// replayCounts counts replay outcomes as batches commit.
-type replayCounts struct {
-	applied, duplicates, rejected, conflicts, retried atomic.Int64
-}
-
-func (r *replayCounts) ObserveBatch(b jsinbox.BatchReport) {
-	for _, o := range b.Outcomes {
-		switch o.Status {
-		case inbox.StatusApplied:
-			r.applied.Add(1)
-		case inbox.StatusDuplicate:
-			r.duplicates.Add(1)
-		case inbox.StatusRejected:
-			r.rejected.Add(1)
-		case inbox.StatusConflict:
-			r.conflicts.Add(1)
-		default:
-			r.retried.Add(1)
-		}
-	}
-}
-
-// Replay re-drives a range of the stream through the real consumer path with
-// a fresh durable and the same inbox scope. Every message should come back a
-// duplicate; that is the proof that the pipeline is idempotent.
+// Replay runs a range of the stream through the inbox of one scope again and
+// counts what happens. By default it is a dry run: every batch's claims and
+// effects run in a transaction that is rolled back. -apply commits (a real
+// re-drive). Neither mode publishes dead letters: a message rejected before
+// is counted, not dead-lettered again.
 func Replay(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("jetinbox replay", "Re-drive a stream range through the inbox with a fresh durable and the same scope.\n"+
-		"Effects must not change: every message comes back a duplicate (or a rejection again). Exit 1 if any was applied.", stderr)
+	fs := newFlagSet("jetinbox replay", "Run a range of the stream through the inbox of one scope again and report what it would change.\n"+
+		"By default a dry run: each batch's claims and effects run in a transaction that is rolled back,\n"+
+		"so nothing changes. -apply commits instead: a real re-drive. Neither mode dead-letters anything\n"+
+		"again; a message rejected before is only counted. Every message should come back a duplicate.\n"+
+		"Exit 0 nothing would be applied, 1 something would be (or, with -apply, was) applied: the inbox\n"+
+		"had no row for it (pruned, lost, or the wrong -scope), 2 usage error (a reversed range too).", stderr)
 	var nf natsFlags
 	nf.register(fs, env)
 	var (
 		dbURL    = fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL)")
-		stream   = fs.String("stream", env.or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream")
-		scope    = fs.String("scope", env.or("JETINBOX_DURABLE", "ledger"), "inbox scope of the consumer whose effects are replayed (its durable's name)")
+		stream   = fs.String("stream", env.or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream (env JETINBOX_STREAM)")
+		scope    = scopeFlag(fs, env)
 		fromSeq  = fs.Int("from-seq", 1, "first stream sequence to replay")
+		toSeq    = fs.Int("to-seq", 0, "last stream sequence to replay (0: the stream's last)")
 		fromTime = fs.String("from-time", "", "replay from this RFC 3339 time instead of -from-seq")
+		apply    = fs.Bool("apply", false, "commit: apply what the inbox does not have (a real re-drive) instead of rolling back")
 		batch    = fs.Int("batch", 500, "most messages per transaction")
 		timeout  = fs.Duration("timeout", 10*time.Minute, "give up after this long")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if err := nf.validate(); err != nil {
-		return usageError{err}
-	}
-	if *dbURL == "" {
-		return usageError{errors.New("no database: set -database-url or DATABASE_URL")}
-	}
-	cfg := jsinbox.ConsumerConfig{Stream: *stream, Durable: "replay-" + strconv.FormatInt(time.Now().UnixNano(), 36), BatchSize: *batch}
-	if *fromTime != "" {
+	seqSet := false
+	fs.Visit(func(f *flag.Flag) { seqSet = seqSet || f.Name == "from-seq" })
+	var start *time.Time
+	switch {
+	case *fromSeq < 1:
+		return usageError{errors.New("-from-seq must be at least 1")}
+	case *toSeq < 0:
+		return usageError{errors.New("-to-seq must not be negative")}
+	case *toSeq > 0 && *fromSeq > *toSeq:
+		return usageError{fmt.Errorf("-from-seq %d is after -to-seq %d: a reversed range replays nothing", *fromSeq, *toSeq)}
+	case *batch < 1:
+		return usageError{errors.New("-batch must be at least 1")}
+	case *fromTime != "":
+		if seqSet {
+			return usageError{errors.New("set -from-seq or -from-time, not both")}
+		}
 		t, err := time.Parse(time.RFC3339, *fromTime)
 		if err != nil {
 			return usageError{fmt.Errorf("-from-time: %w", err)}
 		}
-		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
-	} else {
-		if *fromSeq < 1 {
-			return usageError{errors.New("-from-seq must be at least 1")}
-		}
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, uint64(*fromSeq)
+		start = &t
+	}
+	if err := nf.validate(); err != nil {
+		return usageError{err}
+	}
+	if err := checkScope(*scope); err != nil {
+		return err
+	}
+	if *dbURL == "" {
+		return usageError{errors.New("no database: set -database-url or DATABASE_URL")}
 	}
 	log := newLogger(stderr, "text", slog.LevelWarn)
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	pool, err := openDB(ctx, *dbURL, 8, log)
+	pool, err := openDB(ctx, *dbURL, 2, log)
 	if err != nil {
 		return usageError{err}
 	}
@@ -99,39 +97,199 @@ func Replay(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 	}
 	defer nc.Close()
 
-	proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: *scope, Handler: effects.NewLedger(), Logger: log})
+	var db inbox.Beginner = pool
+	if !*apply {
+		db = rollbackDB{pool}
+	}
+	proc, err := newLedgerProcessor(db, inbox.Config{Scope: *scope, Logger: log})
 	if err != nil {
 		return usageError{err}
 	}
-	counts := &replayCounts{}
-	cfg.Observer, cfg.DB, cfg.Logger = counts, pool, log
-	c, err := jsinbox.NewConsumer(js, proc, cfg)
+	began := time.Now()
+	rg := replayRange{from: uint64(*fromSeq), to: uint64(*toSeq), fromTime: start}
+	counts, first, last, err := replay(ctx, js, *stream, rg, *batch, proc)
 	if err != nil {
-		return usageError{err}
-	}
-	start := time.Now()
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(rctx) }()
-	werr := pipeline.WaitSettled(ctx, js, *stream, cfg.Durable, nil)
-	stop()
-	if err := <-done; err != nil {
 		return err
 	}
-	// The replay durable was a tool, not state to keep.
-	_ = js.DeleteConsumer(context.WithoutCancel(ctx), *stream, cfg.Durable)
-	if werr != nil {
-		return werr
+	if counts.total > 0 {
+		var none bool
+		if err := pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM inbox WHERE scope = $1)`, *scope).Scan(&none); err != nil {
+			return fmt.Errorf("replay: inbox: %w", err)
+		}
+		if none {
+			scopes, err := verify.Scopes(ctx, pool, 20)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(stdout, "WARNING:", verify.NoRowsWarning(*scope, int(counts.total), scopes))
+		}
 	}
-	s := c.Stats()
-	fmt.Fprintf(stdout, "replayed %d messages of %s into scope %q in %.1fs\n", s.Received, *stream, *scope, time.Since(start).Seconds())
-	fmt.Fprintf(stdout, "  duplicates (no effect)   %d\n", counts.duplicates.Load())
-	fmt.Fprintf(stdout, "  rejected again           %d\n", counts.rejected.Load())
-	fmt.Fprintf(stdout, "  conflicts                %d\n", counts.conflicts.Load())
-	fmt.Fprintf(stdout, "  applied now              %d\n", counts.applied.Load())
-	if counts.applied.Load() > 0 {
-		return errReplayApplied
+	mode, applied, rejected := "dry run, rolled back: nothing changed", "would apply", "would be rejected now"
+	if *apply {
+		mode, applied, rejected = "applied, committed", "applied now", "rejected now"
+	}
+	fmt.Fprintf(stdout, "replayed %d messages of %s (seq %d-%d) in scope %q in %.1fs (%s)\n",
+		counts.total, *stream, first, last, *scope, time.Since(began).Seconds(), mode)
+	line := func(label string, n int64, note string) { fmt.Fprintf(stdout, "  %-25s%d%s\n", label, n, note) }
+	line("duplicates (no effect)", counts.duplicates, "")
+	line("rejected before", counts.rejectedBefore, "  (counted, not dead-lettered again)")
+	line("conflicts", counts.conflicts, "  (ID reused with another payload; not applied)")
+	if counts.noID > 0 {
+		line("without a valid ID", counts.noID, "")
+	}
+	line(rejected, counts.rejectedNow, "  (no inbox row, and not applicable; not dead-lettered)")
+	line(applied, counts.applied, "")
+	if counts.retried > 0 {
+		return fmt.Errorf("replay: %d messages failed with retryable errors and were not settled; run replay again", counts.retried)
+	}
+	if counts.applied > 0 {
+		if *apply {
+			return fmt.Errorf("%w: %d applied now", errReplayApplied, counts.applied)
+		}
+		return fmt.Errorf("%w: %d would be applied; nothing was changed", errReplayApplied, counts.applied)
 	}
 	fmt.Fprintln(stdout, "effects unchanged: the pipeline is idempotent over this range")
 	return nil
 }
+
+// replayRange is the part of the stream replay reads: from a sequence or a
+// time, up to a sequence (0: the stream's last at the start).
+type replayRange struct {
+	from, to uint64
+	fromTime *time.Time
+}
+
+// replayCounts counts replay outcomes.
+type replayCounts struct {
+	total, applied, duplicates, rejectedBefore, rejectedNow, conflicts, noID, retried int64
+	// seen holds the IDs this run applied or rejected itself, so that a
+	// later copy in the range counts as what it would meet had the first
+	// been committed (a dry run commits nothing).
+	seen map[string]inbox.Status
+}
+
+func (c *replayCounts) add(m inbox.Message, o inbox.Outcome) {
+	c.total++
+	if prev, ok := c.seen[m.ID]; ok && m.ID != "" {
+		if prev == inbox.StatusApplied {
+			c.duplicates++
+		} else {
+			c.rejectedBefore++
+		}
+		return
+	}
+	switch o.Status {
+	case inbox.StatusApplied:
+		c.applied++
+		c.seen[m.ID] = o.Status
+	case inbox.StatusDuplicate:
+		c.duplicates++
+	case inbox.StatusRejected:
+		switch {
+		case o.Redelivered:
+			c.rejectedBefore++
+		case errors.Is(o.Err, inbox.ErrInvalidID):
+			c.noID++
+		default:
+			c.rejectedNow++
+			c.seen[m.ID] = o.Status
+		}
+	case inbox.StatusConflict:
+		c.conflicts++
+	default:
+		c.retried++
+	}
+}
+
+// replay reads the range with an ordered consumer (no durable, nothing
+// acked) and runs it through proc batch by batch. It returns the counts and
+// the first and last sequence it read.
+func replay(ctx context.Context, js jetstream.JetStream, stream string, rg replayRange, batch int, proc *inbox.Processor) (*replayCounts, uint64, uint64, error) {
+	counts := &replayCounts{seen: map[string]inbox.Status{}}
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("replay: stream %s: %w", stream, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("replay: stream %s: %w", stream, err)
+	}
+	last := info.State.LastSeq
+	if rg.to > 0 && rg.to < last {
+		last = rg.to
+	}
+	if info.State.Msgs == 0 || last < max(rg.from, info.State.FirstSeq) {
+		return counts, 0, 0, nil
+	}
+	occ := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: rg.from}
+	if rg.fromTime != nil {
+		occ = jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: rg.fromTime}
+	}
+	oc, err := s.OrderedConsumer(ctx, occ)
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("replay: ordered consumer on %s: %w", stream, err)
+	}
+	var first, seq uint64
+	for seq < last {
+		fetched, err := oc.Fetch(batch, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return nil, 0, 0, fmt.Errorf("replay: read %s: %w", stream, err)
+		}
+		msgs := make([]inbox.Message, 0, batch)
+		for m := range fetched.Messages() {
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, 0, 0, fmt.Errorf("replay: read %s: %w", stream, err)
+			}
+			if md.Sequence.Stream > last {
+				seq = last
+				break
+			}
+			seq = md.Sequence.Stream
+			if first == 0 {
+				first = seq
+			}
+			// A replayed message has been delivered before: Deliveries 2
+			// makes the processor claim it with conflict checks at once.
+			msgs = append(msgs, inbox.Message{ID: m.Headers().Get(jetstream.MsgIDHeader), Payload: m.Data(), Subject: m.Subject(),
+				StreamSeq: seq, Deliveries: 2, Published: md.Timestamp})
+		}
+		if err := fetched.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return nil, 0, 0, fmt.Errorf("replay: read %s: %w", stream, err)
+		}
+		if len(msgs) == 0 {
+			if seq < last {
+				return nil, 0, 0, fmt.Errorf("replay: read %s: stopped at sequence %d of %d", stream, seq, last)
+			}
+			break
+		}
+		out, err := proc.Process(ctx, msgs)
+		if err != nil {
+			return nil, 0, 0, fmt.Errorf("replay: batch ending at sequence %d: %w", seq, err)
+		}
+		for i := range msgs {
+			counts.add(msgs[i], out[i])
+		}
+	}
+	return counts, first, seq, nil
+}
+
+// rollbackDB begins transactions whose Commit rolls back, so that a dry run
+// takes the processor's whole path (claims, effects, rejections, conflicts)
+// and leaves nothing behind.
+type rollbackDB struct{ db inbox.Beginner }
+
+// Begin implements inbox.Beginner.
+func (r rollbackDB) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := r.db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return rollbackTx{tx}, nil
+}
+
+// rollbackTx is a transaction whose Commit rolls it back.
+type rollbackTx struct{ pgx.Tx }
+
+// Commit rolls the transaction back.
+func (t rollbackTx) Commit(ctx context.Context) error { return t.Rollback(ctx) }

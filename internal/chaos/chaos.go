@@ -281,7 +281,7 @@ func runOne(ctx context.Context, pg *testenv.Postgres, o Options, prod, cons str
 	row.Faults = strings.Join(fs, ", ")
 	var rep *verify.Report
 	if prod == "stable-id" && cons == "jetinbox" {
-		if rep, err = verify.Run(ctx, r.js, r.pool, verify.Options{Scope: durable, Durable: durable, Ledger: true}); err != nil {
+		if rep, err = verify.Run(ctx, r.js, r.pool, verify.Options{Scope: effects.DefaultScope, Durable: durable, Ledger: true}); err != nil {
 			return Row{}, nil, err
 		}
 	}
@@ -458,7 +458,9 @@ func (r *run) runJetinbox(ctx context.Context, durable string, pl plan) error {
 	} else if r.o.LoseAck > 0 {
 		fp.EnableEvery(failpoint.SkipAck, max(1, int(1/r.o.LoseAck)), -1)
 	}
-	proc, err := inbox.NewProcessor(r.pool, inbox.Config{Scope: durable, Handler: effects.NewLedger()})
+	// The scope is the effect's identity, the durable only the
+	// subscription: NewLedger writes under the default scope.
+	proc, err := inbox.NewProcessor(r.pool, inbox.Config{Scope: effects.DefaultScope, Handler: effects.NewLedger()})
 	if err != nil {
 		return err
 	}

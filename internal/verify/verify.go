@@ -12,25 +12,30 @@ import (
 	"io"
 	"sort"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
-	"github.com/jetinbox/jetinbox/jitter"
+	"github.com/jetinbox/jetinbox/internal/horizon"
 )
 
 // Options says what to check.
 type Options struct {
 	// Stream is the intents stream. Default "INTENTS".
 	Stream string
-	// Scope is the inbox scope (the durable's name). Default "ledger".
+	// Scope is the inbox scope: the identity of the effect checked. Inbox
+	// rows, conflicts, dead letters and ledger entries of other scopes are
+	// not judged. Default "ledger".
 	Scope string
-	// Durable, if set, is consulted for messages still pending.
+	// Durable, if set, is consulted for messages still pending and for its
+	// redelivery settings. It has nothing to do with the scope.
 	Durable string
 	// Ledger checks the ledger effect: entries per message and balances.
 	// Set false for other effects.
@@ -51,6 +56,25 @@ type Range struct {
 	FromTime, ToTime time.Time
 }
 
+// ErrBadRange is returned for a range that selects nothing by construction:
+// reversed, or set by sequence and by time at once.
+var ErrBadRange = errors.New("verify: bad range")
+
+// Validate reports a reversed range (-from-seq after -to-seq, -from-time
+// after -to-time) or a start given both by sequence and by time. A reversed
+// range would read nothing and look clean.
+func (r Range) Validate() error {
+	switch {
+	case r.FromSeq > 0 && r.ToSeq > 0 && r.FromSeq > r.ToSeq:
+		return fmt.Errorf("%w: from sequence %d is after to sequence %d", ErrBadRange, r.FromSeq, r.ToSeq)
+	case !r.FromTime.IsZero() && !r.ToTime.IsZero() && r.FromTime.After(r.ToTime):
+		return fmt.Errorf("%w: from time %s is after to time %s", ErrBadRange, r.FromTime.Format(time.RFC3339), r.ToTime.Format(time.RFC3339))
+	case r.FromSeq > 1 && !r.FromTime.IsZero():
+		return fmt.Errorf("%w: start either by sequence or by time, not both", ErrBadRange)
+	}
+	return nil
+}
+
 func (r Range) partial() bool {
 	return r.FromSeq > 1 || r.ToSeq > 0 || !r.FromTime.IsZero() || !r.ToTime.IsZero()
 }
@@ -65,6 +89,16 @@ type HorizonOptions struct {
 	// PublishRetry is the producer's retry horizon. Default: that of
 	// jitter.Default().
 	PublishRetry time.Duration
+	// Margin is how much longer than the horizon the retention must be.
+	// Default inbox.DefaultPruneMargin, as for Prune.
+	Margin time.Duration
+	// Redrive counts dead-letter re-drives: dead letters re-published with
+	// their message ID while the dead-letter stream keeps them. Run reads
+	// that stream's configuration into DeadLetters.
+	Redrive bool
+	// DeadLetters is the dead-letter stream's configuration, counted when
+	// set. Run fills it in when Redrive is set.
+	DeadLetters *jetstream.StreamConfig
 }
 
 // Report is what verify found. Duplicate deliveries are expected and not
@@ -84,10 +118,17 @@ type Report struct {
 	EffectWithoutRow int `json:"effect_without_row"`
 	RowWithoutEffect int `json:"row_without_effect"`
 	// Rejected inbox rows, conflicts recorded, dead letters by status.
+	// A dead letter counts only when its headers name this stream and
+	// scope and a stream sequence whose message carries the dead letter's
+	// message ID (Jetinbox-Message-Id).
 	Rejected     int            `json:"rejected"`
 	Conflicts    int            `json:"conflicts"`
 	DeadLettered int            `json:"dead_lettered"`
 	DeadByStatus map[string]int `json:"dead_by_status"`
+	// DeadMismatched: dead letters of this stream and scope whose message
+	// ID is not the ID of the stream message at their sequence. They
+	// settle nothing.
+	DeadMismatched int `json:"dead_mismatched,omitempty"`
 	// BalanceMismatches: accounts whose balance differs from the sum of
 	// the applied intents.
 	BalanceMismatches int `json:"balance_mismatches"`
@@ -98,6 +139,9 @@ type Report struct {
 	// Horizons names settings that would let a duplicate through or lose
 	// track of a message: warnings, not violations of the invariants.
 	Horizons []string `json:"horizons,omitempty"`
+	// Warnings name the likely cause of what follows (a scope with no
+	// inbox rows at all, dead letters that match nothing). Printed first.
+	Warnings []string `json:"warnings,omitempty"`
 	// Partial is true when only a range of the stream was checked.
 	Partial bool `json:"partial,omitempty"`
 	// Examples of violations, for people.
@@ -124,6 +168,9 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 	if o.Scope == "" {
 		o.Scope = "ledger"
 	}
+	if err := o.Range.Validate(); err != nil {
+		return nil, err
+	}
 	msgs, err := ReadRange(ctx, js, o.Stream, o.Range, o.Progress)
 	if err != nil {
 		return nil, err
@@ -134,17 +181,12 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 		return nil, err
 	}
 	r := &Report{StreamMessages: len(msgs), DeadByStatus: map[string]int{}, RejectedByReason: map[string]int{}, Partial: partial}
-	deadSeqs := map[uint64]bool{}
+	dl := newDeadLetters(ctx, js, o.Stream, msgs)
 	for _, d := range dead {
 		if d.Header[jsinbox.HeaderStream] != o.Stream || d.Header[jsinbox.HeaderScope] != o.Scope {
 			continue
 		}
-		seq, _ := strconv.ParseUint(d.Header[jsinbox.HeaderStreamSeq], 10, 64)
-		if !deadSeqs[seq] {
-			deadSeqs[seq] = true
-			r.DeadLettered++
-			r.DeadByStatus[d.Header[jsinbox.HeaderStatus]]++
-		}
+		dl.add(r, d)
 	}
 
 	// The IDs in the stream, and every payload seen per ID by fingerprint:
@@ -167,18 +209,21 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 	type row struct {
 		status string
 		fp     []byte
+		seq    uint64 // the stream message that made the row
 	}
 	rows := map[string]row{}
-	dbRows, err := pool.Query(ctx, `SELECT message_id, status, fingerprint, coalesce(reason, '') FROM inbox WHERE scope = $1`, o.Scope)
+	dbRows, err := pool.Query(ctx, `SELECT message_id, status, fingerprint, coalesce(reason, ''), stream_seq FROM inbox WHERE scope = $1`, o.Scope)
 	if err != nil {
 		return nil, fmt.Errorf("verify: inbox: %w", err)
 	}
 	for dbRows.Next() {
 		var id, reason string
 		var rw row
-		if err := dbRows.Scan(&id, &rw.status, &rw.fp, &reason); err != nil {
+		var seq int64
+		if err := dbRows.Scan(&id, &rw.status, &rw.fp, &reason, &seq); err != nil {
 			return nil, fmt.Errorf("verify: inbox: %w", err)
 		}
+		rw.seq = uint64(max(seq, 0))
 		if _, in := byFP[id]; partial && !in {
 			continue // outside the range: not judged
 		}
@@ -204,10 +249,26 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM inbox_conflicts WHERE scope = $1`, o.Scope).Scan(&r.Conflicts); err != nil {
 		return nil, fmt.Errorf("verify: conflicts: %w", err)
 	}
+	// A scope without a single inbox row while the stream has messages is
+	// almost always the wrong -scope, not a stream of lost messages: say
+	// so first, and name the scopes that do have rows.
+	noRows := false
+	if len(msgs) > 0 {
+		if err := pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM inbox WHERE scope = $1)`, o.Scope).Scan(&noRows); err != nil {
+			return nil, fmt.Errorf("verify: inbox: %w", err)
+		}
+	}
+	if noRows {
+		scopes, err := Scopes(ctx, pool, 20)
+		if err != nil {
+			return nil, err
+		}
+		r.Warnings = append(r.Warnings, NoRowsWarning(o.Scope, len(msgs), scopes))
+	}
 
 	entries := map[string]int{}
 	if o.Ledger {
-		lr, err := pool.Query(ctx, `SELECT message_id, count(*) FROM ledger_entries GROUP BY message_id`)
+		lr, err := pool.Query(ctx, `SELECT message_id, count(*) FROM ledger_entries WHERE scope = $1 GROUP BY message_id`, o.Scope)
 		if err != nil {
 			return nil, fmt.Errorf("verify: ledger: %w", err)
 		}
@@ -253,8 +314,8 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 		}
 	}
 	for _, m := range msgs {
-		if deadSeqs[m.Seq] {
-			continue
+		if dl.at(m.Seq, m.ID) {
+			continue // dead-lettered itself
 		}
 		rw, ok := rows[m.ID]
 		if ok && rw.status == "applied" {
@@ -263,8 +324,20 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 				continue // applied, or a duplicate of the applied one
 			}
 		}
+		// Another copy of a rejected ID (a re-publish, or its
+		// redelivery): the consumer terminates it without a second dead
+		// letter. The row's stream sequence names the message that was
+		// dead-lettered.
+		if ok && rw.status == "rejected" && dl.at(rw.seq, m.ID) {
+			continue
+		}
 		r.Lost++
-		r.example("lost: stream seq %d (id %q) neither applied nor dead-lettered", m.Seq, m.ID)
+		if !noRows {
+			r.example("lost: stream seq %d (id %q) neither applied nor dead-lettered", m.Seq, m.ID)
+		}
+	}
+	if r.DeadMismatched > 0 {
+		r.Warnings = append(r.Warnings, fmt.Sprintf("%d dead letters of stream %s and scope %q name a stream sequence whose message has another ID; they settle nothing", r.DeadMismatched, o.Stream, o.Scope))
 	}
 
 	if o.Ledger && !partial {
@@ -279,6 +352,23 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 			if in, err := effects.ParseIntent(byFP[id][[32]byte(rw.fp)]); err == nil {
 				want[in.Account] += in.Amount
 			}
+		}
+		// Other scopes apply their own effects to the same accounts: take
+		// their entries as they are (their own verify judges them), so that
+		// this scope's intents are still checked to the unit.
+		or, err := pool.Query(ctx, `SELECT account, sum(amount)::bigint FROM ledger_entries WHERE scope <> $1 GROUP BY account`, o.Scope)
+		if err != nil {
+			return nil, fmt.Errorf("verify: ledger of other scopes: %w", err)
+		}
+		for or.Next() {
+			var acct, sum int64
+			if err := or.Scan(&acct, &sum); err != nil {
+				return nil, fmt.Errorf("verify: ledger of other scopes: %w", err)
+			}
+			want[acct] += sum
+		}
+		if err := or.Err(); err != nil {
+			return nil, fmt.Errorf("verify: ledger of other scopes: %w", err)
 		}
 		br, err := pool.Query(ctx, `SELECT id, balance FROM accounts`)
 		if err != nil {
@@ -306,6 +396,12 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 				r.Pending = info.NumPending + uint64(info.NumAckPending)
 				consumerCfg = &info.Config
 			}
+		}
+	}
+	if o.Horizon.Redrive && o.Horizon.DeadLetters == nil {
+		if s, err := js.Stream(ctx, o.Stream+"_DLQ"); err == nil {
+			cfg := s.CachedInfo().Config
+			o.Horizon.DeadLetters = &cfg
 		}
 	}
 	if s, err := js.Stream(ctx, o.Stream); err == nil {
@@ -404,6 +500,9 @@ func ReadRange(ctx context.Context, js jetstream.JetStream, stream string, rg Ra
 
 // WriteTable prints the report for people.
 func (r *Report) WriteTable(w io.Writer) {
+	for _, warn := range r.Warnings {
+		fmt.Fprintln(w, "WARNING:", warn)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := func(name string, v any, note string) { fmt.Fprintf(tw, "%s\t%v\t  %s\n", name, v, note) }
 	row("stream messages", r.StreamMessages, "")
@@ -418,6 +517,9 @@ func (r *Report) WriteTable(w io.Writer) {
 	row("rejected (inbox)", r.Rejected, "")
 	row("conflicts", r.Conflicts, "")
 	row("dead-lettered", r.DeadLettered, "")
+	if r.DeadMismatched > 0 {
+		row("dead letters matching nothing", r.DeadMismatched, "")
+	}
 	row("still pending", r.Pending, "")
 	tw.Flush()
 	if r.Partial {
@@ -446,37 +548,162 @@ func Mark(ok bool) string {
 }
 
 // CheckHorizons names the settings under which a message could come back
-// after the inbox forgot it (a duplicate effect), or be given up on.
+// after the inbox forgot it (a duplicate effect), or be given up on. The
+// horizon is computed by package horizon, as `jetinbox prune` computes it.
 func CheckHorizons(stream jetstream.StreamConfig, consumer *jetstream.ConsumerConfig, h HorizonOptions) []string {
 	if h.NakCap == 0 {
-		h.NakCap = 30 * time.Second
+		h.NakCap = horizon.DefaultNakCap
 	}
 	if h.PublishRetry == 0 {
-		h.PublishRetry, _ = jitter.Default().Horizon()
+		h.PublishRetry = horizon.DefaultPublishRetry()
+	}
+	if h.Margin == 0 {
+		h.Margin = inbox.DefaultPruneMargin
 	}
 	var p []string
-	if h.Retention > 0 {
-		if stream.MaxAge == 0 {
-			p = append(p, fmt.Sprintf("stream %s keeps messages forever (MaxAge 0) but inbox rows are pruned after %v: a replay or re-drive of an older message applies it again; set MaxAge below the inbox retention", stream.Name, h.Retention))
-		} else if stream.MaxAge > h.Retention {
-			p = append(p, fmt.Sprintf("stream MaxAge %v is longer than the inbox retention %v: a message can be replayed after its inbox row is gone; raise the retention (Prune OlderThan) above MaxAge", stream.MaxAge, h.Retention))
-		}
+	if consumer != nil && consumer.MaxDeliver < 1 {
+		p = append(p, fmt.Sprintf("durable %s has unlimited MaxDeliver: a message that keeps failing is never dead-lettered", consumer.Durable))
 	}
-	if consumer != nil {
-		if consumer.MaxDeliver < 1 {
-			p = append(p, fmt.Sprintf("durable %s has unlimited MaxDeliver: a message that keeps failing is never dead-lettered", consumer.Durable))
-		} else if h.Retention > 0 {
-			step := max(consumer.AckWait, h.NakCap)
-			if n := len(consumer.BackOff); n > 0 {
-				step = max(step, consumer.BackOff[n-1])
+	if h.Retention > 0 {
+		span, err := horizon.Compute(horizon.Inputs{Stream: stream, DeadLetters: h.DeadLetters, Consumer: consumer, NakCap: h.NakCap, PublishRetry: h.PublishRetry})
+		switch {
+		case stream.MaxAge == 0:
+			p = append(p, fmt.Sprintf("stream %s keeps messages forever (MaxAge 0) but inbox rows are pruned after %v: a replay or re-drive of an older message applies it again; set MaxAge below the inbox retention", stream.Name, h.Retention))
+		case errors.Is(err, horizon.ErrUnbounded):
+			if consumer == nil || consumer.MaxDeliver >= 1 {
+				p = append(p, fmt.Sprintf("inbox rows are pruned after %v, but %v", h.Retention, err))
 			}
-			if redelivery := time.Duration(consumer.MaxDeliver) * step; redelivery > h.Retention {
-				p = append(p, fmt.Sprintf("MaxDeliver %d × %v can redeliver a message %v after its first delivery, longer than the inbox retention %v", consumer.MaxDeliver, step, redelivery, h.Retention))
-			}
+		case err != nil:
+			p = append(p, err.Error())
+		case stream.MaxAge > h.Retention:
+			p = append(p, fmt.Sprintf("stream MaxAge %v is longer than the inbox retention %v: a message can be replayed after its inbox row is gone; raise the retention (Prune OlderThan) above the horizon %v + margin %v (%s)",
+				stream.MaxAge, h.Retention, span.Total, h.Margin, span.Why))
+		case span.Redelivery > h.Retention:
+			p = append(p, fmt.Sprintf("redeliveries can bring a message back %v after its first delivery, longer than the inbox retention %v (%s)", span.Redelivery, h.Retention, span.Why))
+		case h.Retention <= span.Total+h.Margin:
+			p = append(p, fmt.Sprintf("inbox retention %v is not longer than the horizon %v + margin %v over which a message can come back (%s)", h.Retention, span.Total, h.Margin, span.Why))
 		}
 	}
 	if stream.Duplicates < h.PublishRetry {
 		p = append(p, fmt.Sprintf("duplicate window %v is shorter than the producer's retry horizon %v: late retries become second stream messages (the inbox still drops them)", stream.Duplicates, h.PublishRetry))
 	}
 	return p
+}
+
+// deadKey is what a dead letter must match: the stream sequence and the
+// message ID of the stream message it stands for.
+type deadKey struct {
+	seq uint64
+	id  string
+}
+
+// deadLetters holds the dead letters of one stream and scope, keyed by the
+// stream sequence and message ID their headers name.
+type deadLetters struct {
+	ctx    context.Context
+	js     jetstream.JetStream
+	stream string
+	// idAt maps the sequences read from the stream to their message IDs.
+	idAt map[uint64]string
+	// ok: dead letters whose ID is that of the stream message at their
+	// sequence. unchecked: dead letters for sequences not read (outside
+	// the range), checked against the stream when first asked about.
+	ok, unchecked map[deadKey]bool
+}
+
+func newDeadLetters(ctx context.Context, js jetstream.JetStream, stream string, msgs []Message) *deadLetters {
+	d := &deadLetters{ctx: ctx, js: js, stream: stream, idAt: make(map[uint64]string, len(msgs)),
+		ok: map[deadKey]bool{}, unchecked: map[deadKey]bool{}}
+	for _, m := range msgs {
+		d.idAt[m.Seq] = m.ID
+	}
+	return d
+}
+
+// add files one dead letter of the stream and scope, counting it in r if it
+// stands for a stream message that was read.
+func (d *deadLetters) add(r *Report, m Message) {
+	seq, err := strconv.ParseUint(m.Header[jsinbox.HeaderStreamSeq], 10, 64)
+	id, hasID := m.Header[jsinbox.HeaderMessageID]
+	if err != nil || !hasID {
+		r.DeadMismatched++
+		r.example("dead letter %d of %s names no stream sequence or message ID: it settles nothing", m.Seq, d.stream)
+		return
+	}
+	k := deadKey{seq, id}
+	if d.ok[k] || d.unchecked[k] {
+		return // the same message dead-lettered again
+	}
+	sid, read := d.idAt[seq]
+	switch {
+	case !read:
+		d.unchecked[k] = true
+	case sid != id:
+		r.DeadMismatched++
+		r.example("dead letter %d names stream seq %d with id %q, but that message's id is %q: it settles nothing", m.Seq, seq, id, sid)
+	default:
+		d.ok[k] = true
+		r.DeadLettered++
+		r.DeadByStatus[m.Header[jsinbox.HeaderStatus]]++
+	}
+}
+
+// at reports whether the stream message at seq with this ID was
+// dead-lettered. A dead letter for a sequence that was not read is checked
+// against the stream message now; one whose message is gone from the stream
+// (aged out) is taken on its headers.
+func (d *deadLetters) at(seq uint64, id string) bool {
+	k := deadKey{seq, id}
+	if d.ok[k] {
+		return true
+	}
+	if !d.unchecked[k] {
+		return false
+	}
+	delete(d.unchecked, k)
+	s, err := d.js.Stream(d.ctx, d.stream)
+	if err != nil {
+		return false
+	}
+	raw, err := s.GetMsg(d.ctx, seq)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		d.ok[k] = true
+	case err == nil && raw.Header.Get(jetstream.MsgIDHeader) == id:
+		d.ok[k] = true
+	}
+	return d.ok[k]
+}
+
+// Scopes returns up to limit scopes that have inbox rows, in order, with an
+// index skip scan over the primary key: cheap on a large inbox.
+func Scopes(ctx context.Context, pool *pgxpool.Pool, limit int) ([]string, error) {
+	rows, err := pool.Query(ctx, `WITH RECURSIVE s(scope) AS (
+	(SELECT scope FROM inbox ORDER BY scope LIMIT 1)
+	UNION ALL
+	SELECT (SELECT i.scope FROM inbox i WHERE i.scope > s.scope ORDER BY i.scope LIMIT 1) FROM s WHERE s.scope IS NOT NULL
+)
+SELECT scope FROM s WHERE scope IS NOT NULL LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("verify: inbox scopes: %w", err)
+	}
+	scopes, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("verify: inbox scopes: %w", err)
+	}
+	return scopes, nil
+}
+
+// NoRowsWarning says that scope has no inbox rows at all while the stream
+// has n messages to judge, and names the scopes that do have rows.
+func NoRowsWarning(scope string, n int, scopes []string) string {
+	if len(scopes) == 0 {
+		return fmt.Sprintf("the inbox has no rows at all, yet the stream has %d messages here: nothing consumed them into this database (is DATABASE_URL the consumer's?)", n)
+	}
+	q := make([]string, len(scopes))
+	for i, s := range scopes {
+		q[i] = strconv.Quote(s)
+	}
+	return fmt.Sprintf("scope %q has no inbox rows at all, yet the stream has %d messages here: -scope (JETINBOX_SCOPE) is likely wrong; scopes with rows: %s",
+		scope, n, strings.Join(q, ", "))
 }

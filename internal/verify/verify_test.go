@@ -156,6 +156,10 @@ func TestCheckHorizons(t *testing.T) {
 		{"unlimited MaxDeliver", stream, &jetstream.ConsumerConfig{Durable: "x", MaxDeliver: -1}, verify.HorizonOptions{}, "unlimited MaxDeliver"},
 		{"redelivery past retention", jetstream.StreamConfig{MaxAge: time.Minute, Duplicates: 2 * time.Minute}, &jetstream.ConsumerConfig{MaxDeliver: 100, AckWait: time.Minute}, verify.HorizonOptions{Retention: time.Hour}, "longer than the inbox retention 1h0m0s"},
 		{"short duplicate window", jetstream.StreamConfig{MaxAge: time.Hour, Duplicates: 10 * time.Second}, cons, verify.HorizonOptions{}, "duplicate window 10s is shorter"},
+		// The horizon prune computes: 2m late copies + 7d, plus a 1h margin.
+		{"retention at the horizon", stream, cons, verify.HorizonOptions{Retention: 7*24*time.Hour + 2*time.Minute + time.Hour}, "is not longer than the horizon 168h2m0s + margin 1h0m0s"},
+		{"retention past the horizon", stream, cons, verify.HorizonOptions{Retention: 7*24*time.Hour + 2*time.Minute + time.Hour + time.Second}, ""},
+		{"re-drives count", stream, cons, verify.HorizonOptions{Retention: 30 * 24 * time.Hour, DeadLetters: &jetstream.StreamConfig{Name: "INTENTS_DLQ", MaxAge: 30 * 24 * time.Hour}}, "re-drives"},
 	}
 	for _, c := range cases {
 		got := strings.Join(verify.CheckHorizons(c.stream, c.cons, c.h), "\n")
@@ -163,4 +167,108 @@ func TestCheckHorizons(t *testing.T) {
 			t.Errorf("%s: got %q, want %q", c.name, got, c.want)
 		}
 	}
+}
+
+// consumeSettled runs a jetinbox consumer on durable "ledger" until it has
+// settled the stream, then stops it.
+func consumeSettled(t *testing.T, js jetstream.JetStream, pool *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	proc, _ := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: effects.NewLedger()})
+	c, _ := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{Durable: "ledger"})
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(cctx) }()
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	defer wcancel()
+	werr := pipeline.WaitSettled(wctx, js, jsinbox.DefaultStream, "ledger", nil)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if werr != nil {
+		t.Fatal(werr)
+	}
+}
+
+// TestVerifyTrustsDeadLettersByHeader: a dead letter settles the stream
+// message it names by stream, scope, sequence AND message ID; one whose ID
+// is not that of the message at its sequence settles nothing. A copy of a
+// rejected ID published again later (which the consumer terminates without
+// a second dead letter) is settled by the dead letter at the sequence the
+// rejected inbox row records.
+func TestVerifyTrustsDeadLettersByHeader(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	pool, err := pgxpool.New(ctx, testenv.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	const window = time.Second
+	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamOptions{DuplicateWindow: window}, 16); err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := jsinbox.NewPublisher(ctx, js, jsinbox.PublisherConfig{})
+	publish := func(ins ...jsinbox.Intent) {
+		t.Helper()
+		for _, in := range ins {
+			if err := pub.Publish(ctx, in); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := pub.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poison := jsinbox.Intent{ID: "bad-1", Subject: "intents.poison", Payload: []byte(`{"account":1,`)}
+	publish(append(pipeline.Generate(pipeline.Load{Count: 20, Accounts: 16, Prefix: "d"}), poison)...) // poison is seq 21
+	consumeSettled(t, js, pool)
+	check := func(what string, ok func(r *verify.Report) bool) {
+		t.Helper()
+		r, err := verify.Run(ctx, js, pool, verify.Options{Scope: "ledger", Ledger: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok(r) {
+			var b strings.Builder
+			r.WriteTable(&b)
+			t.Fatalf("%s:\n%s", what, b.String())
+		}
+	}
+	check("settled pipeline with one poison message", func(r *verify.Report) bool {
+		return r.Clean() && r.DeadLettered == 1 && r.Rejected == 1 && r.AppliedOnce == 20
+	})
+
+	// The rejected ID published again after the duplicate window: seq 22.
+	// The consumer terminates such a copy without dead-lettering it again.
+	time.Sleep(window + 200*time.Millisecond)
+	publish(poison)
+	check("a rejected ID published again, dead-lettered once at the row's sequence", func(r *verify.Report) bool {
+		return r.Clean() && r.StreamMessages == 22 && r.DeadLettered == 1
+	})
+
+	// seq 23 was never consumed; a dead letter naming seq 23 with another
+	// message's ID must not settle it.
+	publish(jsinbox.Intent{ID: "orphan", Subject: "intents.1", Payload: effects.Intent{Account: 1, Amount: 5}.AppendJSON(nil)})
+	forged := nats.NewMsg(jsinbox.DeadLetterPrefix + "intents.1")
+	forged.Data = []byte(`{"account":1,"amount":5}`)
+	for k, v := range map[string]string{jsinbox.HeaderStream: jsinbox.DefaultStream, jsinbox.HeaderScope: "ledger",
+		jsinbox.HeaderStreamSeq: "23", jsinbox.HeaderMessageID: "someone-else", jsinbox.HeaderStatus: "rejected"} {
+		forged.Header.Set(k, v)
+	}
+	if _, err := js.PublishMsg(ctx, forged); err != nil {
+		t.Fatal(err)
+	}
+	check("a dead letter whose ID is not the message's", func(r *verify.Report) bool {
+		return !r.Clean() && r.Lost == 1 && r.DeadMismatched == 1 && r.DeadLettered == 1 &&
+			strings.Contains(strings.Join(r.Examples, "\n"), `lost: stream seq 23 (id "orphan")`)
+	})
 }
