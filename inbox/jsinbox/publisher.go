@@ -33,6 +33,23 @@ type Intent struct {
 
 // PublisherConfig configures a [Publisher].
 type PublisherConfig struct {
+	// Stream is the stream every intent must be stored in: an intent whose
+	// PubAck comes from another stream (its subject is captured by, say,
+	// the dead-letter stream's "dlq.intents.>") fails at once with
+	// [ErrWrongStream], naming both streams, and is not retried.
+	// Default [DefaultStream] ("INTENTS").
+	Stream string
+	// ExpectStream also sends Stream in each publish's Nats-Expected-Stream
+	// header, in single publishes and in atomic batches (the server checks
+	// it on every message of a batch), so that the server refuses an
+	// intent bound for another stream instead of storing a stray copy
+	// there. Off by default: the server stores the header with the intent,
+	// and a consumer that copies an intent's headers into its dead letter
+	// (jsinbox's Consumer does) would have that publish refused by the
+	// dead-letter stream. Turn it on only where the consumer drops
+	// JetStream's publish headers (Nats-Expected-*, Nats-Batch-*) from
+	// what it re-publishes.
+	ExpectStream bool
 	// MaxInFlight bounds the publishes awaiting a PubAck. Publish blocks
 	// while the window is full. Default 4096.
 	MaxInFlight int
@@ -71,6 +88,9 @@ const MaxBatch = 1000
 
 // WithDefaults returns c with defaults filled in.
 func (c PublisherConfig) WithDefaults() PublisherConfig {
+	if c.Stream == "" {
+		c.Stream = DefaultStream
+	}
 	if c.MaxInFlight <= 0 {
 		c.MaxInFlight = 4096
 	}
@@ -103,21 +123,32 @@ type PublishStats struct {
 	// Batches: atomic batches the stream stored; BatchFallbacks: batches
 	// it refused as a whole, whose intents were published one by one.
 	Batches, BatchFallbacks int64
-	// Failed intents: retry budget spent without a PubAck.
+	// Failed intents, each listed in Failures: retry budget spent
+	// without a PubAck, or refused for good (a subject another stream
+	// captures, [ErrWrongStream]).
 	Failed int64
 }
 
-// Failure is an intent the publisher could not publish within its budget.
+// Failure is an intent the publisher could not publish: its retry budget
+// ran out, or the stream refused it for good (Err wraps [ErrWrongStream]).
 type Failure struct {
 	ID       string
 	Attempts int
 	Err      error
 }
 
+// ErrWrongStream reports an intent whose subject is captured by a stream
+// other than [PublisherConfig.Stream]: that stream stored it, where no
+// consumer of Stream applies it, or refused it (with
+// [PublisherConfig.ExpectStream]). Retrying cannot help.
+var ErrWrongStream = errors.New("jsinbox: intent's subject belongs to another stream")
+
 // Publisher publishes intents asynchronously with a bounded in-flight window.
 // A publish that times out, finds no responders or fails on a disconnect is
 // retried with the same Nats-Msg-Id after a jittered delay, so the stream (in
 // its duplicate window) or the consumer's inbox (after it) drops the copy.
+//
+// A PubAck must come from the publisher's stream.
 type Publisher struct {
 	js     jetstream.JetStream
 	cfg    PublisherConfig
@@ -179,6 +210,9 @@ func (p *Publisher) Publish(ctx context.Context, in Intent) error {
 	}
 	p.wg.Add(1)
 	t := &tracker{p: p, in: in, header: nats.Header{jetstream.MsgIDHeader: []string{in.ID}}}
+	if p.cfg.ExpectStream {
+		t.header[jetstream.ExpectedStreamHeader] = []string{p.cfg.Stream}
+	}
 	if p.cfg.TracerProvider != nil {
 		var sctx context.Context
 		sctx, t.span = p.tracer.Start(ctx, "jetinbox.publish", trace.WithSpanKind(trace.SpanKindProducer),
@@ -283,12 +317,20 @@ func (t *tracker) wait(timer *time.Timer) {
 			t.retry(errors.New("PubAck lost (failpoint)"))
 			return
 		}
+		if ack.Stream != t.p.cfg.Stream {
+			t.fail(fmt.Errorf("%w: subject %q of intent %s is captured by stream %q, not %q; %q stored it", ErrWrongStream, t.in.Subject, t.in.ID, ack.Stream, t.p.cfg.Stream, ack.Stream))
+			return
+		}
 		if ack.Duplicate {
 			t.p.duplicates.Add(1)
 		}
 		t.p.published.Add(1)
 		t.done()
 	case err := <-f.Err():
+		if isStreamNotMatch(err) {
+			go t.wrongStream(err)
+			return
+		}
 		t.retry(err)
 	case <-timer.C:
 		t.retry(fmt.Errorf("no PubAck within %v: %w", t.p.cfg.AckTimeout, context.DeadlineExceeded))
@@ -303,19 +345,66 @@ func (t *tracker) retry(err error) {
 	}
 	d := t.bo.NextBackOff()
 	if d < 0 || t.p.ctx.Err() != nil || !retryable(err) {
-		t.p.failed.Add(1)
-		t.p.mu.Lock()
-		t.p.failures = append(t.p.failures, Failure{ID: t.in.ID, Attempts: t.attempts, Err: err})
-		t.p.mu.Unlock()
-		t.p.cfg.Logger.Warn("jsinbox: intent not published", "id", t.in.ID, "attempts", t.attempts, "err", err)
-		if t.span != nil {
-			t.span.SetStatus(codes.Error, err.Error())
-		}
-		t.done()
+		t.fail(err)
 		return
 	}
 	t.p.retries.Add(1)
 	time.AfterFunc(d, t.send)
+}
+
+// fail reports the intent as not published, for good.
+func (t *tracker) fail(err error) {
+	t.p.failed.Add(1)
+	t.p.mu.Lock()
+	t.p.failures = append(t.p.failures, Failure{ID: t.in.ID, Attempts: t.attempts, Err: err})
+	t.p.mu.Unlock()
+	t.p.cfg.Logger.Warn("jsinbox: intent not published", "id", t.in.ID, "attempts", t.attempts, "err", err)
+	if t.span != nil {
+		t.span.SetStatus(codes.Error, err.Error())
+	}
+	t.done()
+}
+
+// errStreamNotMatch is JetStream's error code for a publish whose
+// Nats-Expected-Stream is not the stream that captures its subject.
+const errStreamNotMatch = 10060
+
+func isStreamNotMatch(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == errStreamNotMatch
+}
+
+// wrongStream fails an intent the server refused because another stream
+// captures its subject. The refusal nats.go hands over does not say which
+// stream that is, so it asks the server once more with a probe that no
+// stream can store (an expected last message ID nothing has) and names the
+// stream from its reply.
+func (t *tracker) wrongStream(refusal error) {
+	other := "another stream"
+	if name := t.p.streamOf(t.in.Subject); name != "" {
+		other = fmt.Sprintf("stream %q", name)
+	}
+	t.fail(fmt.Errorf("%w: subject %q of intent %s is captured by %s, not %q: %w", ErrWrongStream, t.in.Subject, t.in.ID, other, t.p.cfg.Stream, refusal))
+}
+
+// streamOf returns the name of the stream that refuses a publish on subject
+// for expecting cfg.Stream, or "" if the probe gets no such answer.
+func (p *Publisher) streamOf(subject string) string {
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.AckTimeout)
+	defer cancel()
+	probe := &nats.Msg{Subject: subject, Header: nats.Header{
+		jetstream.ExpectedStreamHeader:    []string{p.cfg.Stream},
+		jetstream.ExpectedLastMsgIDHeader: []string{"jetinbox-probe-" + nuid.Next()},
+	}}
+	resp, err := p.js.Conn().RequestMsgWithContext(ctx, probe)
+	if err != nil {
+		return ""
+	}
+	var ack batchAck
+	if json.Unmarshal(resp.Data, &ack) != nil || ack.Error == nil || ack.Error.ErrCode != errStreamNotMatch {
+		return ""
+	}
+	return ack.Stream
 }
 
 func (t *tracker) done() {
@@ -328,10 +417,12 @@ func (t *tracker) done() {
 }
 
 // retryable: timeouts, no responders, disconnects and stalls are worth a
-// retry with the same ID; a rejection by the stream (full with DiscardNew,
-// a wrong subject) is too, within the budget, since space may free up.
+// retry with the same ID; a rejection by the stream (full with DiscardNew)
+// is too, within the budget, since space may free up. A subject another
+// stream captures is not.
 func retryable(err error) bool {
-	return !errors.Is(err, jetstream.ErrInvalidSubject) && !errors.Is(err, nats.ErrBadSubject) && !errors.Is(err, nats.ErrMaxPayload)
+	return !errors.Is(err, jetstream.ErrInvalidSubject) && !errors.Is(err, nats.ErrBadSubject) && !errors.Is(err, nats.ErrMaxPayload) &&
+		!errors.Is(err, ErrWrongStream) && !isStreamNotMatch(err)
 }
 
 // batchLoop gathers intents into atomic batches: a batch goes out when it
@@ -374,7 +465,12 @@ const (
 
 // sendBatch publishes ts as one atomic batch: every message but the last
 // without a reply, the last with the commit header as a request whose
-// reply is the batch's PubAck.
+// reply is the batch's PubAck. Each message keeps its headers: the server
+// checks Nats-Msg-Id (and Nats-Expected-Stream, if sent) on every message of
+// an atomic batch and refuses the whole batch if one fails (an ID it holds,
+// another stream). A message whose subject another stream captures leaves
+// the batch incomplete in ours, which refuses it too. The intents then go
+// one by one, where each gets its own verdict.
 func (p *Publisher) sendBatch(ts []*tracker) {
 	if p.noBatch.Load() {
 		for _, t := range ts {
@@ -436,6 +532,10 @@ func (p *Publisher) settleBatch(ts []*tracker, resp *nats.Msg, err error) {
 			err = fmt.Errorf("batch refused: %s (%d)", ack.Error.Description, ack.Error.ErrCode)
 		} else if ack.Count != len(ts) {
 			err = fmt.Errorf("batch PubAck counts %d of %d messages", ack.Count, len(ts))
+		} else if ack.Stream != p.cfg.Stream {
+			// Each intent goes again on its own and fails with
+			// ErrWrongStream there.
+			err = fmt.Errorf("batch stored by stream %q, not %q", ack.Stream, p.cfg.Stream)
 		}
 	}
 	if err == nil && failpoint.Hit(p.ctx, failpoint.LosePubAck) {
