@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +30,10 @@ type Intent struct {
 	ID      string
 	Subject string
 	Payload []byte
+	// Ref is the caller's own reference to the intent (the producer puts
+	// the input line number there). The publisher never sends it; it hands
+	// it back in the intent's [Failure].
+	Ref int
 }
 
 // PublisherConfig configures a [Publisher].
@@ -37,6 +42,7 @@ type PublisherConfig struct {
 	// PubAck comes from another stream (its subject is captured by, say,
 	// the dead-letter stream's "dlq.intents.>") fails at once with
 	// [ErrWrongStream], naming both streams, and is not retried.
+	// Duplicates are read back from this stream (see [ErrConflict]).
 	// Default [DefaultStream] ("INTENTS").
 	Stream string
 	// ExpectStream also sends Stream in each publish's Nats-Expected-Stream
@@ -116,26 +122,44 @@ type PublishStats struct {
 	// Published intents whose publish was acknowledged by the stream.
 	Published int64
 	// Duplicates: PubAcks with duplicate=true (the stream already had the
-	// ID inside its duplicate window, so this publish was dropped).
+	// ID inside its duplicate window, so this publish was dropped) for
+	// which the stored message has the same payload. They count as
+	// published too.
 	Duplicates int64
+	// Conflicts: duplicate PubAcks for which the stored message has a
+	// different payload: the ID was reused for another intent, which the
+	// stream dropped. Each is also a failure (Failed, and in Failures with
+	// an error wrapping [ErrConflict]).
+	Conflicts int64
 	// Retries: publishes sent again after a timeout or error.
 	Retries int64
 	// Batches: atomic batches the stream stored; BatchFallbacks: batches
 	// it refused as a whole, whose intents were published one by one.
 	Batches, BatchFallbacks int64
 	// Failed intents, each listed in Failures: retry budget spent
-	// without a PubAck, or refused for good (a subject another stream
-	// captures, [ErrWrongStream]).
+	// without a PubAck, refused for good (a subject another stream
+	// captures, [ErrWrongStream]) or a conflict ([ErrConflict]).
 	Failed int64
 }
 
 // Failure is an intent the publisher could not publish: its retry budget
-// ran out, or the stream refused it for good (Err wraps [ErrWrongStream]).
+// ran out, the stream refused it for good, or its ID was reused (Err wraps
+// [ErrConflict] or [ErrWrongStream] for those two).
 type Failure struct {
-	ID       string
+	ID string
+	// Ref is the intent's [Intent.Ref].
+	Ref      int
 	Attempts int
 	Err      error
 }
+
+// ErrConflict reports an intent whose ID the stream already holds, inside
+// its duplicate window, with a different payload: JetStream deduplicates by
+// ID alone and dropped this intent. It is the "same key, different body"
+// case of idempotency keys, never a success. The publisher finds it by
+// reading back, on a duplicate PubAck only, the message the PubAck names
+// and comparing payload fingerprints ([inbox.Fingerprint]).
+var ErrConflict = errors.New("jsinbox: message ID reused with a different payload")
 
 // ErrWrongStream reports an intent whose subject is captured by a stream
 // other than [PublisherConfig.Stream]: that stream stored it, where no
@@ -148,7 +172,11 @@ var ErrWrongStream = errors.New("jsinbox: intent's subject belongs to another st
 // retried with the same Nats-Msg-Id after a jittered delay, so the stream (in
 // its duplicate window) or the consumer's inbox (after it) drops the copy.
 //
-// A PubAck must come from the publisher's stream.
+// A PubAck must come from the publisher's stream. A duplicate PubAck
+// is checked: the publisher reads the stored message it names (the
+// STREAM.MSG.GET API, so the producer's NATS user needs publish permission
+// on $JS.API.STREAM.MSG.GET.<stream>) and reports a different payload as an
+// [ErrConflict] failure. Publishes acknowledged as new never pay for this.
 type Publisher struct {
 	js     jetstream.JetStream
 	cfg    PublisherConfig
@@ -160,8 +188,11 @@ type Publisher struct {
 	// pending holds sent publishes awaiting a PubAck, in send order.
 	pending chan *tracker
 
-	published, duplicates, retries, failed atomic.Int64
-	batches, batchFallbacks                atomic.Int64
+	published, duplicates, conflicts, retries, failed atomic.Int64
+	batches, batchFallbacks                           atomic.Int64
+
+	// msgGet is the STREAM.MSG.GET API subject of cfg.Stream.
+	msgGet string
 
 	// batchIn feeds the batching goroutine when Batch > 1; noBatch is set
 	// once the stream turns out not to allow atomic batches.
@@ -181,7 +212,8 @@ func NewPublisher(ctx context.Context, js jetstream.JetStream, cfg PublisherConf
 	}
 	ctx, stop := context.WithCancel(ctx)
 	p := &Publisher{js: js, cfg: cfg, tracer: tracer(cfg.TracerProvider), sem: make(chan struct{}, cfg.MaxInFlight),
-		pending: make(chan *tracker, cfg.MaxInFlight), ctx: ctx, stop: stop}
+		pending: make(chan *tracker, cfg.MaxInFlight), ctx: ctx, stop: stop,
+		msgGet: apiPrefix(js.Options()) + "STREAM.MSG.GET." + cfg.Stream}
 	go p.waitLoop()
 	if cfg.Batch > 1 {
 		p.batchIn = make(chan *tracker, cfg.Batch)
@@ -249,8 +281,8 @@ func (p *Publisher) Close() { p.stop() }
 
 // Stats returns the counters so far.
 func (p *Publisher) Stats() PublishStats {
-	return PublishStats{Published: p.published.Load(), Duplicates: p.duplicates.Load(), Retries: p.retries.Load(), Failed: p.failed.Load(),
-		Batches: p.batches.Load(), BatchFallbacks: p.batchFallbacks.Load()}
+	return PublishStats{Published: p.published.Load(), Duplicates: p.duplicates.Load(), Conflicts: p.conflicts.Load(), Retries: p.retries.Load(),
+		Failed: p.failed.Load(), Batches: p.batches.Load(), BatchFallbacks: p.batchFallbacks.Load()}
 }
 
 // Failures returns the intents that could not be published.
@@ -322,7 +354,11 @@ func (t *tracker) wait(timer *time.Timer) {
 			return
 		}
 		if ack.Duplicate {
-			t.p.duplicates.Add(1)
+			// Reading the stored message back takes a round trip: off
+			// this loop, and the intent stays in flight (Flush waits)
+			// until it is settled.
+			go t.checkDuplicate(ack.Sequence)
+			return
 		}
 		t.p.published.Add(1)
 		t.done()
@@ -354,15 +390,98 @@ func (t *tracker) retry(err error) {
 
 // fail reports the intent as not published, for good.
 func (t *tracker) fail(err error) {
+	if errors.Is(err, ErrConflict) {
+		t.p.conflicts.Add(1)
+	}
 	t.p.failed.Add(1)
 	t.p.mu.Lock()
-	t.p.failures = append(t.p.failures, Failure{ID: t.in.ID, Attempts: t.attempts, Err: err})
+	t.p.failures = append(t.p.failures, Failure{ID: t.in.ID, Ref: t.in.Ref, Attempts: t.attempts, Err: err})
 	t.p.mu.Unlock()
 	t.p.cfg.Logger.Warn("jsinbox: intent not published", "id", t.in.ID, "attempts", t.attempts, "err", err)
 	if t.span != nil {
 		t.span.SetStatus(codes.Error, err.Error())
 	}
 	t.done()
+}
+
+// checkDuplicate settles an intent the stream acknowledged as a duplicate
+// of the message at seq: the same payload is a duplicate (published), a
+// different one is a conflict. If the message cannot be read back, the
+// intent is published again (same ID) within its retry budget, which gives
+// a new PubAck to check.
+func (t *tracker) checkDuplicate(seq uint64) {
+	stored, err := t.p.storedMsg(seq)
+	if err == nil && stored.Header.Get(jetstream.MsgIDHeader) != t.in.ID {
+		err = fmt.Errorf("it holds ID %q", stored.Header.Get(jetstream.MsgIDHeader))
+	}
+	if err != nil {
+		t.retry(fmt.Errorf("duplicate PubAck: reading back stream %s sequence %d: %w", t.p.cfg.Stream, seq, err))
+		return
+	}
+	if have, want := inbox.Fingerprint(stored.Data), inbox.Fingerprint(t.in.Payload); have != want {
+		t.fail(fmt.Errorf("%w: stream %s holds ID %s at sequence %d with payload sha256 %x…, this intent's is %x…",
+			ErrConflict, t.p.cfg.Stream, t.in.ID, seq, have[:8], want[:8]))
+		return
+	}
+	t.p.duplicates.Add(1)
+	t.p.published.Add(1)
+	t.done()
+}
+
+// storedMsg reads the message at seq with the STREAM.MSG.GET API, which the
+// stream leader answers: unlike a direct get it never returns a replica's
+// stale view, and it works whether or not the stream allows direct gets
+// (nats.go's Stream.GetMsg switches to them when it does, which would need
+// another permission).
+func (p *Publisher) storedMsg(seq uint64) (*jetstream.RawStreamMsg, error) {
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.AckTimeout)
+	defer cancel()
+	req, err := json.Marshal(struct {
+		Seq uint64 `json:"seq"`
+	}{seq})
+	if err != nil {
+		return nil, fmt.Errorf("msg get request: %w", err)
+	}
+	resp, err := p.js.Conn().RequestWithContext(ctx, p.msgGet, req)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p.msgGet, err)
+	}
+	var r struct {
+		Message *struct {
+			Subject string `json:"subject"`
+			Seq     uint64 `json:"seq"`
+			Header  []byte `json:"hdrs"`
+			Data    []byte `json:"data"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", p.msgGet, err)
+	}
+	if r.Error != nil {
+		return nil, fmt.Errorf("%s: %w", p.msgGet, r.Error)
+	}
+	if r.Message == nil || r.Message.Seq != seq {
+		return nil, fmt.Errorf("%s: no message %d in the reply", p.msgGet, seq)
+	}
+	m := &jetstream.RawStreamMsg{Subject: r.Message.Subject, Sequence: seq, Data: r.Message.Data}
+	if len(r.Message.Header) > 0 {
+		if m.Header, err = nats.DecodeHeadersMsg(r.Message.Header); err != nil {
+			return nil, fmt.Errorf("%s: headers: %w", p.msgGet, err)
+		}
+	}
+	return m, nil
+}
+
+// apiPrefix is the JetStream API prefix js sends its requests with.
+func apiPrefix(o jetstream.JetStreamOptions) string {
+	switch {
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "":
+		return strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	return jetstream.DefaultAPIPrefix
 }
 
 // errStreamNotMatch is JetStream's error code for a publish whose
@@ -422,7 +541,7 @@ func (t *tracker) done() {
 // stream captures is not.
 func retryable(err error) bool {
 	return !errors.Is(err, jetstream.ErrInvalidSubject) && !errors.Is(err, nats.ErrBadSubject) && !errors.Is(err, nats.ErrMaxPayload) &&
-		!errors.Is(err, ErrWrongStream) && !isStreamNotMatch(err)
+		!errors.Is(err, ErrWrongStream) && !errors.Is(err, ErrConflict) && !isStreamNotMatch(err)
 }
 
 // batchLoop gathers intents into atomic batches: a batch goes out when it
