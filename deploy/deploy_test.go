@@ -149,7 +149,7 @@ var natsNodes = []string{"nats-1", "nats-2", "nats-3"}
 // Permissions the configs must grant, exactly: a change here is a change of
 // the security policy and must be deliberate.
 var (
-	producerPublish  = []string{"intents.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS"}
+	producerPublish  = []string{"intents.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.STREAM.MSG.GET.INTENTS"}
 	consumerPublish  = []string{"$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.CONSUMER.INFO.INTENTS.ledger", "$JS.API.CONSUMER.MSG.NEXT.INTENTS.ledger", "$JS.ACK.INTENTS.ledger.>", "dlq.intents.>", "$JS.API.STREAM.MSG.GET.INTENTS"}
 	clientsSubscribe = []string{"_INBOX.>"}
 	// The consumer also hears when the server gives up on a message after

@@ -143,9 +143,19 @@ func TestNATSClusterEnforcesTheConfig(t *testing.T) {
 		if ack.Stream != "INTENTS" || ack.Duplicate {
 			t.Fatalf("ack %+v", ack)
 		}
+		first := ack.Sequence
 		ack, err = js.Publish(ctx, "intents.transfer", []byte(`{"amount":1}`), jetstream.WithMsgID("intent-1"))
-		if err != nil || !ack.Duplicate {
-			t.Fatalf("a retry inside the duplicate window must be a duplicate: %+v, %v", ack, err)
+		if err != nil || !ack.Duplicate || ack.Sequence != first {
+			t.Fatalf("a retry inside the duplicate window must be a duplicate of sequence %d: %+v, %v", first, ack, err)
+		}
+		// The producer reads the message a duplicate PubAck names, to
+		// tell a retry from an ID reused with another payload.
+		s, err := js.Stream(ctx, "INTENTS")
+		if err != nil {
+			t.Fatalf("stream info: %v", err)
+		}
+		if m, err := s.GetMsg(ctx, first); err != nil || string(m.Data) != `{"amount":1}` || m.Header.Get(jetstream.MsgIDHeader) != "intent-1" {
+			t.Fatalf("read back sequence %d as the producer: %+v, %v", first, m, err)
 		}
 		if _, err := js.Publish(ctx, "intents.transfer", []byte(`{"amount":2}`), jetstream.WithMsgID("intent-2")); err != nil {
 			t.Fatal(err)

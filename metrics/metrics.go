@@ -163,9 +163,10 @@ func (c *consumerCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 var (
-	descPublished = prometheus.NewDesc(ns+"_published_total", "Intents whose publish the stream acknowledged.", nil, nil)
-	descRetries   = prometheus.NewDesc(ns+"_publish_retries_total", "Publishes sent again, with the same ID, after a timeout or error.", nil, nil)
-	descFailures  = prometheus.NewDesc(ns+"_publish_failures_total", "Intents not published within the retry budget.", nil, nil)
+	descPublished    = prometheus.NewDesc(ns+"_published_total", "Intents whose publish the stream acknowledged.", nil, nil)
+	descRetries      = prometheus.NewDesc(ns+"_publish_retries_total", "Publishes sent again, with the same ID, after a timeout or error.", nil, nil)
+	descFailures     = prometheus.NewDesc(ns+"_publish_failures_total", "Intents not published: retry budget spent, subject in another stream, or a conflict.", nil, nil)
+	descPubConflicts = prometheus.NewDesc(ns+"_publish_conflicts_total", "Intents whose ID the stream already held with a different payload, inside its duplicate window: not published, counted in failures too.", nil, nil)
 )
 
 // Publisher exposes a jsinbox.Publisher's counters.
@@ -191,6 +192,7 @@ func (m *Publisher) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descPublished
 	ch <- descRetries
 	ch <- descFailures
+	ch <- descPubConflicts
 	ch <- descDuplicates
 }
 
@@ -200,6 +202,7 @@ func (m *Publisher) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPublished, prometheus.CounterValue, float64(s.Published))
 	ch <- prometheus.MustNewConstMetric(descRetries, prometheus.CounterValue, float64(s.Retries))
 	ch <- prometheus.MustNewConstMetric(descFailures, prometheus.CounterValue, float64(s.Failed))
+	ch <- prometheus.MustNewConstMetric(descPubConflicts, prometheus.CounterValue, float64(s.Conflicts))
 	ch <- prometheus.MustNewConstMetric(descDuplicates, prometheus.CounterValue, float64(s.Duplicates), "server")
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,10 +30,32 @@ type Intent struct {
 	ID      string
 	Subject string
 	Payload []byte
+	// Ref is the caller's own reference to the intent (the producer puts
+	// the input line number there). The publisher never sends it; it hands
+	// it back in the intent's [Failure].
+	Ref int
 }
 
 // PublisherConfig configures a [Publisher].
 type PublisherConfig struct {
+	// Stream is the stream every intent must be stored in: an intent whose
+	// PubAck comes from another stream (its subject is captured by, say,
+	// the dead-letter stream's "dlq.intents.>") fails at once with
+	// [ErrWrongStream], naming both streams, and is not retried.
+	// Duplicates are read back from this stream (see [ErrConflict]).
+	// Default [DefaultStream] ("INTENTS").
+	Stream string
+	// ExpectStream also sends Stream in each publish's Nats-Expected-Stream
+	// header, in single publishes and in atomic batches (the server checks
+	// it on every message of a batch), so that the server refuses an
+	// intent bound for another stream instead of storing a stray copy
+	// there. Off by default: the server stores the header with the intent,
+	// and a consumer that copies an intent's headers into its dead letter
+	// (jsinbox's Consumer does) would have that publish refused by the
+	// dead-letter stream. Turn it on only where the consumer drops
+	// JetStream's publish headers (Nats-Expected-*, Nats-Batch-*) from
+	// what it re-publishes.
+	ExpectStream bool
 	// MaxInFlight bounds the publishes awaiting a PubAck. Publish blocks
 	// while the window is full. Default 4096.
 	MaxInFlight int
@@ -71,6 +94,9 @@ const MaxBatch = 1000
 
 // WithDefaults returns c with defaults filled in.
 func (c PublisherConfig) WithDefaults() PublisherConfig {
+	if c.Stream == "" {
+		c.Stream = DefaultStream
+	}
 	if c.MaxInFlight <= 0 {
 		c.MaxInFlight = 4096
 	}
@@ -96,28 +122,61 @@ type PublishStats struct {
 	// Published intents whose publish was acknowledged by the stream.
 	Published int64
 	// Duplicates: PubAcks with duplicate=true (the stream already had the
-	// ID inside its duplicate window, so this publish was dropped).
+	// ID inside its duplicate window, so this publish was dropped) for
+	// which the stored message has the same payload. They count as
+	// published too.
 	Duplicates int64
+	// Conflicts: duplicate PubAcks for which the stored message has a
+	// different payload: the ID was reused for another intent, which the
+	// stream dropped. Each is also a failure (Failed, and in Failures with
+	// an error wrapping [ErrConflict]).
+	Conflicts int64
 	// Retries: publishes sent again after a timeout or error.
 	Retries int64
 	// Batches: atomic batches the stream stored; BatchFallbacks: batches
 	// it refused as a whole, whose intents were published one by one.
 	Batches, BatchFallbacks int64
-	// Failed intents: retry budget spent without a PubAck.
+	// Failed intents, each listed in Failures: retry budget spent
+	// without a PubAck, refused for good (a subject another stream
+	// captures, [ErrWrongStream]) or a conflict ([ErrConflict]).
 	Failed int64
 }
 
-// Failure is an intent the publisher could not publish within its budget.
+// Failure is an intent the publisher could not publish: its retry budget
+// ran out, the stream refused it for good, or its ID was reused (Err wraps
+// [ErrConflict] or [ErrWrongStream] for those two).
 type Failure struct {
-	ID       string
+	ID string
+	// Ref is the intent's [Intent.Ref].
+	Ref      int
 	Attempts int
 	Err      error
 }
+
+// ErrConflict reports an intent whose ID the stream already holds, inside
+// its duplicate window, with a different payload: JetStream deduplicates by
+// ID alone and dropped this intent. It is the "same key, different body"
+// case of idempotency keys, never a success. The publisher finds it by
+// reading back, on a duplicate PubAck only, the message the PubAck names
+// and comparing payload fingerprints ([inbox.Fingerprint]).
+var ErrConflict = errors.New("jsinbox: message ID reused with a different payload")
+
+// ErrWrongStream reports an intent whose subject is captured by a stream
+// other than [PublisherConfig.Stream]: that stream stored it, where no
+// consumer of Stream applies it, or refused it (with
+// [PublisherConfig.ExpectStream]). Retrying cannot help.
+var ErrWrongStream = errors.New("jsinbox: intent's subject belongs to another stream")
 
 // Publisher publishes intents asynchronously with a bounded in-flight window.
 // A publish that times out, finds no responders or fails on a disconnect is
 // retried with the same Nats-Msg-Id after a jittered delay, so the stream (in
 // its duplicate window) or the consumer's inbox (after it) drops the copy.
+//
+// A PubAck must come from the publisher's stream. A duplicate PubAck
+// is checked: the publisher reads the stored message it names (the
+// STREAM.MSG.GET API, so the producer's NATS user needs publish permission
+// on $JS.API.STREAM.MSG.GET.<stream>) and reports a different payload as an
+// [ErrConflict] failure. Publishes acknowledged as new never pay for this.
 type Publisher struct {
 	js     jetstream.JetStream
 	cfg    PublisherConfig
@@ -129,8 +188,11 @@ type Publisher struct {
 	// pending holds sent publishes awaiting a PubAck, in send order.
 	pending chan *tracker
 
-	published, duplicates, retries, failed atomic.Int64
-	batches, batchFallbacks                atomic.Int64
+	published, duplicates, conflicts, retries, failed atomic.Int64
+	batches, batchFallbacks                           atomic.Int64
+
+	// msgGet is the STREAM.MSG.GET API subject of cfg.Stream.
+	msgGet string
 
 	// batchIn feeds the batching goroutine when Batch > 1; noBatch is set
 	// once the stream turns out not to allow atomic batches.
@@ -150,7 +212,8 @@ func NewPublisher(ctx context.Context, js jetstream.JetStream, cfg PublisherConf
 	}
 	ctx, stop := context.WithCancel(ctx)
 	p := &Publisher{js: js, cfg: cfg, tracer: tracer(cfg.TracerProvider), sem: make(chan struct{}, cfg.MaxInFlight),
-		pending: make(chan *tracker, cfg.MaxInFlight), ctx: ctx, stop: stop}
+		pending: make(chan *tracker, cfg.MaxInFlight), ctx: ctx, stop: stop,
+		msgGet: apiPrefix(js.Options()) + "STREAM.MSG.GET." + cfg.Stream}
 	go p.waitLoop()
 	if cfg.Batch > 1 {
 		p.batchIn = make(chan *tracker, cfg.Batch)
@@ -179,6 +242,9 @@ func (p *Publisher) Publish(ctx context.Context, in Intent) error {
 	}
 	p.wg.Add(1)
 	t := &tracker{p: p, in: in, header: nats.Header{jetstream.MsgIDHeader: []string{in.ID}}}
+	if p.cfg.ExpectStream {
+		t.header[jetstream.ExpectedStreamHeader] = []string{p.cfg.Stream}
+	}
 	if p.cfg.TracerProvider != nil {
 		var sctx context.Context
 		sctx, t.span = p.tracer.Start(ctx, "jetinbox.publish", trace.WithSpanKind(trace.SpanKindProducer),
@@ -215,8 +281,8 @@ func (p *Publisher) Close() { p.stop() }
 
 // Stats returns the counters so far.
 func (p *Publisher) Stats() PublishStats {
-	return PublishStats{Published: p.published.Load(), Duplicates: p.duplicates.Load(), Retries: p.retries.Load(), Failed: p.failed.Load(),
-		Batches: p.batches.Load(), BatchFallbacks: p.batchFallbacks.Load()}
+	return PublishStats{Published: p.published.Load(), Duplicates: p.duplicates.Load(), Conflicts: p.conflicts.Load(), Retries: p.retries.Load(),
+		Failed: p.failed.Load(), Batches: p.batches.Load(), BatchFallbacks: p.batchFallbacks.Load()}
 }
 
 // Failures returns the intents that could not be published.
@@ -283,12 +349,24 @@ func (t *tracker) wait(timer *time.Timer) {
 			t.retry(errors.New("PubAck lost (failpoint)"))
 			return
 		}
+		if ack.Stream != t.p.cfg.Stream {
+			t.fail(fmt.Errorf("%w: subject %q of intent %s is captured by stream %q, not %q; %q stored it", ErrWrongStream, t.in.Subject, t.in.ID, ack.Stream, t.p.cfg.Stream, ack.Stream))
+			return
+		}
 		if ack.Duplicate {
-			t.p.duplicates.Add(1)
+			// Reading the stored message back takes a round trip: off
+			// this loop, and the intent stays in flight (Flush waits)
+			// until it is settled.
+			go t.checkDuplicate(ack.Sequence)
+			return
 		}
 		t.p.published.Add(1)
 		t.done()
 	case err := <-f.Err():
+		if isStreamNotMatch(err) {
+			go t.wrongStream(err)
+			return
+		}
 		t.retry(err)
 	case <-timer.C:
 		t.retry(fmt.Errorf("no PubAck within %v: %w", t.p.cfg.AckTimeout, context.DeadlineExceeded))
@@ -303,19 +381,149 @@ func (t *tracker) retry(err error) {
 	}
 	d := t.bo.NextBackOff()
 	if d < 0 || t.p.ctx.Err() != nil || !retryable(err) {
-		t.p.failed.Add(1)
-		t.p.mu.Lock()
-		t.p.failures = append(t.p.failures, Failure{ID: t.in.ID, Attempts: t.attempts, Err: err})
-		t.p.mu.Unlock()
-		t.p.cfg.Logger.Warn("jsinbox: intent not published", "id", t.in.ID, "attempts", t.attempts, "err", err)
-		if t.span != nil {
-			t.span.SetStatus(codes.Error, err.Error())
-		}
-		t.done()
+		t.fail(err)
 		return
 	}
 	t.p.retries.Add(1)
 	time.AfterFunc(d, t.send)
+}
+
+// fail reports the intent as not published, for good.
+func (t *tracker) fail(err error) {
+	if errors.Is(err, ErrConflict) {
+		t.p.conflicts.Add(1)
+	}
+	t.p.failed.Add(1)
+	t.p.mu.Lock()
+	t.p.failures = append(t.p.failures, Failure{ID: t.in.ID, Ref: t.in.Ref, Attempts: t.attempts, Err: err})
+	t.p.mu.Unlock()
+	t.p.cfg.Logger.Warn("jsinbox: intent not published", "id", t.in.ID, "attempts", t.attempts, "err", err)
+	if t.span != nil {
+		t.span.SetStatus(codes.Error, err.Error())
+	}
+	t.done()
+}
+
+// checkDuplicate settles an intent the stream acknowledged as a duplicate
+// of the message at seq: the same payload is a duplicate (published), a
+// different one is a conflict. If the message cannot be read back, the
+// intent is published again (same ID) within its retry budget, which gives
+// a new PubAck to check.
+func (t *tracker) checkDuplicate(seq uint64) {
+	stored, err := t.p.storedMsg(seq)
+	if err == nil && stored.Header.Get(jetstream.MsgIDHeader) != t.in.ID {
+		err = fmt.Errorf("it holds ID %q", stored.Header.Get(jetstream.MsgIDHeader))
+	}
+	if err != nil {
+		t.retry(fmt.Errorf("duplicate PubAck: reading back stream %s sequence %d: %w", t.p.cfg.Stream, seq, err))
+		return
+	}
+	if have, want := inbox.Fingerprint(stored.Data), inbox.Fingerprint(t.in.Payload); have != want {
+		t.fail(fmt.Errorf("%w: stream %s holds ID %s at sequence %d with payload sha256 %x…, this intent's is %x…",
+			ErrConflict, t.p.cfg.Stream, t.in.ID, seq, have[:8], want[:8]))
+		return
+	}
+	t.p.duplicates.Add(1)
+	t.p.published.Add(1)
+	t.done()
+}
+
+// storedMsg reads the message at seq with the STREAM.MSG.GET API, which the
+// stream leader answers: unlike a direct get it never returns a replica's
+// stale view, and it works whether or not the stream allows direct gets
+// (nats.go's Stream.GetMsg switches to them when it does, which would need
+// another permission).
+func (p *Publisher) storedMsg(seq uint64) (*jetstream.RawStreamMsg, error) {
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.AckTimeout)
+	defer cancel()
+	req, err := json.Marshal(struct {
+		Seq uint64 `json:"seq"`
+	}{seq})
+	if err != nil {
+		return nil, fmt.Errorf("msg get request: %w", err)
+	}
+	resp, err := p.js.Conn().RequestWithContext(ctx, p.msgGet, req)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p.msgGet, err)
+	}
+	var r struct {
+		Message *struct {
+			Subject string `json:"subject"`
+			Seq     uint64 `json:"seq"`
+			Header  []byte `json:"hdrs"`
+			Data    []byte `json:"data"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", p.msgGet, err)
+	}
+	if r.Error != nil {
+		return nil, fmt.Errorf("%s: %w", p.msgGet, r.Error)
+	}
+	if r.Message == nil || r.Message.Seq != seq {
+		return nil, fmt.Errorf("%s: no message %d in the reply", p.msgGet, seq)
+	}
+	m := &jetstream.RawStreamMsg{Subject: r.Message.Subject, Sequence: seq, Data: r.Message.Data}
+	if len(r.Message.Header) > 0 {
+		if m.Header, err = nats.DecodeHeadersMsg(r.Message.Header); err != nil {
+			return nil, fmt.Errorf("%s: headers: %w", p.msgGet, err)
+		}
+	}
+	return m, nil
+}
+
+// apiPrefix is the JetStream API prefix js sends its requests with.
+func apiPrefix(o jetstream.JetStreamOptions) string {
+	switch {
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "":
+		return strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	return jetstream.DefaultAPIPrefix
+}
+
+// errStreamNotMatch is JetStream's error code for a publish whose
+// Nats-Expected-Stream is not the stream that captures its subject.
+const errStreamNotMatch = 10060
+
+func isStreamNotMatch(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == errStreamNotMatch
+}
+
+// wrongStream fails an intent the server refused because another stream
+// captures its subject. The refusal nats.go hands over does not say which
+// stream that is, so it asks the server once more with a probe that no
+// stream can store (an expected last message ID nothing has) and names the
+// stream from its reply.
+func (t *tracker) wrongStream(refusal error) {
+	other := "another stream"
+	if name := t.p.streamOf(t.in.Subject); name != "" {
+		other = fmt.Sprintf("stream %q", name)
+	}
+	t.fail(fmt.Errorf("%w: subject %q of intent %s is captured by %s, not %q: %w", ErrWrongStream, t.in.Subject, t.in.ID, other, t.p.cfg.Stream, refusal))
+}
+
+// streamOf returns the name of the stream that refuses a publish on subject
+// for expecting cfg.Stream, or "" if the probe gets no such answer.
+func (p *Publisher) streamOf(subject string) string {
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.AckTimeout)
+	defer cancel()
+	probe := &nats.Msg{Subject: subject, Header: nats.Header{
+		jetstream.ExpectedStreamHeader:    []string{p.cfg.Stream},
+		jetstream.ExpectedLastMsgIDHeader: []string{"jetinbox-probe-" + nuid.Next()},
+	}}
+	resp, err := p.js.Conn().RequestMsgWithContext(ctx, probe)
+	if err != nil {
+		return ""
+	}
+	var ack batchAck
+	if json.Unmarshal(resp.Data, &ack) != nil || ack.Error == nil || ack.Error.ErrCode != errStreamNotMatch {
+		return ""
+	}
+	return ack.Stream
 }
 
 func (t *tracker) done() {
@@ -328,10 +536,12 @@ func (t *tracker) done() {
 }
 
 // retryable: timeouts, no responders, disconnects and stalls are worth a
-// retry with the same ID; a rejection by the stream (full with DiscardNew,
-// a wrong subject) is too, within the budget, since space may free up.
+// retry with the same ID; a rejection by the stream (full with DiscardNew)
+// is too, within the budget, since space may free up. A subject another
+// stream captures is not.
 func retryable(err error) bool {
-	return !errors.Is(err, jetstream.ErrInvalidSubject) && !errors.Is(err, nats.ErrBadSubject) && !errors.Is(err, nats.ErrMaxPayload)
+	return !errors.Is(err, jetstream.ErrInvalidSubject) && !errors.Is(err, nats.ErrBadSubject) && !errors.Is(err, nats.ErrMaxPayload) &&
+		!errors.Is(err, ErrWrongStream) && !errors.Is(err, ErrConflict) && !isStreamNotMatch(err)
 }
 
 // batchLoop gathers intents into atomic batches: a batch goes out when it
@@ -374,7 +584,12 @@ const (
 
 // sendBatch publishes ts as one atomic batch: every message but the last
 // without a reply, the last with the commit header as a request whose
-// reply is the batch's PubAck.
+// reply is the batch's PubAck. Each message keeps its headers: the server
+// checks Nats-Msg-Id (and Nats-Expected-Stream, if sent) on every message of
+// an atomic batch and refuses the whole batch if one fails (an ID it holds,
+// another stream). A message whose subject another stream captures leaves
+// the batch incomplete in ours, which refuses it too. The intents then go
+// one by one, where each gets its own verdict.
 func (p *Publisher) sendBatch(ts []*tracker) {
 	if p.noBatch.Load() {
 		for _, t := range ts {
@@ -436,6 +651,10 @@ func (p *Publisher) settleBatch(ts []*tracker, resp *nats.Msg, err error) {
 			err = fmt.Errorf("batch refused: %s (%d)", ack.Error.Description, ack.Error.ErrCode)
 		} else if ack.Count != len(ts) {
 			err = fmt.Errorf("batch PubAck counts %d of %d messages", ack.Count, len(ts))
+		} else if ack.Stream != p.cfg.Stream {
+			// Each intent goes again on its own and fails with
+			// ErrWrongStream there.
+			err = fmt.Errorf("batch stored by stream %q, not %q", ack.Stream, p.cfg.Stream)
 		}
 	}
 	if err == nil && failpoint.Hit(p.ctx, failpoint.LosePubAck) {

@@ -3,6 +3,7 @@ package app
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,9 +26,12 @@ import (
 	"github.com/jetinbox/jetinbox/metrics"
 )
 
-// Producer publishes intents (generated, or JSONL from a file or stdin) and
-// prints a summary. It exits non-zero, listing them, if any intent could not
-// be published within its retry budget or any input line was bad.
+// Producer publishes intents (generated, or JSONL from a file or stdin) to the
+// -stream stream and prints a summary. It exits non-zero, listing them (with
+// their input line numbers), if any intent was not published: its retry
+// budget ran out, its subject belongs to another stream, or its ID was
+// already in the stream with a different payload (a conflict); or if any
+// input line was bad.
 func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs := newFlagSet("producer", "producer publishes intents to JetStream with Nats-Msg-Id = the intent's ID,\n"+
 		"retrying with the same ID and jittered backoff. Input: generated load, or JSONL lines\n"+
@@ -34,7 +39,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	var nf natsFlags
 	nf.register(fs, env)
 	var (
-		stream    = fs.String("stream", env.or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream, created with safe limits if missing (env JETINBOX_STREAM)")
+		stream    = fs.String("stream", env.or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream, created with safe limits if missing; every intent must land in it (env JETINBOX_STREAM)")
 		subject   = fs.String("subject", "intents", "subject prefix for generated intents and JSONL lines without a subject")
 		input     = fs.String("input", "", "JSONL file to publish, - for stdin; empty generates load")
 		count     = fs.Int("count", 10000, "generated intents")
@@ -94,7 +99,8 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		return err
 	}
 	defer stopTracing(context.WithoutCancel(ctx)) //nolint:errcheck // best effort at exit
-	pub, err := jsinbox.NewPublisher(ctx, js, jsinbox.PublisherConfig{MaxInFlight: *inFlight, Batch: *batch, AckTimeout: *ackTO, Retry: retry, Logger: log, TracerProvider: tp})
+	pub, err := jsinbox.NewPublisher(ctx, js, jsinbox.PublisherConfig{Stream: *stream, MaxInFlight: *inFlight, Batch: *batch, AckTimeout: *ackTO,
+		Retry: retry, Logger: log, TracerProvider: tp})
 	if err != nil {
 		return usageError{err}
 	}
@@ -141,23 +147,46 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	}
 	s := pub.Stats()
 	elapsed := time.Since(start)
-	fmt.Fprintf(stdout, "published %d (%.0f/s)  server-side duplicates %d  retries %d  failed %d  bad input lines %d",
-		s.Published, float64(s.Published)/elapsed.Seconds(), s.Duplicates, s.Retries, s.Failed, badLines)
+	fmt.Fprintf(stdout, "published %d (%.0f/s)  server-side duplicates %d  conflicts %d  retries %d  failed %d  bad input lines %d",
+		s.Published, float64(s.Published)/elapsed.Seconds(), s.Duplicates, s.Conflicts, s.Retries, s.Failed, badLines)
 	if *batch > 1 {
 		fmt.Fprintf(stdout, "  atomic batches %d (refused and published one by one %d)", s.Batches, s.BatchFallbacks)
 	}
 	fmt.Fprintln(stdout)
+	var problems []string
 	if f := pub.Failures(); len(f) > 0 {
-		fmt.Fprintf(stderr, "not published within the retry budget (%d):\n", len(f))
-		for _, x := range f {
-			fmt.Fprintf(stderr, "  %s after %d attempts: %v\n", x.ID, x.Attempts, x.Err)
+		reportFailures(stderr, f)
+		p := fmt.Sprintf("%d intents not published", len(f))
+		if s.Conflicts > 0 {
+			p += fmt.Sprintf(" (%d reused an ID the stream holds with a different payload)", s.Conflicts)
 		}
-		return fmt.Errorf("producer: %d intents not published", len(f))
+		problems = append(problems, p)
 	}
 	if badLines > 0 {
-		return fmt.Errorf("producer: %d input lines rejected (see above); the good lines were published", badLines)
+		problems = append(problems, fmt.Sprintf("%d input lines rejected (see above); the good lines were published", badLines))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("producer: %s", strings.Join(problems, "; "))
 	}
 	return nil
+}
+
+// reportFailures lists the intents not published, JSONL ones by input line
+// (their Ref) like rejected lines.
+func reportFailures(w io.Writer, f []jsinbox.Failure) {
+	slices.SortStableFunc(f, func(a, b jsinbox.Failure) int { return cmp.Compare(a.Ref, b.Ref) })
+	fmt.Fprintf(w, "not published (%d):\n", len(f))
+	for _, x := range f {
+		what := "not published"
+		if errors.Is(x.Err, jsinbox.ErrConflict) {
+			what = "conflict"
+		}
+		if x.Ref > 0 {
+			fmt.Fprintf(w, "line %d: %s: id %s after %d attempts: %v\n", x.Ref, what, x.ID, x.Attempts, x.Err)
+		} else {
+			fmt.Fprintf(w, "  %s: id %s after %d attempts: %v\n", what, x.ID, x.Attempts, x.Err)
+		}
+	}
 }
 
 func publishGenerated(ctx context.Context, pub *jsinbox.Publisher, intents []jsinbox.Intent, rate int, dupFrac float64) error {
@@ -214,6 +243,7 @@ func publishJSONL(ctx context.Context, pub *jsinbox.Publisher, r io.Reader, subj
 			fmt.Fprintf(stderr, "line %d: %v\n", n, err)
 			continue
 		}
+		in.Ref = n // failures are reported by line
 		if err := pub.Publish(ctx, in); err != nil {
 			return bad, err
 		}
