@@ -45,17 +45,17 @@ type PublisherConfig struct {
 	// Duplicates are read back from this stream (see [ErrConflict]).
 	// Default [DefaultStream] ("INTENTS").
 	Stream string
-	// ExpectStream also sends Stream in each publish's Nats-Expected-Stream
-	// header, in single publishes and in atomic batches (the server checks
-	// it on every message of a batch), so that the server refuses an
-	// intent bound for another stream instead of storing a stray copy
-	// there. Off by default: the server stores the header with the intent,
-	// and a consumer that copies an intent's headers into its dead letter
-	// (jsinbox's Consumer does) would have that publish refused by the
-	// dead-letter stream. Turn it on only where the consumer drops
-	// JetStream's publish headers (Nats-Expected-*, Nats-Batch-*) from
-	// what it re-publishes.
-	ExpectStream bool
+	// SkipExpectedStreamHeader stops sending Stream in each publish's
+	// Nats-Expected-Stream header. By default it is sent, in single
+	// publishes and in atomic batches (the server checks it on every
+	// message of a batch), so that the server refuses an intent bound for
+	// another stream instead of storing a stray copy there. The server
+	// stores the header with the intent; jsinbox's Consumer drops
+	// JetStream's headers from its dead letters, but a consumer of your own
+	// that re-publishes an intent's headers elsewhere would have that
+	// publish refused: skip the header for such a consumer (the PubAck's
+	// stream is still checked).
+	SkipExpectedStreamHeader bool
 	// MaxInFlight bounds the publishes awaiting a PubAck. Publish blocks
 	// while the window is full. Default 4096.
 	MaxInFlight int
@@ -162,9 +162,10 @@ type Failure struct {
 var ErrConflict = errors.New("jsinbox: message ID reused with a different payload")
 
 // ErrWrongStream reports an intent whose subject is captured by a stream
-// other than [PublisherConfig.Stream]: that stream stored it, where no
-// consumer of Stream applies it, or refused it (with
-// [PublisherConfig.ExpectStream]). Retrying cannot help.
+// other than [PublisherConfig.Stream]: the server refused it for its
+// Nats-Expected-Stream header or, without the header (see
+// [PublisherConfig.SkipExpectedStreamHeader]), that stream stored it
+// where no consumer of Stream applies it. Retrying cannot help.
 var ErrWrongStream = errors.New("jsinbox: intent's subject belongs to another stream")
 
 // Publisher publishes intents asynchronously with a bounded in-flight window.
@@ -242,7 +243,7 @@ func (p *Publisher) Publish(ctx context.Context, in Intent) error {
 	}
 	p.wg.Add(1)
 	t := &tracker{p: p, in: in, header: nats.Header{jetstream.MsgIDHeader: []string{in.ID}}}
-	if p.cfg.ExpectStream {
+	if !p.cfg.SkipExpectedStreamHeader {
 		t.header[jetstream.ExpectedStreamHeader] = []string{p.cfg.Stream}
 	}
 	if p.cfg.TracerProvider != nil {

@@ -208,8 +208,8 @@ func TestDuplicateThatCannotBeReadBackFails(t *testing.T) {
 // TestPublisherPinsItsStream: an intent on a subject another stream
 // captures (the dead-letter stream's) fails at once, naming both streams,
 // never retried, in single publishes and in atomic batches; its neighbours
-// are published. With ExpectStream the server refuses it; without, the
-// other stream's PubAck gives it away.
+// are published. With the Nats-Expected-Stream header (the default) the
+// server refuses it; without, the other stream's PubAck gives it away.
 func TestPublisherPinsItsStream(t *testing.T) {
 	t.Parallel()
 	for _, batch := range []int{0, 50} {
@@ -226,7 +226,7 @@ func TestPublisherPinsItsStream(t *testing.T) {
 				for _, i := range stray {
 					intents[i].Subject = jsinbox.DeadLetterPrefix + intents[i].Subject
 				}
-				st, f := publishOutcome(t, js, jsinbox.PublisherConfig{Batch: batch, Linger: 20 * time.Millisecond, ExpectStream: expect}, intents)
+				st, f := publishOutcome(t, js, jsinbox.PublisherConfig{Batch: batch, Linger: 20 * time.Millisecond, SkipExpectedStreamHeader: !expect}, intents)
 				if len(f) != 2 {
 					t.Fatalf("failures %+v, want the 2 intents on dead-letter subjects", f)
 				}
