@@ -3,7 +3,6 @@ package effects
 import (
 	"context"
 	"embed"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -53,16 +52,17 @@ const DefaultScope = "ledger"
 // scope. It implements [inbox.Handler] with one statement per batch. Bad
 // input (see [ParseIntent]) and unknown accounts are permanent errors.
 //
-// The ledger's scope must be the scope of the [inbox.Processor] it runs
-// under: the entries then say which (scope, message ID) applied them, and a
-// checker can count effects per scope.
+// The entries carry the scope of the [inbox.Processor] the ledger runs
+// under (see [inbox.ScopeFromContext]): they then say which (scope, message
+// ID) applied them, and a checker can count effects per scope.
 type Ledger struct{ scope string }
 
-// NewLedger returns the ledger effect for [DefaultScope].
-func NewLedger() *Ledger { return &Ledger{scope: DefaultScope} }
+// NewLedger returns the ledger effect. Its entries carry the scope of the
+// processor it runs under; called outside one, [DefaultScope].
+func NewLedger() *Ledger { return &Ledger{} }
 
-// NewScopedLedger returns the ledger effect for an inbox scope; give the
-// processor it runs under the same scope.
+// NewScopedLedger returns a ledger effect bound to one inbox scope: run
+// under a processor with another scope, every batch fails.
 func NewScopedLedger(scope string) (*Ledger, error) {
 	if err := inbox.ValidateID(scope); err != nil {
 		return nil, fmt.Errorf("effects: ledger scope: %w", err)
@@ -70,8 +70,23 @@ func NewScopedLedger(scope string) (*Ledger, error) {
 	return &Ledger{scope: scope}, nil
 }
 
-// Scope returns the inbox scope the ledger writes its entries under.
+// Scope returns the inbox scope the ledger is bound to, or "" for the scope
+// of the processor it runs under.
 func (l *Ledger) Scope() string { return l.scope }
+
+// scopeFor returns the scope the entries of a batch carry.
+func (l *Ledger) scopeFor(ctx context.Context) (string, error) {
+	s, ok := inbox.ScopeFromContext(ctx)
+	switch {
+	case !ok && l.scope == "":
+		return DefaultScope, nil
+	case !ok:
+		return l.scope, nil
+	case l.scope != "" && l.scope != s:
+		return "", fmt.Errorf("effects: ledger bound to scope %q runs under a processor of scope %q", l.scope, s)
+	}
+	return s, nil
+}
 
 // orderedPlanSQL makes the balance update below a nested loop driven by the
 // account IDs in ascending order (the order Go sends them in), for this
@@ -145,8 +160,9 @@ func (l *Ledger) Warm(ctx context.Context, tx pgx.Tx) error {
 
 // Handle implements [inbox.Handler].
 func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, errs []error) error {
-	if l.scope == "" {
-		return errors.New("effects: ledger without a scope: use NewLedger or NewScopedLedger")
+	scope, err := l.scopeFor(ctx)
+	if err != nil {
+		return err
 	}
 	ids := make([]string, 0, len(msgs))
 	accounts := make([]int64, 0, len(msgs))
@@ -180,7 +196,7 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 	b.Queue(orderedPlanSQL)
 	small := len(ids) < copyThreshold
 	if small {
-		b.Queue(applySmallSQL, distinct, sums, ids, accounts, amounts, l.scope)
+		b.Queue(applySmallSQL, distinct, sums, ids, accounts, amounts, scope)
 	} else {
 		b.Queue(applySQL, distinct, sums)
 	}
@@ -215,7 +231,7 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 		for k := range ids {
 			if len(unknown) == 0 || !slices.Contains(unknown, accounts[k]) {
 				w.Row()
-				w.Text(l.scope)
+				w.Text(scope)
 				w.Text(ids[k])
 				w.Int8(accounts[k])
 				w.Int8(amounts[k])

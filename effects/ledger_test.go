@@ -175,3 +175,38 @@ func TestEntriesCarryTheScope(t *testing.T) {
 		t.Fatalf("entries per scope: %v, want %s", got, want)
 	}
 }
+
+// TestLedgerTakesTheProcessorsScope: a ledger from NewLedger writes the
+// scope of the processor it runs under, whatever it is; a ledger bound to
+// another scope refuses to write.
+func TestLedgerTakesTheProcessorsScope(t *testing.T) {
+	ctx := context.Background()
+	conn := ledgerDB(t, 10)
+	if _, err := inbox.Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	msg := []inbox.Message{{ID: "m1", Payload: Intent{Account: 1, Amount: 5}.AppendJSON(nil)}}
+	p, err := inbox.NewProcessor(conn, inbox.Config{Scope: "audit", Handler: NewLedger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := p.Process(ctx, msg); err != nil || out[0].Status != inbox.StatusApplied {
+		t.Fatalf("Process = %+v, %v", out, err)
+	}
+	var scope string
+	if err := conn.QueryRow(ctx, `SELECT scope FROM ledger_entries WHERE message_id = 'm1'`).Scan(&scope); err != nil || scope != "audit" {
+		t.Fatalf("entry scope %q, %v; want the processor's, audit", scope, err)
+	}
+	bound, err := NewScopedLedger("ledger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err = inbox.NewProcessor(conn, inbox.Config{Scope: "other", Handler: bound})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg[0].ID = "m2"
+	if out, _ := p.Process(ctx, msg); out[0].Status == inbox.StatusApplied || !strings.Contains(out[0].Reason, `bound to scope "ledger"`) {
+		t.Fatalf("a ledger bound to another scope applied: %+v", out)
+	}
+}

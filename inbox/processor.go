@@ -72,7 +72,9 @@ func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, msgs []Message, errs
 type Config struct {
 	// Scope names the consuming worker: the inbox key is (Scope, message
 	// ID), so two workers with different scopes each apply a message once.
-	// Usually the durable consumer's name. Required.
+	// The scope is the identity of the effect, not of the subscription:
+	// keep it when a durable is renamed or re-created, or the stream is
+	// applied again. Handlers read it with [ScopeFromContext]. Required.
 	Scope string
 	// Handler applies the effects. Required.
 	Handler Handler
@@ -672,7 +674,20 @@ func (p *Processor) handle(ctx context.Context, tx pgx.Tx, msgs []Message, errs 
 	if failpoint.Hit(ctx, failpoint.EffectPanic) {
 		panic("failpoint " + failpoint.EffectPanic)
 	}
-	return p.cfg.Handler.Handle(ctx, tx, msgs, errs)
+	return p.cfg.Handler.Handle(p.withScope(ctx), tx, msgs, errs)
+}
+
+type scopeKey struct{}
+
+func (p *Processor) withScope(ctx context.Context) context.Context {
+	return context.WithValue(ctx, scopeKey{}, p.cfg.Scope)
+}
+
+// ScopeFromContext returns the scope of the [Processor] whose handler got
+// ctx, so that an effect can record which (scope, message ID) applied it.
+func ScopeFromContext(ctx context.Context) (string, bool) {
+	s, ok := ctx.Value(scopeKey{}).(string)
+	return s, ok
 }
 
 // handleIsolated applies each message under its own savepoint: a message
@@ -763,11 +778,11 @@ func (p *Processor) mutatedEffects(ctx context.Context, tx pgx.Tx, msgs []Messag
 		if err != nil {
 			return err
 		}
-		if err := p.cfg.Handler.Handle(ctx, otx, batch, errs); err != nil {
+		if err := p.cfg.Handler.Handle(p.withScope(ctx), otx, batch, errs); err != nil {
 			_ = otx.Rollback(ctx)
 			return err
 		}
 		return otx.Commit(ctx)
 	}
-	return p.cfg.Handler.Handle(ctx, tx, batch, errs)
+	return p.cfg.Handler.Handle(p.withScope(ctx), tx, batch, errs)
 }
