@@ -137,7 +137,7 @@ func TestCrashOnLastDeliveryNobodyListening(t *testing.T) {
 			}
 		}
 	}
-	// The second one dies with a pull request outstanding. The server
+	// The second one hangs with a pull request outstanding. The server
 	// gives up on a message only when it tries to deliver it again: when
 	// AckWait runs out, it tries that request, gives up on every message
 	// and says so in its advisories, with nobody listening.
@@ -152,9 +152,6 @@ func TestCrashOnLastDeliveryNobodyListening(t *testing.T) {
 	if err := e.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if err := dead.Unsubscribe(); err != nil {
-		t.Fatal(err)
-	}
 	// Nobody runs until the server has given up on every message: its
 	// advisories are all sent.
 	adv, err := e.js.Stream(ctx, jsinbox.AdvisoryStream(jsinbox.DefaultStream))
@@ -165,6 +162,11 @@ func TestCrashOnLastDeliveryNobodyListening(t *testing.T) {
 		info, err := adv.Info(ctx)
 		return err == nil && info.State.Msgs == n
 	})
+	// The server drops a request nobody can receive: the dead client's
+	// subscription stayed until now, as a hung process's does.
+	if err := dead.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
 	if rep := e.verify(t); rep.Lost == 0 {
 		t.Fatalf("the crashes left nothing to rescue (lost %d): the test exercises nothing", rep.Lost)
 	}

@@ -1,7 +1,8 @@
-// Package chaos is the seed's once.mjs grown up: three producer strategies
-// times three consumer strategies, each under the same injected faults, on a
-// real nats-server and a real PostgreSQL. Only stable IDs plus the inbox come
-// out with lost=0 and duplicated=0.
+// Package chaos runs producer strategies times consumer strategies, each
+// under the same injected faults, on a real nats-server and a real
+// PostgreSQL, and counts per intent what was lost, applied once and
+// duplicated. Only stable IDs plus the inbox come out with lost=0 and
+// duplicated=0.
 package chaos
 
 import (
@@ -35,7 +36,7 @@ import (
 
 // Producer and consumer strategies.
 var (
-	Producers = []string{"once", "fresh-id", "stable-id"}
+	Producers = []string{"once", "fresh-id", "stable-id", "stable-id-batch"}
 	Consumers = []string{"ack-first", "effect-then-ack", "jetinbox"}
 )
 
@@ -46,19 +47,27 @@ type Options struct {
 	Consumers []string
 	// Fault rates.
 	DropPublish, LosePubAck, Crash, LoseAck float64
-	Restarts                                bool
+	// Poison is the fraction of intents whose payload no effect can
+	// apply: they must end dead-lettered, not lost.
+	Poison float64
+	// GiveUps is how many of the first intents a client takes through
+	// every delivery the durable allows, dying on the last one while no
+	// worker runs: the server gives up on them with nobody listening.
+	GiveUps  int
+	Restarts bool
 	Seed                                    uint64
 	Duration                                time.Duration
 	Progress                                io.Writer
 }
 
-// Row is one combination's result, counted per intent like once.mjs.
+// Row is one combination's result, counted per intent: lost (neither
+// applied nor dead-lettered), applied once, duplicated, dead-lettered.
 type Row struct {
 	Producer, Consumer string
 	Intents            int
 	Lost, AppliedOnce  int
 	Duplicated         int
-	DeadLettered       int64
+	DeadLettered       int
 	Faults             string
 	Elapsed            time.Duration
 }
@@ -70,17 +79,19 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o := Options{Progress: stderr}
 	var prods, cons string
 	fs.IntVar(&o.Intents, "intents", 2000, "intents per combination")
-	fs.StringVar(&prods, "producers", strings.Join(Producers, ","), "producer strategies: once (no retry), fresh-id (retry with a new ID), stable-id (retry with the same ID)")
+	fs.StringVar(&prods, "producers", strings.Join(Producers, ","), "producer strategies: once (no retry), fresh-id (retry with a new ID), stable-id (retry with the same ID), stable-id-batch (jsinbox's publisher in atomic batches)")
 	fs.StringVar(&cons, "consumers", strings.Join(Consumers, ","), "consumer strategies: ack-first (ack, then effect), effect-then-ack (no inbox), jetinbox")
 	fs.Float64Var(&o.DropPublish, "drop-publish", 0.03, "fraction of publishes lost before reaching the server")
 	fs.Float64Var(&o.LosePubAck, "lose-puback", 0.03, "fraction of PubAcks lost on the way back")
 	fs.Float64Var(&o.Crash, "crash", 0.05, "chance a consumer batch dies at a crash point (after fetch, after claim/effect before commit, after commit before ack)")
 	fs.Float64Var(&o.LoseAck, "lose-ack", 0.05, "chance a batch's acks are lost")
+	fs.Float64Var(&o.Poison, "poison", 0.01, "fraction of intents no effect can apply (must end dead-lettered)")
+	fs.IntVar(&o.GiveUps, "give-ups", 20, "first intents the server gives up on after MaxDeliver while no worker listens")
 	fs.BoolVar(&o.Restarts, "restarts", true, "restart the nats-server and PostgreSQL once each mid-run")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed for the fault dice")
 	fs.DurationVar(&o.Duration, "duration", 0, "soak: repeat the stable-id × jetinbox combination with fresh intents until this long has passed")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage of jetinbox chaos: producer strategies × consumer strategies under lost publishes, lost PubAcks,\ncrashes at each crash point, lost acks, two workers, a NATS and a PostgreSQL restart.")
+		fmt.Fprintln(stderr, "Usage of jetinbox chaos: producer strategies × consumer strategies under lost publishes, lost PubAcks,\ncrashes at each crash point, lost acks, poison intents, give-ups after MaxDeliver while no worker\nlistens, two workers, a NATS and a PostgreSQL restart.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -98,29 +109,43 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	if o.Duration > 0 {
-		o.Producers, o.Consumers = []string{"stable-id"}, []string{"jetinbox"}
+		o.Producers, o.Consumers = []string{"stable-id", "stable-id-batch"}, []string{"jetinbox"}
 	}
-	rows, rep, err := Run(ctx, o)
+	rows, reps, err := Run(ctx, o)
 	if err != nil {
 		return err
 	}
 	WriteTable(stdout, rows)
-	if rep != nil {
-		fmt.Fprintln(stdout, "\nverify on the final stable-id × jetinbox state:")
-		rep.WriteTable(stdout)
+	for _, v := range reps {
+		fmt.Fprintf(stdout, "\nverify on the final %s × jetinbox state:\n", v.Producer)
+		v.Report.WriteTable(stdout)
 	}
 	for _, r := range rows {
-		if r.Producer == "stable-id" && r.Consumer == "jetinbox" && (r.Lost > 0 || r.Duplicated > 0) {
-			return fmt.Errorf("chaos: jetinbox lost %d and duplicated %d intents", r.Lost, r.Duplicated)
+		if Guaranteed(r) && (r.Lost > 0 || r.Duplicated > 0) {
+			return fmt.Errorf("chaos: %s × jetinbox lost %d and duplicated %d intents", r.Producer, r.Lost, r.Duplicated)
 		}
 	}
-	if rep != nil && !rep.Clean() {
-		return errors.New("chaos: verify found violations")
+	for _, v := range reps {
+		if !v.Report.Clean() {
+			return fmt.Errorf("chaos: verify found violations after %s × jetinbox", v.Producer)
+		}
 	}
 	return nil
 }
 
-// WriteTable prints the rows in the spirit of once.mjs.
+// Guaranteed reports whether a row runs a combination the guarantee covers:
+// stable IDs, published one by one or in atomic batches, into the inbox.
+func Guaranteed(r Row) bool {
+	return strings.HasPrefix(r.Producer, "stable-id") && r.Consumer == "jetinbox"
+}
+
+// Verified is verify's report on the end state of a guaranteed row.
+type Verified struct {
+	Producer string
+	Report   *verify.Report
+}
+
+// WriteTable prints the rows as a table.
 func WriteTable(w io.Writer, rows []Row) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "producer\tconsumer\tintents\tlost\tapplied once\tduplicated\tdead-lettered\ttime\tfaults")
@@ -130,16 +155,16 @@ func WriteTable(w io.Writer, rows []Row) {
 	tw.Flush()
 }
 
-// Run runs every combination and returns the rows, plus verify's report of
-// the last stable-id × jetinbox run.
-func Run(ctx context.Context, o Options) ([]Row, *verify.Report, error) {
+// Run runs every combination and returns the rows, plus verify's report on
+// the end state of every guaranteed row.
+func Run(ctx context.Context, o Options) ([]Row, []Verified, error) {
 	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
 	if err != nil {
 		return nil, nil, err
 	}
 	defer pg.Close()
 	var rows []Row
-	var rep *verify.Report
+	var reps []Verified
 	start := time.Now()
 	round := 0
 	for {
@@ -152,7 +177,7 @@ func Run(ctx context.Context, o Options) ([]Row, *verify.Report, error) {
 				}
 				rows = append(rows, row)
 				if r != nil {
-					rep = r
+					reps = append(reps, Verified{Producer: p, Report: r})
 				}
 				if o.Progress != nil {
 					fmt.Fprintf(o.Progress, "%-10s × %-16s lost=%-5d applied once=%-7d duplicated=%-5d (%.1fs)\n", p, c, row.Lost, row.AppliedOnce, row.Duplicated, row.Elapsed.Seconds())
@@ -160,7 +185,7 @@ func Run(ctx context.Context, o Options) ([]Row, *verify.Report, error) {
 			}
 		}
 		if o.Duration == 0 || time.Since(start) > o.Duration || ctx.Err() != nil {
-			return rows, rep, ctx.Err()
+			return rows, reps, ctx.Err()
 		}
 	}
 }
@@ -176,7 +201,6 @@ type run struct {
 	diceMu   sync.Mutex
 	faults   map[string]*atomic.Int64
 	stream   string
-	deadLets atomic.Int64
 	batches  atomic.Int64 // batches fetched by the naive workers of this run
 }
 
@@ -193,7 +217,7 @@ func (r *run) fault(name string) {
 func runOne(ctx context.Context, pg *testenv.Postgres, o Options, prod, cons string, round int) (Row, *verify.Report, error) {
 	start := time.Now()
 	r := &run{o: o, pg: pg, stream: jsinbox.DefaultStream, dice: rand.New(rand.NewPCG(o.Seed, uint64(round))), faults: map[string]*atomic.Int64{}}
-	for _, f := range []string{"dropped publishes", "lost PubAcks", "crashes", "lost acks", "restarts"} {
+	for _, f := range faultNames {
 		r.faults[f] = &atomic.Int64{}
 	}
 	var err error
@@ -219,6 +243,13 @@ func runOne(ctx context.Context, pg *testenv.Postgres, o Options, prod, cons str
 		return Row{}, nil, err
 	}
 	r.intents = pipeline.Generate(pipeline.Load{Count: o.Intents, Accounts: 64, Prefix: fmt.Sprintf("c%d", round), Seed: o.Seed + uint64(round)})
+	if o.Poison > 0 {
+		every := max(1, int(1/o.Poison))
+		for i := every / 2; i < len(r.intents); i += every {
+			r.intents[i].Payload = []byte(`{"account":1,"amount":`) // no effect can apply it
+			r.fault("poison intents")
+		}
+	}
 
 	// Two workers on one durable, under faults.
 	wctx, stopWorkers := context.WithCancel(ctx)
@@ -229,6 +260,18 @@ func runOne(ctx context.Context, pg *testenv.Postgres, o Options, prod, cons str
 		stopWorkers()
 		return Row{}, nil, err
 	}
+	// The first intents meet the server's give-up while no worker runs.
+	first := min(o.GiveUps, len(r.intents))
+	if first > 0 {
+		if err := r.produce(ctx, prod, r.intents[:first], func(int) {}); err != nil {
+			stopWorkers()
+			return Row{}, nil, err
+		}
+		if err := r.giveUpUnheard(ctx, nc, durable); err != nil {
+			stopWorkers()
+			return Row{}, nil, err
+		}
+	}
 	for w := range 2 {
 		wg.Add(1)
 		go func() {
@@ -237,10 +280,10 @@ func runOne(ctx context.Context, pg *testenv.Postgres, o Options, prod, cons str
 		}()
 	}
 
-	// Produce, with a NATS restart halfway through.
+	// Produce the rest, with a NATS restart halfway through.
 	restartNATS := o.Restarts
-	perr := r.produce(ctx, prod, func(i int) {
-		if restartNATS && i == len(r.intents)/2 {
+	perr := r.produce(ctx, prod, r.intents[first:], func(i int) {
+		if restartNATS && first+i == len(r.intents)/2 {
 			restartNATS = false
 			r.fault("restarts")
 			_ = r.nats.Restart()
@@ -270,17 +313,17 @@ func runOne(ctx context.Context, pg *testenv.Postgres, o Options, prod, cons str
 		return Row{}, nil, err
 	}
 
-	row := Row{Producer: prod, Consumer: cons, Intents: len(r.intents), DeadLettered: r.deadLets.Load(), Elapsed: time.Since(start)}
+	row := Row{Producer: prod, Consumer: cons, Intents: len(r.intents), Elapsed: time.Since(start)}
 	if err := r.count(ctx, &row); err != nil {
 		return Row{}, nil, err
 	}
 	var fs []string
-	for _, f := range []string{"dropped publishes", "lost PubAcks", "crashes", "lost acks", "restarts"} {
+	for _, f := range faultNames {
 		fs = append(fs, fmt.Sprintf("%d %s", r.faults[f].Load(), f))
 	}
 	row.Faults = strings.Join(fs, ", ")
 	var rep *verify.Report
-	if prod == "stable-id" && cons == "jetinbox" {
+	if Guaranteed(row) {
 		if rep, err = verify.Run(ctx, r.js, r.pool, verify.Options{Scope: effects.DefaultScope, Durable: durable, Ledger: true}); err != nil {
 			return Row{}, nil, err
 		}
@@ -288,11 +331,17 @@ func runOne(ctx context.Context, pg *testenv.Postgres, o Options, prod, cons str
 	return row, rep, nil
 }
 
-// produce publishes every intent by the producer strategy, under dropped
-// publishes and lost PubAcks. Publishes are synchronous: the point is the
-// protocol, not speed.
-func (r *run) produce(ctx context.Context, strategy string, each func(i int)) error {
-	for i, in := range r.intents {
+// faultNames are the faults a row counts, in the order it shows them.
+var faultNames = []string{"dropped publishes", "lost PubAcks", "crashes", "lost acks", "restarts", "poison intents", "unheard give-ups"}
+
+// produce publishes intents by the producer strategy, under dropped
+// publishes and lost PubAcks. Publishes are synchronous, but for the batch
+// strategy: the point is the protocol, not speed.
+func (r *run) produce(ctx context.Context, strategy string, intents []jsinbox.Intent, each func(i int)) error {
+	if strategy == "stable-id-batch" {
+		return r.produceBatches(ctx, intents, each)
+	}
+	for i, in := range intents {
 		each(i)
 		id := in.ID
 		for attempt := 0; attempt < 20; attempt++ {
@@ -326,6 +375,120 @@ func (r *run) produce(ctx context.Context, strategy string, each func(i int)) er
 			time.Sleep(d) // jittered, short: this is a test
 		}
 	}
+	return nil
+}
+
+// produceBatches publishes through jsinbox's Publisher in atomic batches,
+// whose messages the stream stores with their Nats-Batch-* headers. Lost
+// PubAcks come from its failpoint: the whole batch is published again, one
+// intent at a time, with the same IDs.
+func (r *run) produceBatches(ctx context.Context, intents []jsinbox.Intent, each func(i int)) error {
+	fp := failpoint.New()
+	if r.o.LosePubAck > 0 {
+		fp.EnableEvery(failpoint.LosePubAck, max(1, int(1/(r.o.LosePubAck*10))), -1)
+	}
+	pctx, cancel := context.WithCancel(failpoint.With(ctx, fp))
+	defer cancel()
+	p, err := jsinbox.NewPublisher(pctx, r.js, jsinbox.PublisherConfig{Batch: 50, Linger: 5 * time.Millisecond, AckTimeout: 2 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	for i, in := range intents {
+		each(i)
+		if err := p.Publish(ctx, in); err != nil {
+			return err
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		return err
+	}
+	r.faults["lost PubAcks"].Add(int64(fp.Hits(failpoint.LosePubAck)))
+	if f := p.Failures(); len(f) > 0 {
+		return fmt.Errorf("%d intents not published, first %s: %w", len(f), f[0].ID, f[0].Err)
+	}
+	return nil
+}
+
+// giveUpUnheard is the planned fault "a crash on the last delivery while
+// nobody listens": before any worker runs, a client takes every message in
+// the stream (the first intents) through every delivery the durable allows (naking each at once)
+// and hangs on the last one with a pull request outstanding. When AckWait
+// runs out the server tries that request, gives up on them all and
+// announces it once, on core NATS, with nobody subscribed. Workers started
+// later must still settle them.
+func (r *run) giveUpUnheard(ctx context.Context, nc *nats.Conn, durable string) error {
+	c, err := r.js.Consumer(ctx, r.stream, durable)
+	if err != nil {
+		return err
+	}
+	// What the producer got into the stream: fewer than it tried when it
+	// publishes once and loses some, more when it retries with fresh IDs.
+	info, err := c.Info(ctx)
+	if err != nil {
+		return err
+	}
+	n := int(info.NumPending)
+	if n == 0 {
+		return nil
+	}
+	maxDeliver := c.CachedInfo().Config.MaxDeliver
+	// Take every message again and again, naking it at once, until each
+	// was delivered MaxDeliver times; keep it unsettled then.
+	last := map[uint64]bool{}
+	deadline := time.Now().Add(time.Minute)
+	for len(last) < n {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("give-up fault: %d of %d messages reached their last delivery within a minute", len(last), n)
+		}
+		b, err := c.Fetch(n, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return err
+		}
+		for m := range b.Messages() {
+			md, err := m.Metadata()
+			if err != nil {
+				return err
+			}
+			if md.NumDelivered >= uint64(maxDeliver) {
+				last[md.Sequence.Stream] = true
+				continue
+			}
+			_ = m.Nak()
+		}
+	}
+	dead, err := nc.SubscribeSync(nats.NewInbox())
+	if err != nil {
+		return err
+	}
+	req := fmt.Sprintf(`{"batch":%d,"expires":%d}`, n, int64(10*time.Second))
+	if err := nc.PublishRequest("$JS.API.CONSUMER.MSG.NEXT."+r.stream+"."+durable, dead.Subject, []byte(req)); err != nil {
+		return err
+	}
+	if err := nc.Flush(); err != nil {
+		return err
+	}
+	// The request's subscriber stays until the server has given up (it
+	// drops a request nobody can receive), taking what comes and settling
+	// nothing, as a process that hangs does.
+	defer dead.Unsubscribe() //nolint:errcheck // best effort
+	// Wait until the server has given up on all of them.
+	adv, err := r.js.Stream(ctx, jsinbox.AdvisoryStream(r.stream))
+	if err != nil {
+		return err
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		info, err := adv.Info(ctx)
+		if err == nil && info.State.Msgs >= uint64(n) {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("give-up fault: the server gave up on %d of %d messages in time (%v)", info.State.Msgs, n, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.faults["unheard give-ups"].Add(int64(n))
 	return nil
 }
 
@@ -476,14 +639,22 @@ func (r *run) runJetinbox(ctx context.Context, durable string, pl plan) error {
 	if errors.Is(err, jsinbox.ErrCrashed) {
 		r.fault("crashes")
 	}
-	r.deadLets.Add(c.Stats().DeadLettered)
 	return err
 }
 
 // count reads the ledger per intent: an intent whose ID (or a fresh-id
-// retry of it) has no entry is lost, one entry is applied once, more is
-// duplicated.
+// retry of it) has no entry is dead-lettered if the dead-letter stream has
+// it and lost otherwise, one entry is applied once, more is duplicated.
 func (r *run) count(ctx context.Context, row *Row) error {
+	dead, err := verify.ReadStream(ctx, r.js, jsinbox.DeadLetterStream(r.stream))
+	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return err
+	}
+	deadIDs := map[string]bool{}
+	for _, d := range dead {
+		base, _, _ := strings.Cut(d.Header[jsinbox.HeaderMessageID], "~r")
+		deadIDs[base] = true
+	}
 	rows, err := r.pool.Query(ctx, `SELECT message_id, count(*) FROM ledger_entries GROUP BY message_id`)
 	if err != nil {
 		return err
@@ -504,6 +675,8 @@ func (r *run) count(ctx context.Context, row *Row) error {
 	}
 	for _, in := range r.intents {
 		switch n := per[in.ID]; {
+		case n == 0 && deadIDs[in.ID]:
+			row.DeadLettered++
 		case n == 0:
 			row.Lost++
 		case n == 1:

@@ -16,9 +16,10 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // duplicates their strategy invites: the harness can see what it claims to
 // check.
 func TestChaosSmoke(t *testing.T) {
-	rows, rep, err := Run(context.Background(), Options{
+	const giveUps = 20
+	rows, reps, err := Run(context.Background(), Options{
 		Intents: 300, Producers: Producers, Consumers: Consumers,
-		DropPublish: 0.03, LosePubAck: 0.03, Crash: 0.05, LoseAck: 0.05, Restarts: true, Seed: 7,
+		DropPublish: 0.03, LosePubAck: 0.03, Crash: 0.05, LoseAck: 0.05, Poison: 0.01, GiveUps: giveUps, Restarts: true, Seed: 7,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -35,11 +36,26 @@ func TestChaosSmoke(t *testing.T) {
 		t.Fatalf("no row %s × %s", p, c)
 		return Row{}
 	}
-	if r := get("stable-id", "jetinbox"); r.Lost != 0 || r.Duplicated != 0 || r.AppliedOnce != 300 {
-		t.Errorf("stable-id × jetinbox: lost=%d duplicated=%d applied once=%d", r.Lost, r.Duplicated, r.AppliedOnce)
+	for _, p := range []string{"stable-id", "stable-id-batch"} {
+		// 3 of the 300 are poison: dead-lettered, not lost.
+		if r := get(p, "jetinbox"); r.Lost != 0 || r.Duplicated != 0 || r.AppliedOnce != 297 || r.DeadLettered != 3 {
+			t.Errorf("%s × jetinbox: lost=%d duplicated=%d applied once=%d dead-lettered=%d", p, r.Lost, r.Duplicated, r.AppliedOnce, r.DeadLettered)
+		}
 	}
-	if rep == nil || !rep.Clean() {
-		t.Errorf("verify on the final state: %+v", rep)
+	if len(reps) != 2 {
+		t.Fatalf("%d verify reports, want one per guaranteed row", len(reps))
+	}
+	for _, v := range reps {
+		if !v.Report.Clean() {
+			var b bytes.Buffer
+			v.Report.WriteTable(&b)
+			t.Errorf("verify after %s × jetinbox:\n%s", v.Producer, b.String())
+		}
+	}
+	// Without a rescue, the messages the server gave up on while nobody
+	// listened stay lost.
+	if r := get("stable-id", "effect-then-ack"); r.Lost < giveUps {
+		t.Errorf("effect-then-ack lost %d, fewer than the %d given up on unheard", r.Lost, giveUps)
 	}
 	if r := get("stable-id", "effect-then-ack"); r.Duplicated == 0 {
 		t.Error("effect-then-ack without an inbox duplicated nothing after a crash between commit and ack")

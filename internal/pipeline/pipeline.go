@@ -4,6 +4,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -85,8 +86,9 @@ func Generate(l Load) []jsinbox.Intent {
 }
 
 // WaitSettled waits until the durable consumer has nothing pending and
-// nothing awaiting an ack, and its delivered sequence reached the stream's
-// last sequence.
+// nothing awaiting an ack, its delivered sequence reached the stream's
+// last sequence, and every max-deliveries advisory of the durable was
+// settled (its messages rescued).
 func WaitSettled(ctx context.Context, js jetstream.JetStream, stream, durable string, progress func(settled, total uint64)) error {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
@@ -106,7 +108,7 @@ func WaitSettled(ctx context.Context, js jetstream.JetStream, stream, durable st
 					if progress != nil {
 						progress(info.AckFloor.Stream, last)
 					}
-					if info.NumPending == 0 && info.NumAckPending == 0 && info.Delivered.Stream >= last {
+					if info.NumPending == 0 && info.NumAckPending == 0 && info.Delivered.Stream >= last && rescued(ctx, js, stream, durable) {
 						return nil
 					}
 				}
@@ -118,4 +120,18 @@ func WaitSettled(ctx context.Context, js jetstream.JetStream, stream, durable st
 		case <-tick.C:
 		}
 	}
+}
+
+// rescued reports whether the durable's rescue consumer on the advisory
+// stream, if there is one, has settled every advisory.
+func rescued(ctx context.Context, js jetstream.JetStream, stream, durable string) bool {
+	c, err := js.Consumer(ctx, jsinbox.AdvisoryStream(stream), durable)
+	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return true
+	}
+	if err != nil {
+		return false
+	}
+	info, err := c.Info(ctx)
+	return err == nil && info.NumPending == 0 && info.NumAckPending == 0
 }
