@@ -1,24 +1,28 @@
 package inbox
 
-// SetMutation switches a deliberate bug on; tests use it to check that the
-// guarantee tests can fail. It returns a function that switches it off.
-func SetMutation(name string) (undo func()) {
-	switch name {
-	case "effect-before-claim":
-		mutation.effectBeforeClaim = true
-	case "effect-outside-tx":
-		mutation.effectOutsideTx = true
-	case "no-copy-claim":
-		mutation.noCopyClaim = true
-	case "blind-copy-claim":
-		mutation.blindCopyClaim = true
-	default:
-		panic("unknown mutation " + name)
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DisableCopyClaim makes p claim every batch with ClaimTx; tests compare
+// both paths.
+func DisableCopyClaim(p *Processor) { p.noCopy = true }
+
+// PlantBlindCopyClaim gives p a broken fast claim, which skips IDs already
+// there yet reports every claim fresh: the guarantee tests must catch it.
+func PlantBlindCopyClaim(p *Processor) { p.claimCopy = claimBlind }
+
+func claimBlind(ctx context.Context, tx pgx.Tx, scope string, claims []Claim, order []int) error {
+	ids := make([]string, len(order))
+	fps := make([][]byte, len(order))
+	for k, i := range order {
+		ids[k], fps[k] = claims[i].ID, claims[i].Fingerprint[:]
 	}
-	return func() {
-		mutation.effectBeforeClaim, mutation.effectOutsideTx = false, false
-		mutation.noCopyClaim, mutation.blindCopyClaim = false, false
-	}
+	_, err := tx.Exec(ctx, `INSERT INTO inbox (scope, message_id, fingerprint)
+SELECT $1, * FROM unnest($2::text[], $3::bytea[]) ON CONFLICT DO NOTHING`, scope, ids, fps)
+	return err
 }
 
 // CopyClaimThreshold is the smallest batch claimed with COPY.

@@ -283,12 +283,12 @@ func TestCrashBeforeCommit(t *testing.T) {
 	p := newLedgerProcessor(t, pool)
 	fp := failpoint.New()
 	fp.Enable(failpoint.BeforeCommit, 1)
-	ctx := failpoint.With(context.Background(), fp)
+	fp.Attach(p)
+	ctx := context.Background()
 	m := intent("k1", 1, 100)
 
 	out, err := p.Process(ctx, []inbox.Message{m})
-	var fpErr *failpoint.Error
-	if !errors.As(err, &fpErr) || out[0].Status != inbox.StatusRetry || out[0].Ackable() {
+	if !failpoint.IsCrash(err) || out[0].Status != inbox.StatusRetry || out[0].Ackable() {
 		t.Fatalf("crashed attempt: %+v, %v", out[0], err)
 	}
 	assertClean(t, pool, map[string]inbox.Message{})
@@ -311,7 +311,8 @@ func TestCommitOutcomeUnknownIsNotAckable(t *testing.T) {
 	p := newLedgerProcessor(t, pool)
 	fp := failpoint.New()
 	fp.Enable(failpoint.AfterCommit, 1)
-	ctx := failpoint.With(context.Background(), fp)
+	fp.Attach(p)
+	ctx := context.Background()
 	batch := []inbox.Message{intent("a", 1, 1), intent("b", 2, 2)}
 	out, err := p.Process(ctx, batch)
 	if !errors.Is(err, inbox.ErrOutcomeUnknown) || out[0].Ackable() || out[1].Ackable() {
@@ -324,16 +325,41 @@ func TestCommitOutcomeUnknownIsNotAckable(t *testing.T) {
 	assertClean(t, pool, map[string]inbox.Message{"a": batch[0], "b": batch[1]})
 }
 
+// scenario is how the guarantee scenario builds its processor: by default on
+// the pool with the ledger; a mutation swaps in a broken part.
+type scenario struct {
+	db      func(pool *pgxpool.Pool) inbox.Beginner
+	handler func(pool *pgxpool.Pool) inbox.Handler
+	setup   func(p *inbox.Processor)
+	// next is told each batch before it is processed.
+	next func(batch []inbox.Message)
+}
+
 // runGuaranteeScenario replays a crash before commit, a redelivery after
 // commit and a batch with duplicates, then returns the broken invariants.
 // With n below the copy threshold the batches are claimed with ClaimTx;
 // from it, with COPY, and the duplicate batch falls back to ClaimTx.
-func runGuaranteeScenario(t *testing.T, n int) []string {
+func runGuaranteeScenario(t *testing.T, n int, sc scenario) []string {
 	pool := newDB(t)
-	p := newLedgerProcessor(t, pool)
+	var db inbox.Beginner = pool
+	if sc.db != nil {
+		db = sc.db(pool)
+	}
+	var h inbox.Handler = effects.NewLedger()
+	if sc.handler != nil {
+		h = sc.handler(pool)
+	}
+	p, err := inbox.NewProcessor(db, inbox.Config{Scope: "ledger", Handler: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc.setup != nil {
+		sc.setup(p)
+	}
 	fp := failpoint.New()
 	fp.Enable(failpoint.BeforeCommit, 1)
-	ctx := failpoint.With(context.Background(), fp)
+	fp.Attach(p)
+	ctx := context.Background()
 	batch := make([]inbox.Message, n)
 	want := make(map[string]inbox.Message, n)
 	for i := range batch {
@@ -343,9 +369,16 @@ func runGuaranteeScenario(t *testing.T, n int) []string {
 	}
 	rev := slices.Clone(batch)
 	slices.Reverse(rev)
-	_, _ = p.Process(ctx, batch) // crashes before commit
-	_, _ = p.Process(ctx, batch) // redelivery
-	_, _ = p.Process(ctx, rev)   // duplicate delivery
+	for _, b := range [][]inbox.Message{
+		batch, // crashes before commit
+		batch, // redelivery
+		rev,   // duplicate delivery
+	} {
+		if sc.next != nil {
+			sc.next(b)
+		}
+		_, _ = p.Process(ctx, b)
+	}
 	if copies := p.Stats().CopyClaims; (n >= inbox.CopyClaimThreshold) != (copies > 0) {
 		t.Errorf("%d messages a batch: %d batches claimed with COPY", n, copies)
 	}
@@ -359,29 +392,75 @@ var guaranteeSizes = []int{2, 2 * inbox.CopyClaimThreshold}
 func TestGuaranteeScenarioClean(t *testing.T) {
 	for _, n := range guaranteeSizes {
 		t.Run(fmt.Sprintf("batch=%d", n), func(t *testing.T) {
-			if v := runGuaranteeScenario(t, n); len(v) > 0 {
+			if v := runGuaranteeScenario(t, n, scenario{}); len(v) > 0 {
 				t.Fatalf("violations: %v", v)
 			}
 		})
 	}
 }
 
-// TestMutationsAreCaught breaks the processor on purpose and checks that the
-// guarantee scenario turns red. Not parallel: mutations are package state.
+// outsideTx is the bug "effect outside the inbox transaction": a handler
+// that applies the effect in a transaction of its own and commits it.
+type outsideTx struct {
+	db    inbox.Beginner
+	inner inbox.Handler
+}
+
+func (h outsideTx) Handle(ctx context.Context, _ pgx.Tx, msgs []inbox.Message, errs []error) error {
+	tx, err := h.db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := h.inner.Handle(ctx, tx, msgs, errs); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// effectsFirst is the bug "effect before claim": a Beginner that applies
+// the effects of the batch about to be processed as soon as the
+// transaction begins, before the claim has looked at the inbox.
+type effectsFirst struct {
+	db    inbox.Beginner
+	inner inbox.Handler
+	batch []inbox.Message
+}
+
+func (b *effectsFirst) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := b.db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.inner.Handle(ctx, tx, b.batch, make([]error, len(b.batch))); err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, err
+	}
+	return tx, nil
+}
+
+// TestMutationsAreCaught breaks the processor on purpose, each time with a
+// broken part of its own, and checks that the guarantee scenario turns red.
 func TestMutationsAreCaught(t *testing.T) {
+	t.Parallel()
+	first := &effectsFirst{inner: effects.NewLedger()}
 	for _, m := range []struct {
 		name  string
 		sizes []int
+		sc    scenario
 	}{
-		{"effect-before-claim", guaranteeSizes},
-		{"effect-outside-tx", guaranteeSizes},
-		{"blind-copy-claim", guaranteeSizes[1:]}, // only big batches are copied
+		{"effect-before-claim", guaranteeSizes, scenario{
+			db:   func(pool *pgxpool.Pool) inbox.Beginner { first.db = pool; return first },
+			next: func(b []inbox.Message) { first.batch = b },
+		}},
+		{"effect-outside-tx", guaranteeSizes, scenario{
+			handler: func(pool *pgxpool.Pool) inbox.Handler { return outsideTx{db: pool, inner: effects.NewLedger()} },
+		}},
+		{"blind-copy-claim", guaranteeSizes[1:], scenario{setup: inbox.PlantBlindCopyClaim}}, // only big batches are copied
 	} {
 		for _, n := range m.sizes {
 			t.Run(fmt.Sprintf("%s/batch=%d", m.name, n), func(t *testing.T) {
-				undo := inbox.SetMutation(m.name)
-				defer undo()
-				v := runGuaranteeScenario(t, n)
+				v := runGuaranteeScenario(t, n, m.sc)
 				if len(v) == 0 {
 					t.Fatalf("mutation %s went unnoticed: the guarantee test cannot fail", m.name)
 				}

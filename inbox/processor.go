@@ -21,7 +21,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/jetinbox/jetinbox/internal/failpoint"
+	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
@@ -145,7 +145,28 @@ type Processor struct {
 	copyCooldown  atomic.Int32
 	copyClaims    atomic.Int64
 	copyFallbacks atomic.Int64
+
+	// claimCopy is the COPY claim; noCopy turns it off. Tests plant a
+	// broken claim or compare both paths through them (export_test.go).
+	claimCopy func(ctx context.Context, tx pgx.Tx, scope string, claims []Claim, order []int) error
+	noCopy    bool
+	// hook, nil unless a harness attached one (internal/hook), stops the
+	// processor at named points.
+	hook hook.Func
 }
+
+func init() {
+	hook.Register(func(target any, f hook.Func) bool {
+		p, ok := target.(*Processor)
+		if ok {
+			p.hook = f
+		}
+		return ok
+	})
+}
+
+// fires reports whether the harness's hook stops the processor at pt.
+func (p *Processor) fires(pt hook.Point) bool { return p.hook != nil && p.hook(pt) }
 
 // ProcessorStats counts how batches were claimed.
 type ProcessorStats struct {
@@ -173,7 +194,7 @@ func NewProcessor(db Beginner, cfg Config) (*Processor, error) {
 	if db == nil {
 		return nil, errors.New("inbox: NewProcessor: db is nil")
 	}
-	p := &Processor{db: db, cfg: cfg, turns: make(chan struct{}, cfg.EffectConcurrency)}
+	p := &Processor{db: db, cfg: cfg, turns: make(chan struct{}, cfg.EffectConcurrency), claimCopy: claimCopy}
 	if cfg.TracerProvider != nil {
 		p.tracer = cfg.TracerProvider.Tracer("github.com/jetinbox/jetinbox/inbox")
 	}
@@ -261,15 +282,6 @@ func (p *Processor) Scope() string { return p.cfg.Scope }
 
 var errIsolate = errors.New("inbox: batch failed; isolating messages")
 
-// mutation breaks the processor on purpose. Only tests set it, to show that
-// the guarantee tests turn red when the guarantee is broken.
-var mutation struct {
-	effectBeforeClaim bool // apply every message's effect, then claim
-	effectOutsideTx   bool // apply effects in their own, already committed, transaction
-	noCopyClaim       bool // always claim with ClaimTx (tests compare both paths)
-	blindCopyClaim    bool // the fast claim skips existing rows yet reports every claim fresh
-}
-
 // Process runs one batch in one transaction: it claims every message, applies
 // the effects of the fresh ones, records rejections and conflicts, and
 // commits. It returns one [Outcome] per message, in order. Only messages whose
@@ -349,7 +361,7 @@ const copyCooldownBatches = 32
 // only: when it meets a claimed ID the transaction is rolled back and the
 // batch claimed again with ClaimTx, so both paths give the same outcomes.
 func (p *Processor) copyClaimable(msgs []Message, valid []int) bool {
-	if len(valid) < copyClaimThreshold || mutation.noCopyClaim {
+	if len(valid) < copyClaimThreshold || p.noCopy {
 		return false
 	}
 	for {
@@ -396,14 +408,8 @@ func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	if failpoint.Hit(ctx, failpoint.BeforeClaim) {
-		return &failpoint.Error{Name: failpoint.BeforeClaim}
-	}
-
-	if mutation.effectBeforeClaim || mutation.effectOutsideTx {
-		if err := p.mutatedEffects(ctx, tx, msgs, valid); err != nil {
-			return err
-		}
+	if p.fires(hook.BeforeClaim) {
+		return &hook.Crash{Point: hook.BeforeClaim}
 	}
 
 	b := &batch{msgs: msgs, valid: valid, out: out}
@@ -425,8 +431,8 @@ func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int
 	if err != nil {
 		return err
 	}
-	if failpoint.Hit(ctx, failpoint.BeforeCommit) {
-		return &failpoint.Error{Name: failpoint.BeforeCommit}
+	if p.fires(hook.BeforeCommit) {
+		return &hook.Crash{Point: hook.BeforeCommit}
 	}
 	rejIDs, rejReasons, retryIDs := p.decide(b, errs)
 	if err := p.record(ctx, tx, msgs, rejIDs, rejReasons, retryIDs, b.conflicts); err != nil {
@@ -468,11 +474,7 @@ func (p *Processor) claim(ctx context.Context, tx pgx.Tx, b *batch, isolate, fas
 		order = sortedUnique(claims)
 	}
 	if order != nil {
-		claim := claimCopy
-		if mutation.blindCopyClaim {
-			claim = claimBlind
-		}
-		if err := claim(ctx, tx, p.cfg.Scope, claims, order); err != nil {
+		if err := p.claimCopy(ctx, tx, p.cfg.Scope, claims, order); err != nil {
 			if isDataError(err) && !errors.Is(err, errCopyClaim) {
 				return nil, fmt.Errorf("%w: %w", errIsolate, err)
 			}
@@ -528,7 +530,7 @@ func (p *Processor) classify(b *batch, res []ClaimResult) {
 // error.
 func (p *Processor) apply(ctx context.Context, tx pgx.Tx, fresh []Message, isolate bool) (errs []error, err error) {
 	errs = make([]error, len(fresh))
-	if len(fresh) == 0 || mutation.effectBeforeClaim || mutation.effectOutsideTx {
+	if len(fresh) == 0 {
 		return errs, nil
 	}
 	end := p.span(ctx, "jetinbox.effect", len(fresh))
@@ -607,8 +609,8 @@ func (p *Processor) commit(ctx context.Context, tx pgx.Tx, n int) error {
 		}
 		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
 	}
-	if failpoint.Hit(ctx, failpoint.AfterCommit) {
-		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, &failpoint.Error{Name: failpoint.AfterCommit})
+	if p.fires(hook.AfterCommit) {
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, &hook.Crash{Point: hook.AfterCommit})
 	}
 	return nil
 }
@@ -671,8 +673,8 @@ func (p *Processor) handle(ctx context.Context, tx pgx.Tx, msgs []Message, errs 
 			err = Permanent(fmt.Errorf("inbox: effect panicked: %v\n%s", r, debug.Stack()))
 		}
 	}()
-	if failpoint.Hit(ctx, failpoint.EffectPanic) {
-		panic("failpoint " + failpoint.EffectPanic)
+	if p.fires(hook.EffectPanic) {
+		panic("simulated panic at " + hook.EffectPanic.String())
 	}
 	return p.cfg.Handler.Handle(p.withScope(ctx), tx, msgs, errs)
 }
@@ -754,35 +756,3 @@ func isConnError(err error) bool {
 	return pgconn.SafeToRetry(err) || errors.As(err, &netErr) || errors.Is(err, pgx.ErrTxClosed)
 }
 
-// claimBlind is the bug the blind-copy-claim mutation plants: a fast claim
-// that skips IDs already there but still calls every claim fresh.
-func claimBlind(ctx context.Context, tx pgx.Tx, scope string, claims []Claim, order []int) error {
-	ids := make([]string, len(order))
-	fps := make([][]byte, len(order))
-	for k, i := range order {
-		ids[k], fps[k] = claims[i].ID, claims[i].Fingerprint[:]
-	}
-	_, err := tx.Exec(ctx, `INSERT INTO inbox (scope, message_id, fingerprint)
-SELECT $1, * FROM unnest($2::text[], $3::bytea[]) ON CONFLICT DO NOTHING`, scope, ids, fps)
-	return err
-}
-
-func (p *Processor) mutatedEffects(ctx context.Context, tx pgx.Tx, msgs []Message, valid []int) error {
-	batch := make([]Message, len(valid))
-	for k, i := range valid {
-		batch[k] = msgs[i]
-	}
-	errs := make([]error, len(batch))
-	if mutation.effectOutsideTx {
-		otx, err := p.db.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		if err := p.cfg.Handler.Handle(p.withScope(ctx), otx, batch, errs); err != nil {
-			_ = otx.Rollback(ctx)
-			return err
-		}
-		return otx.Commit(ctx)
-	}
-	return p.cfg.Handler.Handle(p.withScope(ctx), tx, batch, errs)
-}

@@ -35,11 +35,16 @@ func batchEnv(t *testing.T, atomicAllowed bool) jetstream.JetStream {
 	return js
 }
 
-func publishAll(t *testing.T, ctx context.Context, js jetstream.JetStream, cfg jsinbox.PublisherConfig, intents []jsinbox.Intent) jsinbox.PublishStats {
+// publishAll publishes intents and requires every one published; fps, if
+// given, arm the publisher's points.
+func publishAll(t *testing.T, ctx context.Context, js jetstream.JetStream, cfg jsinbox.PublisherConfig, intents []jsinbox.Intent, fps ...*failpoint.Set) jsinbox.PublishStats {
 	t.Helper()
-	p, err := jsinbox.NewPublisher(ctx, js, cfg)
+	p, err := jsinbox.NewPublisher(js, cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, fp := range fps {
+		fp.Attach(p)
 	}
 	defer p.Close()
 	for _, in := range intents {
@@ -146,7 +151,7 @@ func TestAtomicBatchPubAckLost(t *testing.T) {
 	fp := failpoint.New()
 	fp.Enable(failpoint.LosePubAck, 1)
 	intents := load(600, "al")
-	st := publishAll(t, failpoint.With(context.Background(), fp), js, jsinbox.PublisherConfig{Batch: 300}, intents)
+	st := publishAll(t, context.Background(), js, jsinbox.PublisherConfig{Batch: 300}, intents, fp)
 	if fp.Hits(failpoint.LosePubAck) != 1 || st.BatchFallbacks != 1 || st.Duplicates == 0 || st.Published != 600 {
 		t.Fatalf("stats %+v after one lost batch PubAck, want one fallback whose copies are duplicates", st)
 	}

@@ -15,17 +15,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/jetinbox/jetinbox/inbox"
-	"github.com/jetinbox/jetinbox/internal/failpoint"
+	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
-// mutation breaks the consumer on purpose; only tests set it, to show that
-// the guarantee tests fail when the guarantee is broken.
-var mutation struct{ ackBeforeCommit bool }
-
-// ErrCrashed is returned by Run when a failpoint simulated a crash: the
-// consumer stopped without acking or naking what it held.
-var ErrCrashed = errors.New("jsinbox: consumer crashed at a failpoint")
 
 // Pinger checks the database. *pgxpool.Pool satisfies it.
 type Pinger interface {
@@ -223,6 +216,24 @@ type Consumer struct {
 	stopping <-chan struct{}
 
 	bound atomic.Pointer[jetstream.Consumer]
+
+	// hook, nil unless a harness attached one (internal/hook), drops the
+	// acks of a batch; the processor's own hook crashes it.
+	hook hook.Func
+}
+
+func init() {
+	hook.Register(func(target any, f hook.Func) bool {
+		switch t := target.(type) {
+		case *Consumer:
+			t.hook = f
+		case *Publisher:
+			t.hook = f
+		default:
+			return false
+		}
+		return true
+	})
 }
 
 // NewConsumer returns a Consumer. Nothing happens until Run.
@@ -293,7 +304,7 @@ func (c *Consumer) ConsumerConfig() jetstream.ConsumerConfig {
 
 // Run consumes until ctx ends, then stops fetching, finishes the batches in
 // flight (their commits and acks are not cut short), hands back what it held
-// but had not started, and returns nil. ctx may carry failpoints.
+// but had not started, and returns nil.
 func (c *Consumer) Run(ctx context.Context) error {
 	cons, err := c.bind(ctx)
 	if err != nil {
@@ -324,7 +335,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	crash := make(chan struct{})
 	var crashOnce sync.Once
-	onCrash := func() { crashOnce.Do(func() { c.crashed.Store(true); close(crash); stop() }) }
+	var crashed error
+	onCrash := func(err error) {
+		crashOnce.Do(func() { crashed = err; c.crashed.Store(true); close(crash); stop() })
+	}
 	defer func() {
 		c.ready.Store(false)
 		stopRescue()
@@ -384,7 +398,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		switch reason {
 		case stopCrash:
 			wg.Wait()
-			return ErrCrashed
+			return fmt.Errorf("jsinbox: consumer stopped: %w", crashed)
 		case stopShutdown:
 			c.draining.Store(true)
 			return nil
@@ -455,7 +469,7 @@ const (
 
 // batchLoop forms batches adaptively: it takes a free slot, waits for one
 // message, then takes whatever else has already arrived, up to BatchSize.
-func (c *Consumer) batchLoop(ctx, work context.Context, msgs chan jetstream.Msg, slots chan struct{}, wg *sync.WaitGroup, onCrash func(), crash chan struct{}) stopReason {
+func (c *Consumer) batchLoop(ctx, work context.Context, msgs chan jetstream.Msg, slots chan struct{}, wg *sync.WaitGroup, onCrash func(error), crash chan struct{}) stopReason {
 	for {
 		if c.dbDown.Load() {
 			return stopDBDown
@@ -496,7 +510,7 @@ func (c *Consumer) batchLoop(ctx, work context.Context, msgs chan jetstream.Msg,
 				return // a dead process acks nothing
 			}
 			if err := c.processBatch(work, batch, fetchStart); err != nil {
-				onCrash()
+				onCrash(err)
 			}
 		}()
 	}
@@ -536,11 +550,6 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 	c.received.Add(int64(len(batch)))
 	stopProgress := make(chan struct{})
 	go c.keepAlive(batch, stopProgress)
-	if mutation.ackBeforeCommit {
-		for _, m := range batch {
-			_ = m.Ack()
-		}
-	}
 	defer close(stopProgress) // keep the batch alive while it is settled too
 	began := time.Now()
 	out, err := c.proc.Process(ctx, msgs)
@@ -549,9 +558,9 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 		c.cfg.Observer.ObserveBatch(BatchReport{Messages: msgs, Outcomes: out, Err: err, Began: began, Ended: time.Now()})
 	}
 
-	var fp *failpoint.Error
-	if errors.As(err, &fp) {
-		c.cfg.Logger.Warn("jsinbox: simulated crash", "failpoint", fp.Name, "batch", len(batch))
+	var crash *hook.Crash
+	if errors.As(err, &crash) {
+		c.cfg.Logger.Warn("jsinbox: simulated crash", "point", crash.Point, "batch", len(batch))
 		return err
 	}
 	if err != nil {
@@ -565,7 +574,7 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 		}
 		c.cfg.Logger.Warn("jsinbox: batch failed; naking with jittered delay", "batch", len(batch), "err", err)
 	}
-	skipAck := failpoint.Hit(ctx, failpoint.SkipAck)
+	skipAck := c.hook != nil && c.hook(hook.SkipAck)
 	if c.cfg.TracerProvider != nil {
 		var ack trace.Span
 		ctx, ack = c.tracer.Start(ctx, "jetinbox.ack")

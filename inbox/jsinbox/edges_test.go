@@ -47,7 +47,7 @@ func TestAtomicBatchIntentsDeadLettered(t *testing.T) {
 	if _, err := e.js.PublishMsg(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	r := e.startConsumer(t, ctx, nil, jsinbox.ConsumerConfig{BatchSize: 16, MaxDeliver: 3, AckWait: 2 * time.Second})
+	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{BatchSize: 16, MaxDeliver: 3, AckWait: 2 * time.Second})
 	e.settle(t, time.Minute)
 	waitFor(t, 30*time.Second, func() bool { return r.c.Stats().DeadLettered == 5 })
 	rep := e.assertClean(t, 36)
@@ -86,7 +86,7 @@ func TestDeadLetterHeldUntilStreamTakesIt(t *testing.T) {
 	e.publishRaw(t, "intents.1", "poison", []byte(`{"account":1,`))
 	cfg := jsinbox.ConsumerConfig{BatchSize: 50, MaxDeliver: 1, AckWait: time.Second}
 	cfg.DeadLetterRetry.Base, cfg.DeadLetterRetry.Cap = 20*time.Millisecond, 200*time.Millisecond
-	r := e.startConsumer(t, ctx, nil, cfg)
+	r := e.startConsumer(t, nil, nil, cfg)
 	waitFor(t, 30*time.Second, func() bool { return r.c.Stats().DeadLettersHeld == 1 })
 	if r.c.Ready() {
 		t.Fatal("ready while holding a message the dead-letter stream refused")
@@ -170,7 +170,7 @@ func TestCrashOnLastDeliveryNobodyListening(t *testing.T) {
 	if rep := e.verify(t); rep.Lost == 0 {
 		t.Fatalf("the crashes left nothing to rescue (lost %d): the test exercises nothing", rep.Lost)
 	}
-	r := e.startConsumer(t, ctx, nil, jsinbox.ConsumerConfig{BatchSize: 100})
+	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{BatchSize: 100})
 	waitFor(t, 30*time.Second, func() bool {
 		var applied int
 		return e.pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE status = 'applied'`).Scan(&applied) == nil && applied == n
@@ -191,7 +191,7 @@ func TestRejectedIDRepublished(t *testing.T) {
 	poison := []byte(`{"account":1,"amount":"five"}`)
 	e.publish(t, load(10, "rep"))
 	e.publishRaw(t, "intents.1", "rejected-once", poison)
-	r := e.startConsumer(t, context.Background(), nil, jsinbox.ConsumerConfig{BatchSize: 50})
+	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{BatchSize: 50})
 	e.settle(t, 30*time.Second)
 	time.Sleep(200 * time.Millisecond) // past the duplicate window
 	e.publishRaw(t, "intents.1", "rejected-once", poison)
@@ -219,7 +219,7 @@ func TestUnstorableSubjectIsolated(t *testing.T) {
 	e.publish(t, good[:100])
 	e.publishRaw(t, "intents.\xff\xfe", "bad-subject", []byte(`{"account":1,"amount":5}`))
 	e.publish(t, good[100:])
-	r := e.startConsumer(t, context.Background(), nil, jsinbox.ConsumerConfig{BatchSize: 500})
+	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{BatchSize: 500})
 	e.settle(t, 30*time.Second)
 	e.assertClean(t, 200)
 	if s := r.c.Stats(); s.DeadLettered != 1 || s.Naks != 0 || s.Redeliveries != 0 || s.FailedBatches != 0 {
@@ -251,7 +251,7 @@ func TestRefusedClaimIsolated(t *testing.T) {
 			e.publish(t, good[:50])
 			e.publishRaw(t, "intents.refused", "refused", []byte(`{"account":1,"amount":5}`))
 			e.publish(t, good[50:])
-			r := e.startConsumer(t, ctx, nil, jsinbox.ConsumerConfig{BatchSize: tc.size})
+			r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{BatchSize: tc.size})
 			e.settle(t, 30*time.Second)
 			e.assertClean(t, 100)
 			if s := r.c.Stats(); s.DeadLettered != 1 || s.Naks != 0 || s.Redeliveries != 0 {

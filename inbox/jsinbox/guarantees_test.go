@@ -2,7 +2,6 @@ package jsinbox_test
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
+	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/internal/faultconn"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
@@ -39,25 +39,24 @@ func waitRun(t *testing.T, r *running, timeout time.Duration) error {
 // applied exactly once.
 func TestCrashPoints(t *testing.T) {
 	t.Parallel()
-	for _, point := range []string{failpoint.BeforeClaim, failpoint.BeforeCommit, failpoint.AfterCommit} {
-		t.Run(point, func(t *testing.T) {
+	for _, point := range []hook.Point{failpoint.BeforeClaim, failpoint.BeforeCommit, failpoint.AfterCommit} {
+		t.Run(point.String(), func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, "", jsinbox.StreamOptions{})
 			e.publish(t, load(500, "crash"))
 			fp := failpoint.New()
 			fp.EnableEvery(point, 3, 1) // the third batch dies there
-			ctx := failpoint.With(context.Background(), fp)
 			// Batches of 100 first deliveries take the COPY claim,
 			// the default fast path.
 			cfg := jsinbox.ConsumerConfig{BatchSize: 100, InFlight: 1, AckWait: time.Second}
-			r := e.startConsumer(t, ctx, nil, cfg)
-			if err := waitRun(t, r, 30*time.Second); !errors.Is(err, jsinbox.ErrCrashed) {
-				t.Fatalf("Run = %v, want ErrCrashed", err)
+			r := e.startConsumer(t, fp, nil, cfg)
+			if err := waitRun(t, r, 30*time.Second); !failpoint.IsCrash(err) {
+				t.Fatalf("Run = %v, want a crash", err)
 			}
 			if fp.Hits(point) != 1 {
 				t.Fatalf("failpoint %s fired %d times", point, fp.Hits(point))
 			}
-			r2 := e.startConsumer(t, context.Background(), nil, cfg)
+			r2 := e.startConsumer(t, nil, nil, cfg)
 			e.settle(t, time.Minute)
 			e.assertClean(t, 500)
 			if point == failpoint.AfterCommit && r2.c.Stats().Duplicates == 0 {
@@ -94,8 +93,8 @@ func TestTwoConsumersAckWaitTooShort(t *testing.T) {
 		h.slow.Store(4)
 		return h
 	}
-	a := e.startConsumer(t, context.Background(), slow(), cfg)
-	b := e.startConsumer(t, context.Background(), slow(), cfg)
+	a := e.startConsumer(t, nil, slow(), cfg)
+	b := e.startConsumer(t, nil, slow(), cfg)
 	e.settle(t, time.Minute)
 	e.assertClean(t, 1000)
 	sa, sb := a.c.Stats(), b.c.Stats()
@@ -128,7 +127,7 @@ func TestPoisonDeadLettered(t *testing.T) {
 
 	fp := failpoint.New()
 	fp.Enable(failpoint.EffectPanic, 1)
-	r := e.startConsumer(t, failpoint.With(context.Background(), fp), nil, jsinbox.ConsumerConfig{BatchSize: 64})
+	r := e.startConsumer(t, fp, nil, jsinbox.ConsumerConfig{BatchSize: 64})
 	e.settle(t, time.Minute)
 	rep := e.assertClean(t, 200)
 	if rep.DeadLettered != 6 || rep.Conflicts != 1 || rep.Rejected != 3 {
@@ -188,7 +187,7 @@ func TestPostgresOutage(t *testing.T) {
 		Nak: jitter.Policy{Kind: jitter.Decorrelated, Base: 100 * time.Millisecond, Cap: time.Second}}
 	h := &slowHandler{inner: effects.NewLedger(), delay: 20 * time.Millisecond}
 	h.slow.Store(1 << 30)
-	r := e.startConsumer(t, ctx, h, cfg)
+	r := e.startConsumer(t, nil, h, cfg)
 	waitFor(t, 30*time.Second, func() bool { return r.c.Stats().Applied > 200 })
 	if err := pg.Stop(); err != nil {
 		t.Fatal(err)
@@ -220,12 +219,12 @@ func TestNATSRestart(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "", jsinbox.StreamOptions{})
 	intents := load(4000, "restart")
-	r := e.startConsumer(t, context.Background(), nil, jsinbox.ConsumerConfig{BatchSize: 100, AckWait: 2 * time.Second})
+	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{BatchSize: 100, AckWait: 2 * time.Second})
 	done := make(chan jsinbox.PublishStats)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		p, err := jsinbox.NewPublisher(ctx, e.js, jsinbox.PublisherConfig{AckTimeout: time.Second, MaxInFlight: 256})
+		p, err := jsinbox.NewPublisher(e.js, jsinbox.PublisherConfig{AckTimeout: time.Second, MaxInFlight: 256})
 		if err != nil {
 			t.Error(err)
 		}
@@ -260,14 +259,14 @@ func TestGracefulShutdown(t *testing.T) {
 	const n = 5000
 	e.publish(t, load(n, "drain"))
 	cfg := jsinbox.ConsumerConfig{BatchSize: 100}
-	r := e.startConsumer(t, context.Background(), nil, cfg)
+	r := e.startConsumer(t, nil, nil, cfg)
 	waitFor(t, 30*time.Second, func() bool { return r.c.Stats().Applied > 1000 })
 	r.stop()
 	if err := waitRun(t, r, 30*time.Second); err != nil {
 		t.Fatalf("Run after cancel = %v, want nil", err)
 	}
 	assertAckedWereCommitted(t, e, n)
-	e.startConsumer(t, context.Background(), nil, cfg)
+	e.startConsumer(t, nil, nil, cfg)
 	e.settle(t, time.Minute)
 	e.assertClean(t, n)
 }
@@ -296,22 +295,43 @@ func assertAckedWereCommitted(t *testing.T, e *env, total int) {
 	t.Logf("acked %d, committed %d", acked, rows)
 }
 
-// TestAckBeforeCommitIsCaught switches the consumer to ack before commit and
-// crashes batches before COMMIT: the checks must report lost intents.
+// ackFirst is the bug "ack before commit" as a transport: JetStream whose
+// consumers ack every message as it is delivered, before the consumer has
+// even begun its transaction.
+type ackFirst struct{ jetstream.JetStream }
+
+func (j ackFirst) Consumer(ctx context.Context, stream, name string) (jetstream.Consumer, error) {
+	c, err := j.JetStream.Consumer(ctx, stream, name)
+	return ackFirstConsumer{c}, err
+}
+
+func (j ackFirst) CreateConsumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	c, err := j.JetStream.CreateConsumer(ctx, stream, cfg)
+	return ackFirstConsumer{c}, err
+}
+
+type ackFirstConsumer struct{ jetstream.Consumer }
+
+func (c ackFirstConsumer) Consume(h jetstream.MessageHandler, opts ...jetstream.PullConsumeOpt) (jetstream.ConsumeContext, error) {
+	return c.Consumer.Consume(func(m jetstream.Msg) { _ = m.Ack(); h(m) }, opts...)
+}
+
+// TestAckBeforeCommitIsCaught runs the consumer on a transport that acks
+// before commit and crashes batches before COMMIT: the checks must report
+// lost intents.
 func TestAckBeforeCommitIsCaught(t *testing.T) {
-	jsinbox.SetAckBeforeCommit(true)
-	defer jsinbox.SetAckBeforeCommit(false)
+	t.Parallel()
 	e := newEnv(t, "", jsinbox.StreamOptions{})
 	const n = 300
 	e.publish(t, load(n, "mut"))
 	fp := failpoint.New()
 	fp.EnableEvery(failpoint.BeforeCommit, 2, 1)
 	cfg := jsinbox.ConsumerConfig{BatchSize: 100, InFlight: 1, AckWait: time.Second}
-	r := e.startConsumer(t, failpoint.With(context.Background(), fp), nil, cfg)
-	if err := waitRun(t, r, 30*time.Second); !errors.Is(err, jsinbox.ErrCrashed) {
+	r := e.startConsumer(t, fp, nil, cfg, func(js jetstream.JetStream) jetstream.JetStream { return ackFirst{js} })
+	if err := waitRun(t, r, 30*time.Second); !failpoint.IsCrash(err) {
 		t.Fatalf("Run = %v", err)
 	}
-	e.startConsumer(t, context.Background(), nil, cfg)
+	e.startConsumer(t, nil, nil, cfg)
 	e.settle(t, time.Minute)
 	rep := e.verify(t)
 	if rep.Lost == 0 {
@@ -345,15 +365,15 @@ func TestCrashOnLastDeliveryRescued(t *testing.T) {
 	}
 	fp := failpoint.New()
 	fp.Enable(failpoint.BeforeCommit, 1)
-	a := e.startConsumer(t, failpoint.With(ctx, fp), nil, jsinbox.ConsumerConfig{BatchSize: 50, InFlight: 1})
+	a := e.startConsumer(t, fp, nil, jsinbox.ConsumerConfig{BatchSize: 50, InFlight: 1})
 	e.publish(t, load(200, "last"))
-	if err := waitRun(t, a, 30*time.Second); !errors.Is(err, jsinbox.ErrCrashed) {
+	if err := waitRun(t, a, 30*time.Second); !failpoint.IsCrash(err) {
 		t.Fatalf("consumer A: %v, want a crash", err)
 	}
 	// B starts once A crashed (started together, B could take every
 	// message first), well within the AckWait after which the server
 	// gives up on what A held.
-	b := e.startConsumer(t, ctx, nil, jsinbox.ConsumerConfig{BatchSize: 50, InFlight: 1})
+	b := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{BatchSize: 50, InFlight: 1})
 	waitFor(t, 30*time.Second, func() bool { return b.c.Stats().Rescued > 0 })
 	e.settle(t, 30*time.Second)
 	waitFor(t, 10*time.Second, func() bool { return e.verify(t).AppliedOnce == 200 })

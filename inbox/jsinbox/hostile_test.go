@@ -44,7 +44,7 @@ func TestHostileInput(t *testing.T) {
 	}
 	e.publish(t, good[50:])
 
-	r := e.startConsumer(t, context.Background(), nil, jsinbox.ConsumerConfig{BatchSize: 32})
+	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{BatchSize: 32})
 	e.settle(t, time.Minute)
 	rep := e.assertClean(t, 100)
 	if want := len(hostile) + 1; rep.DeadLettered != want || r.c.Stats().DeadLettered != int64(want) {
@@ -130,7 +130,7 @@ func TestPullStormBounded(t *testing.T) {
 	if held > 50 {
 		t.Fatalf("a pull storm took %d unacked messages past MaxAckPending 50", held)
 	}
-	e.startConsumer(t, ctx, nil, jsinbox.ConsumerConfig{})
+	e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{})
 	e.settle(t, time.Minute)
 	e.assertClean(t, 500)
 }

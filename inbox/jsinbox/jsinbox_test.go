@@ -13,6 +13,7 @@ import (
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
@@ -64,7 +65,7 @@ func (e *env) publish(t *testing.T, intents []jsinbox.Intent) jsinbox.PublishSta
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	p, err := jsinbox.NewPublisher(ctx, e.js, jsinbox.PublisherConfig{})
+	p, err := jsinbox.NewPublisher(e.js, jsinbox.PublisherConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +102,9 @@ type running struct {
 	done chan error
 }
 
-func (e *env) startConsumer(t *testing.T, ctx context.Context, handler inbox.Handler, cfg jsinbox.ConsumerConfig) *running {
+// startConsumer runs a consumer on the ledger; fp, if not nil, arms its
+// crash points; wrap, if given, stands between the consumer and JetStream.
+func (e *env) startConsumer(t *testing.T, fp *failpoint.Set, handler inbox.Handler, cfg jsinbox.ConsumerConfig, wrap ...func(jetstream.JetStream) jetstream.JetStream) *running {
 	t.Helper()
 	if handler == nil {
 		handler = effects.NewLedger()
@@ -113,11 +116,18 @@ func (e *env) startConsumer(t *testing.T, ctx context.Context, handler inbox.Han
 	if cfg.DB == nil {
 		cfg.DB = e.pool
 	}
-	c, err := jsinbox.NewConsumer(e.js, proc, cfg)
+	js := e.js
+	for _, w := range wrap {
+		js = w(js)
+	}
+	c, err := jsinbox.NewConsumer(js, proc, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, stop := context.WithCancel(ctx)
+	if fp != nil {
+		fp.Attach(proc, c)
+	}
+	ctx, stop := context.WithCancel(context.Background())
 	r := &running{c: c, stop: stop, done: make(chan error, 1)}
 	go func() { r.done <- c.Run(ctx) }()
 	t.Cleanup(func() {
@@ -183,7 +193,7 @@ func TestEndToEnd(t *testing.T) {
 	if st := e.publish(t, intents[:50]); st.Duplicates != 0 {
 		t.Fatalf("server deduplicated %d copies after its window", st.Duplicates)
 	}
-	r := e.startConsumer(t, context.Background(), nil, jsinbox.ConsumerConfig{BatchSize: 100})
+	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{BatchSize: 100})
 	e.settle(t, time.Minute)
 	rep := e.assertClean(t, 2000)
 	if rep.StreamMessages != 2050 {
@@ -206,7 +216,7 @@ func TestBindsOperatorDurable(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.publish(t, load(100, "bind"))
-	r := e.startConsumer(t, ctx, nil, jsinbox.ConsumerConfig{MaxDeliver: 20, AckWait: time.Minute})
+	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{MaxDeliver: 20, AckWait: time.Minute})
 	e.settle(t, 30*time.Second)
 	e.assertClean(t, 100)
 	if got := r.c.Config(); got.MaxDeliver != 7 || got.AckWait != 3*time.Second {

@@ -20,7 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/jetinbox/jetinbox/inbox"
-	"github.com/jetinbox/jetinbox/internal/failpoint"
+	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
@@ -202,16 +202,19 @@ type Publisher struct {
 
 	mu       sync.Mutex
 	failures []Failure
+
+	// hook, nil unless a harness attached one (internal/hook), loses
+	// PubAcks.
+	hook hook.Func
 }
 
-// NewPublisher returns a Publisher on js. ctx carries failpoints for tests;
-// cancelling it abandons retries (their intents are reported as failed).
-func NewPublisher(ctx context.Context, js jetstream.JetStream, cfg PublisherConfig) (*Publisher, error) {
+// NewPublisher returns a Publisher on js. [Publisher.Close] stops it.
+func NewPublisher(js jetstream.JetStream, cfg PublisherConfig) (*Publisher, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Retry.Validate(); err != nil {
 		return nil, fmt.Errorf("jsinbox: publisher: %w", err)
 	}
-	ctx, stop := context.WithCancel(ctx)
+	ctx, stop := context.WithCancel(context.Background())
 	p := &Publisher{js: js, cfg: cfg, tracer: tracer(cfg.TracerProvider), sem: make(chan struct{}, cfg.MaxInFlight),
 		pending: make(chan *tracker, cfg.MaxInFlight), ctx: ctx, stop: stop,
 		msgGet: apiPrefix(js.Options()) + "STREAM.MSG.GET." + cfg.Stream}
@@ -346,8 +349,8 @@ func (t *tracker) wait(timer *time.Timer) {
 	t.future = nil
 	select {
 	case ack := <-f.Ok():
-		if failpoint.Hit(t.p.ctx, failpoint.LosePubAck) {
-			t.retry(errors.New("PubAck lost (failpoint)"))
+		if t.p.hook != nil && t.p.hook(hook.LosePubAck) {
+			t.retry(errors.New("PubAck lost (simulated)"))
 			return
 		}
 		if ack.Stream != t.p.cfg.Stream {
@@ -658,8 +661,8 @@ func (p *Publisher) settleBatch(ts []*tracker, resp *nats.Msg, err error) {
 			err = fmt.Errorf("batch stored by stream %q, not %q", ack.Stream, p.cfg.Stream)
 		}
 	}
-	if err == nil && failpoint.Hit(p.ctx, failpoint.LosePubAck) {
-		err = errors.New("batch PubAck lost (failpoint)")
+	if err == nil && p.hook != nil && p.hook(hook.LosePubAck) {
+		err = errors.New("batch PubAck lost (simulated)")
 	}
 	if err == nil {
 		p.batches.Add(1)

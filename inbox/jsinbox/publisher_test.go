@@ -24,7 +24,7 @@ func publishOutcome(t *testing.T, js jetstream.JetStream, cfg jsinbox.PublisherC
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	p, err := jsinbox.NewPublisher(ctx, js, cfg)
+	p, err := jsinbox.NewPublisher(js, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

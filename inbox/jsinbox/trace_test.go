@@ -23,7 +23,7 @@ func TestTraceContextCarried(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	e := newEnv(t, "", jsinbox.StreamOptions{})
-	pub, err := jsinbox.NewPublisher(ctx, e.js, jsinbox.PublisherConfig{TracerProvider: tp})
+	pub, err := jsinbox.NewPublisher(e.js, jsinbox.PublisherConfig{TracerProvider: tp})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -667,7 +667,7 @@ func TestReplayChangesNothingByDefault(t *testing.T) {
 	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamOptions{DuplicateWindow: window}, 16); err != nil {
 		t.Fatal(err)
 	}
-	pub, _ := jsinbox.NewPublisher(ctx, js, jsinbox.PublisherConfig{})
+	pub, _ := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
 	intents := pipeline.Generate(pipeline.Load{Count: 100, Accounts: 16, Prefix: "rd"})
 	intents = append(intents, jsinbox.Intent{ID: "rd-bad-1", Subject: "intents.x", Payload: []byte(`{"account":1,`)},
 		jsinbox.Intent{ID: "rd-bad-2", Subject: "intents.x", Payload: []byte(`{"account":99999,"amount":5}`)})

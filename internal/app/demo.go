@@ -150,7 +150,7 @@ func Demo(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stde
 	intents := pipeline.Generate(pipeline.Load{Count: *n, Accounts: *accounts, Prefix: "demo-" + run, Subject: subject, Seed: rand.Uint64()})
 	pubFP := failpoint.New()
 	pubFP.EnableEvery(failpoint.LosePubAck, 40, -1)
-	pub, err := jsinbox.NewPublisher(failpoint.With(ctx, pubFP), js, jsinbox.PublisherConfig{
+	pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{
 		MaxInFlight: 1024, AckTimeout: time.Second,
 		Retry: jitter.Policy{Kind: jitter.Full, Base: 20 * time.Millisecond, Cap: 250 * time.Millisecond, MaxAttempts: 8},
 	})
@@ -158,6 +158,7 @@ func Demo(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stde
 		return err
 	}
 	defer pub.Close()
+	pubFP.Attach(pub)
 	poison := poisonIntents(subject, run)
 	for _, in := range append(intents, poison...) {
 		if err := pub.Publish(ctx, in); err != nil {
@@ -324,7 +325,8 @@ func (f *demoFleet) start(ctx context.Context, id int, fp *failpoint.Set) error 
 		nc.Close()
 		return err
 	}
-	cctx, stop := context.WithCancel(failpoint.With(ctx, fp))
+	fp.Attach(proc, c)
+	cctx, stop := context.WithCancel(ctx)
 	f.mu.Lock()
 	if f.stopped {
 		f.mu.Unlock()
@@ -340,7 +342,7 @@ func (f *demoFleet) start(ctx context.Context, id int, fp *failpoint.Set) error 
 		defer f.wg.Done()
 		err := c.Run(cctx)
 		nc.Close() // a crashed process's connection dies with it
-		if errors.Is(err, jsinbox.ErrCrashed) && ctx.Err() == nil {
+		if failpoint.IsCrash(err) && ctx.Err() == nil {
 			f.mu.Lock()
 			f.crashes++
 			f.mu.Unlock()

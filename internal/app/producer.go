@@ -99,7 +99,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		return err
 	}
 	defer stopTracing(context.WithoutCancel(ctx)) //nolint:errcheck // best effort at exit
-	pub, err := jsinbox.NewPublisher(ctx, js, jsinbox.PublisherConfig{Stream: *stream, MaxInFlight: *inFlight, Batch: *batch, AckTimeout: *ackTO,
+	pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{Stream: *stream, MaxInFlight: *inFlight, Batch: *batch, AckTimeout: *ackTO,
 		Retry: retry, Logger: log, TracerProvider: tp})
 	if err != nil {
 		return usageError{err}

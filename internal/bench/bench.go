@@ -131,10 +131,11 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	// Publish the messages once; every approach reads the same ones.
 	intents := pipeline.Generate(pipeline.Load{Count: o.N, Accounts: o.Accounts, HotAccount: o.Hot, Prefix: "b", Seed: 7, PayloadPad: o.PayloadPad})
 	t0 := time.Now()
-	pub, err := jsinbox.NewPublisher(ctx, js, jsinbox.PublisherConfig{MaxInFlight: 8192, Batch: o.PubBatch})
+	pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{MaxInFlight: 8192, Batch: o.PubBatch})
 	if err != nil {
 		return err
 	}
+	defer pub.Close()
 	for _, in := range intents {
 		if err := pub.Publish(ctx, in); err != nil {
 			return err
@@ -509,7 +510,7 @@ func latencyPhase(ctx context.Context, js jetstream.JetStream, pg *testenv.Postg
 	obs := &countObserver{done: make(chan struct{}), n: int64(total), latency: true}
 	intents := pipeline.Generate(pipeline.Load{Count: total, Accounts: o.Accounts, HotAccount: o.Hot, Prefix: "lat", Seed: 9})
 	err = consumeWith(ctx, js, c, pool, o, obs, func() error {
-		pub, err := jsinbox.NewPublisher(ctx, js, jsinbox.PublisherConfig{})
+		pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
 		if err != nil {
 			return err
 		}

@@ -29,6 +29,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
+	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
@@ -387,13 +388,12 @@ func (r *run) produceBatches(ctx context.Context, intents []jsinbox.Intent, each
 	if r.o.LosePubAck > 0 {
 		fp.EnableEvery(failpoint.LosePubAck, max(1, int(1/(r.o.LosePubAck*10))), -1)
 	}
-	pctx, cancel := context.WithCancel(failpoint.With(ctx, fp))
-	defer cancel()
-	p, err := jsinbox.NewPublisher(pctx, r.js, jsinbox.PublisherConfig{Batch: 50, Linger: 5 * time.Millisecond, AckTimeout: 2 * time.Second})
+	p, err := jsinbox.NewPublisher(r.js, jsinbox.PublisherConfig{Batch: 50, Linger: 5 * time.Millisecond, AckTimeout: 2 * time.Second})
 	if err != nil {
 		return err
 	}
 	defer p.Close()
+	fp.Attach(p)
 	for i, in := range intents {
 		each(i)
 		if err := p.Publish(ctx, in); err != nil {
@@ -513,7 +513,7 @@ func (r *run) supervise(ctx context.Context, strategy, durable string, worker in
 		default:
 			err = r.runNaive(ctx, strategy, durable)
 		}
-		if err != nil && ctx.Err() == nil && !errors.Is(err, errCrashed) && !errors.Is(err, jsinbox.ErrCrashed) {
+		if err != nil && ctx.Err() == nil && !errors.Is(err, errCrashed) && !failpoint.IsCrash(err) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
@@ -609,7 +609,7 @@ func (r *run) runJetinbox(ctx context.Context, durable string, pl plan) error {
 	case pl.loseAcksAt > 0:
 		fp.EnableEvery(failpoint.BeforeCommit, pl.loseAcksAt, 1)
 	case r.roll(r.o.Crash * 3):
-		points := []string{failpoint.BeforeClaim, failpoint.BeforeCommit, failpoint.AfterCommit}
+		points := []hook.Point{failpoint.BeforeClaim, failpoint.BeforeCommit, failpoint.AfterCommit}
 		r.diceMu.Lock()
 		p := points[r.dice.IntN(len(points))]
 		n := 1 + r.dice.IntN(10)
@@ -632,11 +632,12 @@ func (r *run) runJetinbox(ctx context.Context, durable string, pl plan) error {
 	if err != nil {
 		return err
 	}
-	err = c.Run(failpoint.With(ctx, fp))
+	fp.Attach(proc, c)
+	err = c.Run(ctx)
 	if n := fp.Hits(failpoint.SkipAck); n > 0 {
 		r.faults["lost acks"].Add(int64(n))
 	}
-	if errors.Is(err, jsinbox.ErrCrashed) {
+	if failpoint.IsCrash(err) {
 		r.fault("crashes")
 	}
 	return err

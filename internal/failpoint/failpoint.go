@@ -1,37 +1,31 @@
-// Package failpoint holds named points where tests and the chaos harness stop
-// the code on purpose: a crash between COMMIT and ACK, a panic in an effect.
-// Points live in a Set carried by a context, so they are off unless a caller
-// arms them, cost one context lookup when off, and parallel tests do not see
-// each other's points.
+// Package failpoint arms the named points of internal/hook for tests and the
+// chaos harness: a crash between COMMIT and ACK, a panic in an effect, a
+// lost ack or PubAck. A Set says which points fire when; Attach installs it
+// on a processor, consumer or publisher. Parallel tests each attach their
+// own Set and do not see each other's points.
 package failpoint
 
 import (
-	"context"
+	"errors"
 	"sync"
+
+	"github.com/jetinbox/jetinbox/internal/hook"
 )
 
 // The named points.
 const (
-	// BeforeClaim fires after BEGIN, before the claim (a crash after fetch).
-	BeforeClaim = "inbox.before-claim"
-	// BeforeCommit fires after claims and effects, before COMMIT.
-	BeforeCommit = "inbox.before-commit"
-	// AfterCommit fires after COMMIT, before the transport acks.
-	AfterCommit = "inbox.after-commit"
-	// EffectPanic makes the effect handler panic.
-	EffectPanic = "inbox.effect-panic"
-	// SkipAck makes the consumer drop the ack of a committed batch on the
-	// floor, as a lost ack on the wire would.
-	SkipAck = "consumer.skip-ack"
-	// LosePubAck makes the producer treat a successful publish as timed out,
-	// so it retries with the same ID.
-	LosePubAck = "producer.lose-puback"
+	BeforeClaim  = hook.BeforeClaim
+	BeforeCommit = hook.BeforeCommit
+	AfterCommit  = hook.AfterCommit
+	EffectPanic  = hook.EffectPanic
+	SkipAck      = hook.SkipAck
+	LosePubAck   = hook.LosePubAck
 )
 
 // Set is a group of armed points. The zero value is not usable; use New.
 type Set struct {
 	mu     sync.Mutex
-	points map[string]*point
+	points map[hook.Point]*point
 }
 
 type point struct {
@@ -42,34 +36,42 @@ type point struct {
 }
 
 // New returns an empty Set.
-func New() *Set { return &Set{points: map[string]*point{}} }
+func New() *Set { return &Set{points: map[hook.Point]*point{}} }
 
-// Enable arms name to fire the next times passes (times < 0: every pass).
-func (s *Set) Enable(name string, times int) {
+// Enable arms p to fire the next times passes (times < 0: every pass).
+func (s *Set) Enable(p hook.Point, times int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.points[name] = &point{remaining: times}
+	s.points[p] = &point{remaining: times}
 }
 
-// EnableEvery arms name to fire on every n-th pass, at most times times
+// EnableEvery arms p to fire on every n-th pass, at most times times
 // (times < 0: no limit).
-func (s *Set) EnableEvery(name string, n, times int) {
+func (s *Set) EnableEvery(p hook.Point, n, times int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.points[name] = &point{remaining: times, every: n}
+	s.points[p] = &point{remaining: times, every: n}
 }
 
-// Hits returns how often name fired.
-func (s *Set) Hits(name string) int {
+// Hits returns how often p fired.
+func (s *Set) Hits(p hook.Point) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if p := s.points[name]; p != nil {
-		return p.hits
+	if pt := s.points[p]; pt != nil {
+		return pt.hits
 	}
 	return 0
 }
 
-func (s *Set) hit(name string) bool {
+// Attach installs s on each target: an *inbox.Processor, a
+// *jsinbox.Consumer or a *jsinbox.Publisher.
+func (s *Set) Attach(targets ...any) {
+	for _, t := range targets {
+		hook.Attach(t, s.hit)
+	}
+}
+
+func (s *Set) hit(name hook.Point) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p := s.points[name]
@@ -87,18 +89,8 @@ func (s *Set) hit(name string) bool {
 	return true
 }
 
-type ctxKey struct{}
-
-// With returns a context carrying s.
-func With(ctx context.Context, s *Set) context.Context { return context.WithValue(ctx, ctxKey{}, s) }
-
-// Hit reports whether the point name, armed in ctx's Set, fires now.
-func Hit(ctx context.Context, name string) bool {
-	s, _ := ctx.Value(ctxKey{}).(*Set)
-	return s != nil && s.hit(name)
+// IsCrash reports whether err is, or wraps, a simulated crash.
+func IsCrash(err error) bool {
+	var c *hook.Crash
+	return errors.As(err, &c)
 }
-
-// Error is returned by code stopped at a failpoint.
-type Error struct{ Name string }
-
-func (e *Error) Error() string { return "failpoint " + e.Name + " fired" }

@@ -39,7 +39,7 @@ func settledPipeline(t *testing.T, n int) (jetstream.JetStream, *pgxpool.Pool) {
 	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamOptions{}, 16); err != nil {
 		t.Fatal(err)
 	}
-	pub, _ := jsinbox.NewPublisher(ctx, js, jsinbox.PublisherConfig{})
+	pub, _ := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
 	for _, in := range pipeline.Generate(pipeline.Load{Count: n, Accounts: 16, Prefix: "v"}) {
 		if err := pub.Publish(ctx, in); err != nil {
 			t.Fatal(err)
@@ -216,7 +216,7 @@ func TestVerifyTrustsDeadLettersByHeader(t *testing.T) {
 	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamOptions{DuplicateWindow: window}, 16); err != nil {
 		t.Fatal(err)
 	}
-	pub, _ := jsinbox.NewPublisher(ctx, js, jsinbox.PublisherConfig{})
+	pub, _ := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
 	publish := func(ins ...jsinbox.Intent) {
 		t.Helper()
 		for _, in := range ins {
