@@ -755,4 +755,3 @@ func isConnError(err error) bool {
 	var netErr net.Error
 	return pgconn.SafeToRetry(err) || errors.As(err, &netErr) || errors.Is(err, pgx.ErrTxClosed)
 }
-

@@ -19,7 +19,6 @@ import (
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
-
 // Pinger checks the database. *pgxpool.Pool satisfies it.
 type Pinger interface {
 	Ping(ctx context.Context) error

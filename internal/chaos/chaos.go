@@ -56,9 +56,9 @@ type Options struct {
 	// worker runs: the server gives up on them with nobody listening.
 	GiveUps  int
 	Restarts bool
-	Seed                                    uint64
-	Duration                                time.Duration
-	Progress                                io.Writer
+	Seed     uint64
+	Duration time.Duration
+	Progress io.Writer
 }
 
 // Row is one combination's result, counted per intent: lost (neither
@@ -192,17 +192,17 @@ func Run(ctx context.Context, o Options) ([]Row, []Verified, error) {
 }
 
 type run struct {
-	o        Options
-	pg       *testenv.Postgres
-	nats     *testenv.NATS
-	js       jetstream.JetStream
-	pool     *pgxpool.Pool
-	intents  []jsinbox.Intent
-	dice     *rand.Rand
-	diceMu   sync.Mutex
-	faults   map[string]*atomic.Int64
-	stream   string
-	batches  atomic.Int64 // batches fetched by the naive workers of this run
+	o       Options
+	pg      *testenv.Postgres
+	nats    *testenv.NATS
+	js      jetstream.JetStream
+	pool    *pgxpool.Pool
+	intents []jsinbox.Intent
+	dice    *rand.Rand
+	diceMu  sync.Mutex
+	faults  map[string]*atomic.Int64
+	stream  string
+	batches atomic.Int64 // batches fetched by the naive workers of this run
 }
 
 func (r *run) roll(p float64) bool {
