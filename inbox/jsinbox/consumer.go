@@ -318,7 +318,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	stopping, stop := context.WithCancel(ctx)
 	c.stopping = stopping.Done()
-	stopRescue, err := c.startRescue(context.WithoutCancel(ctx), rescueCons)
+	crash := make(chan struct{})
+	var crashOnce sync.Once
+	var crashed error
+	onCrash := func(err error) {
+		crashOnce.Do(func() { crashed = err; c.crashed.Store(true); close(crash); stop() })
+	}
+	stopRescue, err := c.startRescue(context.WithoutCancel(ctx), rescueCons, onCrash)
 	if err != nil {
 		stop()
 		return err
@@ -332,12 +338,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 	work := context.WithoutCancel(ctx) // batches finish even when ctx ends
 	slots := make(chan struct{}, c.cfg.InFlight)
 	var wg sync.WaitGroup
-	crash := make(chan struct{})
-	var crashOnce sync.Once
-	var crashed error
-	onCrash := func(err error) {
-		crashOnce.Do(func() { crashed = err; c.crashed.Store(true); close(crash); stop() })
-	}
 	defer func() {
 		c.ready.Store(false)
 		stopRescue()

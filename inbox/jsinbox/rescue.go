@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/internal/hook"
 )
 
 // The server gives up on a message after MaxDeliver deliveries even when
@@ -118,8 +119,9 @@ func (c *Consumer) bindRescue(ctx context.Context) (jetstream.Consumer, error) {
 }
 
 // startRescue drains the durable's advisories, one at a time, until the
-// returned stop is called; stop waits for a rescue in progress.
-func (c *Consumer) startRescue(ctx context.Context, cons jetstream.Consumer) (stop func(), err error) {
+// returned stop is called; stop waits for a rescue in progress. A simulated
+// crash during a rescue is handed to onCrash.
+func (c *Consumer) startRescue(ctx context.Context, cons jetstream.Consumer, onCrash func(error)) (stop func(), err error) {
 	var mu sync.Mutex
 	stopped := false
 	cc, err := cons.Consume(func(m jetstream.Msg) {
@@ -128,7 +130,7 @@ func (c *Consumer) startRescue(ctx context.Context, cons jetstream.Consumer) (st
 		if stopped || c.crashed.Load() {
 			return // a stopped or dead consumer settles nothing
 		}
-		c.rescue(ctx, m)
+		c.rescue(ctx, m, onCrash)
 	}, jetstream.PullMaxMessages(16), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		c.cfg.Logger.Debug("jsinbox: rescue consume", "err", err)
 	}))
@@ -163,7 +165,7 @@ func (r rescued) TermWithReason(string) error        { return r.adv.Ack() }
 // inbox once more as a final delivery, so it ends applied (or found
 // applied) or dead-lettered with a reason. A database or stream that
 // fails now naks the advisory, to try again later.
-func (c *Consumer) rescue(ctx context.Context, adv jetstream.Msg) {
+func (c *Consumer) rescue(ctx context.Context, adv jetstream.Msg, onCrash func(error)) {
 	var a struct {
 		StreamSeq  uint64 `json:"stream_seq"`
 		Deliveries uint64 `json:"deliveries"`
@@ -199,6 +201,11 @@ func (c *Consumer) rescue(ctx context.Context, adv jetstream.Msg) {
 	im := inbox.Message{ID: raw.Header.Get(jetstream.MsgIDHeader), Payload: raw.Data, Subject: raw.Subject,
 		StreamSeq: a.StreamSeq, Deliveries: a.Deliveries, Final: true}
 	out, err := c.proc.Process(ctx, []inbox.Message{im})
+	var crash *hook.Crash
+	if errors.As(err, &crash) {
+		onCrash(err) // a dead process settles nothing
+		return
+	}
 	src := rescued{raw: raw, adv: adv}
 	switch o := out[0]; {
 	case o.Ackable():
