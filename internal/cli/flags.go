@@ -1,4 +1,4 @@
-package app
+package cli
 
 import (
 	"flag"
@@ -10,8 +10,8 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 )
 
-// flagSet is the subset of *flag.FlagSet the shared registrations use.
-type flagSet interface {
+// FlagSet is the subset of *flag.FlagSet the shared registrations use.
+type FlagSet interface {
 	StringVar(p *string, name, value, usage string)
 	IntVar(p *int, name string, value int, usage string)
 	DurationVar(p *time.Duration, name string, value time.Duration, usage string)
@@ -19,9 +19,9 @@ type flagSet interface {
 	Var(value flag.Value, name, usage string)
 }
 
-// newFlagSet returns a flag set that reports errors instead of exiting and
+// NewFlagSet returns a flag set that reports errors instead of exiting and
 // prints its usage with every flag's default.
-func newFlagSet(name, summary string, stderr io.Writer) *flag.FlagSet {
+func NewFlagSet(name, summary string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -61,31 +61,31 @@ const scopeUsage = "inbox scope: the identity of the effect; each message ID is 
 const durableUsage = "JetStream durable consumer: only the subscription, not the effect's identity; " +
 	"renaming or re-creating it redelivers the stream, which the inbox absorbs as duplicates (env JETINBOX_DURABLE)"
 
-// scopeFlag registers -scope, defaulting to JETINBOX_SCOPE or "ledger".
-func scopeFlag(fs flagSet, env Env) *string {
+// ScopeFlag registers -scope, defaulting to JETINBOX_SCOPE or "ledger".
+func ScopeFlag(fs FlagSet, env Env) *string {
 	s := new(string)
-	fs.StringVar(s, "scope", env.or("JETINBOX_SCOPE", defaultScope), scopeUsage)
+	fs.StringVar(s, "scope", env.Or("JETINBOX_SCOPE", defaultScope), scopeUsage)
 	return s
 }
 
-// durableFlag registers -durable, defaulting to JETINBOX_DURABLE or "ledger".
-func durableFlag(fs flagSet, env Env) *string {
+// DurableFlag registers -durable, defaulting to JETINBOX_DURABLE or "ledger".
+func DurableFlag(fs FlagSet, env Env) *string {
 	s := new(string)
-	fs.StringVar(s, "durable", env.or("JETINBOX_DURABLE", "ledger"), durableUsage)
+	fs.StringVar(s, "durable", env.Or("JETINBOX_DURABLE", "ledger"), durableUsage)
 	return s
 }
 
-// checkScope reports an unusable scope as a usage error.
-func checkScope(scope string) error {
+// CheckScope reports an unusable scope as a usage error.
+func CheckScope(scope string) error {
 	if err := inbox.ValidateID(scope); err != nil {
-		return usageError{fmt.Errorf("-scope / JETINBOX_SCOPE %q: %w", scope, err)}
+		return UsageError{Err: fmt.Errorf("-scope / JETINBOX_SCOPE %q: %w", scope, err)}
 	}
 	return nil
 }
 
-// newLedgerProcessor returns a processor whose inbox scope and ledger scope
+// NewLedgerProcessor returns a processor whose inbox scope and ledger scope
 // are one and the same, cfg.Scope: the two must never differ.
-func newLedgerProcessor(db inbox.Beginner, cfg inbox.Config) (*inbox.Processor, error) {
+func NewLedgerProcessor(db inbox.Beginner, cfg inbox.Config) (*inbox.Processor, error) {
 	l, err := effects.NewScopedLedger(cfg.Scope)
 	if err != nil {
 		return nil, err
