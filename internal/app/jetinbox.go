@@ -21,7 +21,6 @@ import (
 
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
-	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/bench"
 	"github.com/jetinbox/jetinbox/internal/chaos"
 	"github.com/jetinbox/jetinbox/internal/cli"
@@ -88,7 +87,7 @@ func Jetinbox(ctx context.Context, args []string, env cli.Env, stdin io.Reader, 
 // Migrate applies the schemas, or prints them.
 func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 	fs := cli.NewFlagSet("jetinbox migrate", "Apply the inbox and ledger schemas to DATABASE_URL. Nothing migrates implicitly.", stderr)
-	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL)")
+	dbURL := cli.DatabaseFlag(fs, env, cli.DatabaseUsage)
 	print := fs.Bool("print", false, "print the SQL for your own migration tool instead of applying it")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -97,8 +96,8 @@ func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdou
 		fmt.Fprint(stdout, inbox.MigrationSQL(), effects.MigrationSQL())
 		return nil
 	}
-	if *dbURL == "" {
-		return cli.UsageError{Err: errors.New("no database: set -database-url or DATABASE_URL")}
+	if err := cli.RequireDatabase(*dbURL); err != nil {
+		return err
 	}
 	pool, err := cli.OpenDB(ctx, *dbURL, 2, slog.New(slog.NewTextHandler(stderr, nil)))
 	if err != nil {
@@ -127,8 +126,8 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 		"Exit 0 clean, 1 violations, 2 usage or connection errors (a reversed range is a usage error).", stderr)
 	var nf cli.NATSFlags
 	nf.Register(fs, env)
-	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL)")
-	stream := fs.String("stream", env.Or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream")
+	dbURL := cli.DatabaseFlag(fs, env, cli.DatabaseUsage)
+	stream := cli.StreamFlag(fs, env, "intents stream")
 	scope := cli.ScopeFlag(fs, env)
 	durable := cli.DurableFlag(fs, env)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
@@ -167,8 +166,8 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	if err := cli.CheckScope(*scope); err != nil {
 		return err
 	}
-	if *dbURL == "" {
-		return cli.UsageError{Err: errors.New("no database: set -database-url or DATABASE_URL")}
+	if err := cli.RequireDatabase(*dbURL); err != nil {
+		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	pool, err := cli.OpenDB(ctx, *dbURL, 4, log)

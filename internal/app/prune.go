@@ -10,7 +10,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox"
-	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/horizon"
 )
@@ -27,8 +26,8 @@ func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout,
 	var nf cli.NATSFlags
 	nf.Register(fs, env)
 	var (
-		dbURL     = fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL)")
-		stream    = fs.String("stream", env.Or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream (env JETINBOX_STREAM)")
+		dbURL     = cli.DatabaseFlag(fs, env, cli.DatabaseUsage)
+		stream    = cli.StreamFlag(fs, env, cli.StreamUsage)
 		scope     = cli.ScopeFlag(fs, env)
 		durable   = cli.DurableFlag(fs, env)
 		olderThan = fs.Duration("older-than", 0, "delete rows received longer ago than this; required")

@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox"
-	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
@@ -37,8 +36,8 @@ func Replay(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	var nf cli.NATSFlags
 	nf.Register(fs, env)
 	var (
-		dbURL    = fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL)")
-		stream   = fs.String("stream", env.Or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream (env JETINBOX_STREAM)")
+		dbURL    = cli.DatabaseFlag(fs, env, cli.DatabaseUsage)
+		stream   = cli.StreamFlag(fs, env, cli.StreamUsage)
 		scope    = cli.ScopeFlag(fs, env)
 		fromSeq  = fs.Int("from-seq", 1, "first stream sequence to replay")
 		toSeq    = fs.Int("to-seq", 0, "last stream sequence to replay (0: the stream's last)")
@@ -78,8 +77,8 @@ func Replay(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	if err := cli.CheckScope(*scope); err != nil {
 		return err
 	}
-	if *dbURL == "" {
-		return cli.UsageError{Err: errors.New("no database: set -database-url or DATABASE_URL")}
+	if err := cli.RequireDatabase(*dbURL); err != nil {
+		return err
 	}
 	log := cli.NewLogger(stderr, "text", slog.LevelWarn)
 	ctx, cancel := context.WithTimeout(ctx, *timeout)

@@ -28,8 +28,8 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	nf.Register(fs, env)
 	var envErrs []error
 	var (
-		dbURL        = fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL); required")
-		stream       = fs.String("stream", env.Or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream (env JETINBOX_STREAM)")
+		dbURL        = DatabaseFlag(fs, env, DatabaseUsage+"; required")
+		stream       = StreamFlag(fs, env, StreamUsage)
 		scope        = ScopeFlag(fs, env)
 		durable      = DurableFlag(fs, env)
 		batch        = fs.Int("batch", 6000, "most messages per transaction (batches never wait to fill)")
@@ -60,8 +60,8 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	if err := CheckScope(*scope); err != nil {
 		return err
 	}
-	if *dbURL == "" {
-		return UsageError{Err: errors.New("no database: set -database-url or DATABASE_URL")}
+	if err := RequireDatabase(*dbURL); err != nil {
+		return err
 	}
 	if *maxDeliver < 1 {
 		return UsageError{Err: errors.New("-max-deliver must be at least 1: unlimited deliveries never dead-letter a failing message")}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 )
 
 // FlagSet is the subset of *flag.FlagSet the shared registrations use.
@@ -60,6 +62,37 @@ const scopeUsage = "inbox scope: the identity of the effect; each message ID is 
 // durable's settings or pending counts.
 const durableUsage = "JetStream durable consumer: only the subscription, not the effect's identity; " +
 	"renaming or re-creating it redelivers the stream, which the inbox absorbs as duplicates (env JETINBOX_DURABLE)"
+
+// DatabaseUsage is the help text of -database-url.
+const DatabaseUsage = "PostgreSQL connection string (env DATABASE_URL)"
+
+// DatabaseFlag registers -database-url, defaulting to DATABASE_URL, with
+// usage as its help text: DatabaseUsage, or a longer one.
+func DatabaseFlag(fs FlagSet, env Env, usage string) *string {
+	s := new(string)
+	fs.StringVar(s, "database-url", env("DATABASE_URL"), usage)
+	return s
+}
+
+// RequireDatabase reports a missing -database-url as a usage error.
+func RequireDatabase(dbURL string) error {
+	if dbURL == "" {
+		return UsageError{Err: errors.New("no database: set -database-url or DATABASE_URL")}
+	}
+	return nil
+}
+
+// StreamUsage is the help text of -stream.
+const StreamUsage = "intents stream (env JETINBOX_STREAM)"
+
+// StreamFlag registers -stream, defaulting to JETINBOX_STREAM or
+// jsinbox.DefaultStream, with usage as its help text: StreamUsage, or one
+// that says more.
+func StreamFlag(fs FlagSet, env Env, usage string) *string {
+	s := new(string)
+	fs.StringVar(s, "stream", env.Or("JETINBOX_STREAM", jsinbox.DefaultStream), usage)
+	return s
+}
 
 // ScopeFlag registers -scope, defaulting to JETINBOX_SCOPE or "ledger".
 func ScopeFlag(fs FlagSet, env Env) *string {

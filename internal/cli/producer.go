@@ -39,7 +39,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	var nf NATSFlags
 	nf.Register(fs, env)
 	var (
-		stream    = fs.String("stream", env.Or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream, created with safe limits if missing; every intent must land in it (env JETINBOX_STREAM)")
+		stream    = StreamFlag(fs, env, "intents stream, created with safe limits if missing; every intent must land in it (env JETINBOX_STREAM)")
 		subject   = fs.String("subject", "intents", "subject prefix for generated intents and JSONL lines without a subject")
 		input     = fs.String("input", "", "JSONL file to publish, - for stdin; empty generates load")
 		count     = fs.Int("count", 10000, "generated intents")
