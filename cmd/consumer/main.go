@@ -10,15 +10,15 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/jetinbox/jetinbox/internal/app"
+	"github.com/jetinbox/jetinbox/internal/cli"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := app.Consumer(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	err := cli.Consumer(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "consumer:", err)
 	}
-	os.Exit(app.ExitCode(err))
+	os.Exit(cli.ExitCode(err))
 }

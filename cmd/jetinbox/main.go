@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/jetinbox/jetinbox/internal/app"
+	"github.com/jetinbox/jetinbox/internal/cli"
 )
 
 func main() {
@@ -20,5 +21,5 @@ func main() {
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "jetinbox:", err)
 	}
-	os.Exit(app.ExitCode(err))
+	os.Exit(cli.ExitCode(err))
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
@@ -31,8 +32,8 @@ import (
 var errDemoFailed = errors.New("demo: intents were lost or applied twice")
 
 // Demo runs the whole pipeline with faults switched on and verifies it.
-func Demo(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("jetinbox demo", "Run producer → JetStream → two inbox consumers → PostgreSQL with faults on, then verify.\n"+
+func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := cli.NewFlagSet("jetinbox demo", "Run producer → JetStream → two inbox consumers → PostgreSQL with faults on, then verify.\n"+
 		"Embedded nats-server and a throwaway PostgreSQL unless NATS_URL / DATABASE_URL are set.", stderr)
 	var (
 		n          = fs.Int("intents", 20000, "distinct intents to publish")
@@ -42,16 +43,16 @@ func Demo(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stde
 		timeout    = fs.Duration("timeout", 3*time.Minute, "give up waiting for the pipeline to settle after this long")
 		verbose    = fs.Bool("v", false, "log what the consumers do (dead letters, crashes, retries)")
 		syncAlways = fs.Bool("sync-always", true, "embedded server fsyncs every JetStream write, as production must (sync_interval: always)")
-		scope      = scopeFlag(fs, env)
-		durable    = durableFlag(fs, env)
+		scope      = cli.ScopeFlag(fs, env)
+		durable    = cli.DurableFlag(fs, env)
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *n < 10 || *consumers < 1 {
-		return usageError{errors.New("-intents must be at least 10 and -consumers at least 1")}
+		return cli.UsageError{Err: errors.New("-intents must be at least 10 and -consumers at least 1")}
 	}
-	if err := checkScope(*scope); err != nil {
+	if err := cli.CheckScope(*scope); err != nil {
 		return err
 	}
 	start := time.Now()
@@ -59,7 +60,7 @@ func Demo(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stde
 	if *verbose {
 		level = slog.LevelInfo
 	}
-	log := newLogger(stderr, "text", level)
+	log := cli.NewLogger(stderr, "text", level)
 	say := func(format string, a ...any) {
 		fmt.Fprintf(stderr, "%6.1fs  %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
 	}
@@ -84,7 +85,7 @@ func Demo(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stde
 		// A stream of our own on a shared server.
 		streamOpts.Name, subject = "DEMO_"+run, "demo"+run
 		streamOpts.Subjects = []string{subject + ".>"}
-		say("NATS at %s, stream %s", redact(natsURL), streamOpts.Name)
+		say("NATS at %s, stream %s", cli.Redact(natsURL), streamOpts.Name)
 	}
 	streamOpts = streamOpts.WithDefaults()
 
@@ -313,7 +314,7 @@ func (f *demoFleet) start(ctx context.Context, id int, fp *failpoint.Set) error 
 		nc.Close()
 		return err
 	}
-	proc, err := newLedgerProcessor(f.pool, inbox.Config{Scope: f.scope, Logger: f.log})
+	proc, err := cli.NewLedgerProcessor(f.pool, inbox.Config{Scope: f.scope, Logger: f.log})
 	if err != nil {
 		nc.Close()
 		return err

@@ -1,3 +1,8 @@
+// Package app holds the jetinbox operator CLI: the dispatcher and the
+// commands demo, migrate, verify, replay and prune, with bench, chaos and
+// jitter from their own packages. It links the embedded nats-server, the
+// throwaway PostgreSQL, the chart library and testing (through testenv);
+// the consumer and producer binaries use package cli and never this one.
 package app
 
 import (
@@ -16,16 +21,16 @@ import (
 
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
-	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/bench"
 	"github.com/jetinbox/jetinbox/internal/chaos"
+	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/jittersim"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
 type command struct {
 	summary string
-	run     func(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, stderr io.Writer) error
+	run     func(ctx context.Context, args []string, env cli.Env, stdin io.Reader, stdout, stderr io.Writer) error
 }
 
 func commands() map[string]command {
@@ -33,24 +38,24 @@ func commands() map[string]command {
 		"demo":    {"the all-in-one run: embedded JetStream, throwaway PostgreSQL, producer, two consumers, faults, verified result", Demo},
 		"migrate": {"apply the inbox and ledger schemas (-print shows the SQL instead)", Migrate},
 		"verify":  {"check a stream against one scope's inbox and ledger: lost, duplicated, unexpected", Verify},
-		"consumer": {"the consumer (same as the consumer binary), for one-binary deployments and jetinbox bench", func(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stderr io.Writer) error {
-			return Consumer(ctx, args, env, stdout, stderr)
+		"consumer": {"the consumer (same as the consumer binary), for one-binary deployments and jetinbox bench", func(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
+			return cli.Consumer(ctx, args, env, stdout, stderr)
 		}},
 		"replay": {"run a stream range through the inbox again, rolled back unless -apply: what would it change?", Replay},
-		"bench": {"raw pipe vs naive vs jetinbox on the same messages, with latency and memory", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
+		"bench": {"raw pipe vs naive vs jetinbox on the same messages, with latency and memory", func(ctx context.Context, args []string, _ cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return bench.Main(ctx, args, stdout, stderr)
 		}},
-		"chaos": {"producer strategies × consumer strategies under faults, on real servers", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
+		"chaos": {"producer strategies × consumer strategies under faults, on real servers", func(ctx context.Context, args []string, _ cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return chaos.Main(ctx, args, stdout, stderr)
 		}},
-		"jitter": {"a retry storm of 1000 clients under each jitter policy, plus an overloaded server; writes a chart", func(ctx context.Context, args []string, _ Env, _ io.Reader, stdout, stderr io.Writer) error {
+		"jitter": {"a retry storm of 1000 clients under each jitter policy, plus an overloaded server; writes a chart", func(ctx context.Context, args []string, _ cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return jittersim.Main(ctx, args, stdout, stderr)
 		}},
 	}
 }
 
 // Jetinbox is the operator CLI: `jetinbox <command> [flags]`.
-func Jetinbox(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, stderr io.Writer) error {
+func Jetinbox(ctx context.Context, args []string, env cli.Env, stdin io.Reader, stdout, stderr io.Writer) error {
 	cmds := commands()
 	usage := func() {
 		fmt.Fprintln(stderr, "jetinbox: effectively-once side effects from at-least-once JetStream delivery.\n\nUsage: jetinbox <command> [flags]\n\nCommands:")
@@ -67,22 +72,22 @@ func Jetinbox(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage()
 		if len(args) == 0 {
-			return usageError{errors.New("no command given")}
+			return cli.UsageError{Err: errors.New("no command given")}
 		}
 		return nil
 	}
 	c, ok := cmds[args[0]]
 	if !ok {
 		usage()
-		return usageError{fmt.Errorf("unknown command %q", args[0])}
+		return cli.UsageError{Err: fmt.Errorf("unknown command %q", args[0])}
 	}
 	return c.run(ctx, args[1:], env, stdin, stdout, stderr)
 }
 
 // Migrate applies the schemas, or prints them.
-func Migrate(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("jetinbox migrate", "Apply the inbox and ledger schemas to DATABASE_URL. Nothing migrates implicitly.", stderr)
-	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL)")
+func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := cli.NewFlagSet("jetinbox migrate", "Apply the inbox and ledger schemas to DATABASE_URL. Nothing migrates implicitly.", stderr)
+	dbURL := cli.DatabaseFlag(fs, env, cli.DatabaseUsage)
 	print := fs.Bool("print", false, "print the SQL for your own migration tool instead of applying it")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -91,10 +96,10 @@ func Migrate(ctx context.Context, args []string, env Env, _ io.Reader, stdout, s
 		fmt.Fprint(stdout, inbox.MigrationSQL(), effects.MigrationSQL())
 		return nil
 	}
-	if *dbURL == "" {
-		return usageError{errors.New("no database: set -database-url or DATABASE_URL")}
+	if err := cli.RequireDatabase(*dbURL); err != nil {
+		return err
 	}
-	pool, err := openDB(ctx, *dbURL, 2, slog.New(slog.NewTextHandler(stderr, nil)))
+	pool, err := cli.OpenDB(ctx, *dbURL, 2, slog.New(slog.NewTextHandler(stderr, nil)))
 	if err != nil {
 		return err
 	}
@@ -115,16 +120,16 @@ func Migrate(ctx context.Context, args []string, env Env, _ io.Reader, stdout, s
 var errViolations = errors.New("verify: invariants broken")
 
 // Verify reads the stream and checks the inbox and ledger against it.
-func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("jetinbox verify", "Check that every message in the stream was applied once or dead-lettered, for one inbox scope.\n"+
+func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := cli.NewFlagSet("jetinbox verify", "Check that every message in the stream was applied once or dead-lettered, for one inbox scope.\n"+
 		"A dead letter counts only if its headers name the stream, the scope, a stream sequence and that message's ID.\n"+
 		"Exit 0 clean, 1 violations, 2 usage or connection errors (a reversed range is a usage error).", stderr)
-	var nf natsFlags
-	nf.register(fs, env)
-	dbURL := fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL)")
-	stream := fs.String("stream", env.or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream")
-	scope := scopeFlag(fs, env)
-	durable := durableFlag(fs, env)
+	var nf cli.NATSFlags
+	nf.Register(fs, env)
+	dbURL := cli.DatabaseFlag(fs, env, cli.DatabaseUsage)
+	stream := cli.StreamFlag(fs, env, "intents stream")
+	scope := cli.ScopeFlag(fs, env)
+	durable := cli.DurableFlag(fs, env)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	fromSeq := fs.Uint64("from-seq", 0, "check from this stream sequence (0: the start)")
 	toSeq := fs.Uint64("to-seq", 0, "check up to this stream sequence (0: the end)")
@@ -148,35 +153,35 @@ func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 		}
 		v, err := time.Parse(time.RFC3339, t.val)
 		if err != nil {
-			return usageError{fmt.Errorf("%s: %w", t.flag, err)}
+			return cli.UsageError{Err: fmt.Errorf("%s: %w", t.flag, err)}
 		}
 		*t.dst = v
 	}
 	if err := rg.Validate(); err != nil {
-		return usageError{err}
+		return cli.UsageError{Err: err}
 	}
-	if err := nf.validate(); err != nil {
-		return usageError{err}
+	if err := nf.Validate(); err != nil {
+		return cli.UsageError{Err: err}
 	}
-	if err := checkScope(*scope); err != nil {
+	if err := cli.CheckScope(*scope); err != nil {
 		return err
 	}
-	if *dbURL == "" {
-		return usageError{errors.New("no database: set -database-url or DATABASE_URL")}
+	if err := cli.RequireDatabase(*dbURL); err != nil {
+		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	pool, err := openDB(ctx, *dbURL, 4, log)
+	pool, err := cli.OpenDB(ctx, *dbURL, 4, log)
 	if err != nil {
-		return usageError{err}
+		return cli.UsageError{Err: err}
 	}
 	defer pool.Close()
-	nc, js, err := nf.connect("jetinbox-verify", defaultWaits().resolved().natsReconnect, log)
+	nc, js, err := nf.Connect("jetinbox-verify", cli.DefaultReconnect(), log)
 	if err != nil {
-		return usageError{err}
+		return cli.UsageError{Err: err}
 	}
 	defer nc.Close()
 	var progress func(read, total uint64)
-	if f, ok := stderr.(*os.File); ok && isTerminal(f) {
+	if f, ok := stderr.(*os.File); ok && cli.IsTerminal(f) {
 		progress = func(read, total uint64) {
 			const width = 40
 			n := int(float64(width) * float64(read) / float64(max(total, 1)))
@@ -189,7 +194,7 @@ func Verify(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 	r, err := verify.Run(ctx, js, pool, verify.Options{Stream: *stream, Scope: *scope, Durable: *durable, Ledger: true,
 		Range: rg, Horizon: verify.HorizonOptions{Retention: *retention, NakCap: *nakCap, Redrive: *redrive}, Progress: progress})
 	if err != nil {
-		return usageError{err}
+		return cli.UsageError{Err: err}
 	}
 	if *textfile != "" {
 		if err := writeVerifyMetrics(*textfile, r); err != nil {

@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox"
-	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/horizon"
 )
 
@@ -18,18 +18,18 @@ import (
 // the servers, not taken on trust: the stream's MaxAge and duplicate window,
 // the durable's AckWait, BackOff and MaxDeliver, and the dead-letter
 // stream's MaxAge (re-drives); see package horizon for the arithmetic.
-func Prune(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("jetinbox prune", "Delete inbox rows of one scope older than -older-than, in batches, by PostgreSQL's clock.\n"+
+func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := cli.NewFlagSet("jetinbox prune", "Delete inbox rows of one scope older than -older-than, in batches, by PostgreSQL's clock.\n"+
 		"-older-than must be longer than the horizon over which a message can come back, read from the\n"+
 		"stream, the durable and the dead-letter stream, plus -margin. Exit 0 pruned, 1 failure,\n"+
 		"2 usage error or an unsafe -older-than (nothing is deleted then).", stderr)
-	var nf natsFlags
-	nf.register(fs, env)
+	var nf cli.NATSFlags
+	nf.Register(fs, env)
 	var (
-		dbURL     = fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL)")
-		stream    = fs.String("stream", env.or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream (env JETINBOX_STREAM)")
-		scope     = scopeFlag(fs, env)
-		durable   = durableFlag(fs, env)
+		dbURL     = cli.DatabaseFlag(fs, env, cli.DatabaseUsage)
+		stream    = cli.StreamFlag(fs, env, cli.StreamUsage)
+		scope     = cli.ScopeFlag(fs, env)
+		durable   = cli.DurableFlag(fs, env)
 		olderThan = fs.Duration("older-than", 0, "delete rows received longer ago than this; required")
 		nakCap    = fs.Duration("nak-cap", horizon.DefaultNakCap, "the consumer's longest nak delay")
 		pubRetry  = fs.Duration("publish-retry", horizon.DefaultPublishRetry(), "the producers' retry horizon: how long after its first publish an intent may be published again")
@@ -40,38 +40,38 @@ func Prune(ctx context.Context, args []string, env Env, _ io.Reader, stdout, std
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if err := nf.validate(); err != nil {
-		return usageError{err}
+	if err := nf.Validate(); err != nil {
+		return cli.UsageError{Err: err}
 	}
-	if err := checkScope(*scope); err != nil {
+	if err := cli.CheckScope(*scope); err != nil {
 		return err
 	}
 	if *dbURL == "" || *olderThan <= 0 {
-		return usageError{errors.New("set -database-url (or DATABASE_URL) and -older-than")}
+		return cli.UsageError{Err: errors.New("set -database-url (or DATABASE_URL) and -older-than")}
 	}
 	if *margin <= 0 {
-		return usageError{errors.New("-margin must be positive")}
+		return cli.UsageError{Err: errors.New("-margin must be positive")}
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	nc, js, err := nf.connect("jetinbox-prune", defaultWaits().resolved().natsReconnect, log)
+	nc, js, err := nf.Connect("jetinbox-prune", cli.DefaultReconnect(), log)
 	if err != nil {
-		return usageError{err}
+		return cli.UsageError{Err: err}
 	}
 	defer nc.Close()
 	span, err := readHorizon(ctx, js, *stream, *durable, horizon.Inputs{NakCap: *nakCap, PublishRetry: *pubRetry}, *redrive)
 	if errors.Is(err, horizon.ErrUnbounded) {
-		return usageError{fmt.Errorf("prune: %w", err)}
+		return cli.UsageError{Err: fmt.Errorf("prune: %w", err)}
 	}
 	if err != nil {
 		return err
 	}
 	if least := span.Total + *margin; *olderThan <= least {
-		return usageError{fmt.Errorf("prune: %w: -older-than %v is not longer than the horizon %v + margin %v; use more than %v (%s)",
+		return cli.UsageError{Err: fmt.Errorf("prune: %w: -older-than %v is not longer than the horizon %v + margin %v; use more than %v (%s)",
 			inbox.ErrUnsafeHorizon, *olderThan, span.Total, *margin, least, span.Why)}
 	}
-	pool, err := openDB(ctx, *dbURL, 2, log)
+	pool, err := cli.OpenDB(ctx, *dbURL, 2, log)
 	if err != nil {
-		return usageError{err}
+		return cli.UsageError{Err: err}
 	}
 	defer pool.Close()
 	n, err := inbox.Prune(ctx, pool, inbox.PruneOptions{Scope: *scope, OlderThan: *olderThan, ReplayHorizon: span.Total, Margin: *margin, BatchSize: *batch})

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox"
-	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
@@ -26,19 +26,19 @@ var errReplayApplied = errors.New("replay: the inbox had no row for some replaye
 // effects run in a transaction that is rolled back. -apply commits (a real
 // re-drive). Neither mode publishes dead letters: a message rejected before
 // is counted, not dead-lettered again.
-func Replay(ctx context.Context, args []string, env Env, _ io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("jetinbox replay", "Run a range of the stream through the inbox of one scope again and report what it would change.\n"+
+func Replay(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := cli.NewFlagSet("jetinbox replay", "Run a range of the stream through the inbox of one scope again and report what it would change.\n"+
 		"By default a dry run: each batch's claims and effects run in a transaction that is rolled back,\n"+
 		"so nothing changes. -apply commits instead: a real re-drive. Neither mode dead-letters anything\n"+
 		"again; a message rejected before is only counted. Every message should come back a duplicate.\n"+
 		"Exit 0 nothing would be applied, 1 something would be (or, with -apply, was) applied: the inbox\n"+
 		"had no row for it (pruned, lost, or the wrong -scope), 2 usage error (a reversed range too).", stderr)
-	var nf natsFlags
-	nf.register(fs, env)
+	var nf cli.NATSFlags
+	nf.Register(fs, env)
 	var (
-		dbURL    = fs.String("database-url", env("DATABASE_URL"), "PostgreSQL connection string (env DATABASE_URL)")
-		stream   = fs.String("stream", env.or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream (env JETINBOX_STREAM)")
-		scope    = scopeFlag(fs, env)
+		dbURL    = cli.DatabaseFlag(fs, env, cli.DatabaseUsage)
+		stream   = cli.StreamFlag(fs, env, cli.StreamUsage)
+		scope    = cli.ScopeFlag(fs, env)
 		fromSeq  = fs.Int("from-seq", 1, "first stream sequence to replay")
 		toSeq    = fs.Int("to-seq", 0, "last stream sequence to replay (0: the stream's last)")
 		fromTime = fs.String("from-time", "", "replay from this RFC 3339 time instead of -from-seq")
@@ -54,46 +54,46 @@ func Replay(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 	var start *time.Time
 	switch {
 	case *fromSeq < 1:
-		return usageError{errors.New("-from-seq must be at least 1")}
+		return cli.UsageError{Err: errors.New("-from-seq must be at least 1")}
 	case *toSeq < 0:
-		return usageError{errors.New("-to-seq must not be negative")}
+		return cli.UsageError{Err: errors.New("-to-seq must not be negative")}
 	case *toSeq > 0 && *fromSeq > *toSeq:
-		return usageError{fmt.Errorf("-from-seq %d is after -to-seq %d: a reversed range replays nothing", *fromSeq, *toSeq)}
+		return cli.UsageError{Err: fmt.Errorf("-from-seq %d is after -to-seq %d: a reversed range replays nothing", *fromSeq, *toSeq)}
 	case *batch < 1:
-		return usageError{errors.New("-batch must be at least 1")}
+		return cli.UsageError{Err: errors.New("-batch must be at least 1")}
 	case *fromTime != "":
 		if seqSet {
-			return usageError{errors.New("set -from-seq or -from-time, not both")}
+			return cli.UsageError{Err: errors.New("set -from-seq or -from-time, not both")}
 		}
 		t, err := time.Parse(time.RFC3339, *fromTime)
 		if err != nil {
-			return usageError{fmt.Errorf("-from-time: %w", err)}
+			return cli.UsageError{Err: fmt.Errorf("-from-time: %w", err)}
 		}
 		start = &t
 	}
-	if err := nf.validate(); err != nil {
-		return usageError{err}
+	if err := nf.Validate(); err != nil {
+		return cli.UsageError{Err: err}
 	}
-	if err := checkScope(*scope); err != nil {
+	if err := cli.CheckScope(*scope); err != nil {
 		return err
 	}
-	if *dbURL == "" {
-		return usageError{errors.New("no database: set -database-url or DATABASE_URL")}
+	if err := cli.RequireDatabase(*dbURL); err != nil {
+		return err
 	}
-	log := newLogger(stderr, "text", slog.LevelWarn)
+	log := cli.NewLogger(stderr, "text", slog.LevelWarn)
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	pool, err := openDB(ctx, *dbURL, 2, log)
+	pool, err := cli.OpenDB(ctx, *dbURL, 2, log)
 	if err != nil {
-		return usageError{err}
+		return cli.UsageError{Err: err}
 	}
 	defer pool.Close()
 	if err := inbox.CheckSchema(ctx, pool); err != nil {
-		return usageError{err}
+		return cli.UsageError{Err: err}
 	}
-	nc, js, err := nf.connect("jetinbox-replay", defaultWaits().resolved().natsReconnect, log)
+	nc, js, err := nf.Connect("jetinbox-replay", cli.DefaultReconnect(), log)
 	if err != nil {
-		return usageError{err}
+		return cli.UsageError{Err: err}
 	}
 	defer nc.Close()
 
@@ -101,9 +101,9 @@ func Replay(ctx context.Context, args []string, env Env, _ io.Reader, stdout, st
 	if !*apply {
 		db = rollbackDB{pool}
 	}
-	proc, err := newLedgerProcessor(db, inbox.Config{Scope: *scope, Logger: log})
+	proc, err := cli.NewLedgerProcessor(db, inbox.Config{Scope: *scope, Logger: log})
 	if err != nil {
-		return usageError{err}
+		return cli.UsageError{Err: err}
 	}
 	began := time.Now()
 	rg := replayRange{from: uint64(*fromSeq), to: uint64(*toSeq), fromTime: start}

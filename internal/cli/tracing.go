@@ -1,4 +1,4 @@
-package app
+package cli
 
 import (
 	"context"
@@ -26,7 +26,7 @@ func tracing(ctx context.Context, env Env, service string, stderr io.Writer) (tr
 	case env("JETINBOX_TRACE") == "stdout":
 		exp, err = stdouttrace.New(stdouttrace.WithWriter(stderr))
 	case env("JETINBOX_TRACE") != "":
-		return nil, nil, usageError{fmt.Errorf("JETINBOX_TRACE=%q: only \"stdout\" is known; set OTEL_EXPORTER_OTLP_ENDPOINT for OTLP", env("JETINBOX_TRACE"))}
+		return nil, nil, UsageError{Err: fmt.Errorf("JETINBOX_TRACE=%q: only \"stdout\" is known; set OTEL_EXPORTER_OTLP_ENDPOINT for OTLP", env("JETINBOX_TRACE"))}
 	default:
 		return nil, func(context.Context) error { return nil }, nil
 	}

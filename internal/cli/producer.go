@@ -1,4 +1,4 @@
-package app
+package cli
 
 import (
 	"bufio"
@@ -33,13 +33,13 @@ import (
 // already in the stream with a different payload (a conflict); or if any
 // input line was bad.
 func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("producer", "producer publishes intents to JetStream with Nats-Msg-Id = the intent's ID,\n"+
+	fs := NewFlagSet("producer", "producer publishes intents to JetStream with Nats-Msg-Id = the intent's ID,\n"+
 		"retrying with the same ID and jittered backoff. Input: generated load, or JSONL lines\n"+
 		`{"id":"...","payload":{...},"subject":"intents.x"} from -input FILE or - (stdin).`, stderr)
-	var nf natsFlags
-	nf.register(fs, env)
+	var nf NATSFlags
+	nf.Register(fs, env)
 	var (
-		stream    = fs.String("stream", env.or("JETINBOX_STREAM", jsinbox.DefaultStream), "intents stream, created with safe limits if missing; every intent must land in it (env JETINBOX_STREAM)")
+		stream    = StreamFlag(fs, env, "intents stream, created with safe limits if missing; every intent must land in it (env JETINBOX_STREAM)")
 		subject   = fs.String("subject", "intents", "subject prefix for generated intents and JSONL lines without a subject")
 		input     = fs.String("input", "", "JSONL file to publish, - for stdin; empty generates load")
 		count     = fs.Int("count", 10000, "generated intents")
@@ -54,7 +54,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		attempts  = fs.Int("retry-attempts", 10, "retries per intent before it is reported as failed")
 		replicas  = fs.Int("replicas", 1, "stream replicas when creating it")
 		window    = fs.Duration("duplicate-window", jsinbox.DefaultDuplicateWindow, "stream duplicate window when creating it; must cover the retry horizon")
-		logFormat = fs.String("log-format", env.or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto")
+		logFormat = fs.String("log-format", env.Or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto")
 		httpAddr  = fs.String("http", env("JETINBOX_PRODUCER_HTTP_ADDR"), "address for /metrics while publishing (env JETINBOX_PRODUCER_HTTP_ADDR); empty disables")
 	)
 	w := defaultWaits()
@@ -67,24 +67,24 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	w = w.resolved()
 	retry := w.publish
 	retry.MaxAttempts = *attempts
-	if err := nf.validate(); err != nil {
-		return usageError{err}
+	if err := nf.Validate(); err != nil {
+		return UsageError{Err: err}
 	}
 	if err := retry.Validate(); err != nil {
-		return usageError{err}
+		return UsageError{Err: err}
 	}
 	if *batch < 0 || *batch > jsinbox.MaxBatch {
-		return usageError{fmt.Errorf("-batch must be within [0, %d]", jsinbox.MaxBatch)}
+		return UsageError{Err: fmt.Errorf("-batch must be within [0, %d]", jsinbox.MaxBatch)}
 	}
 	if *dupFrac < 0 || *dupFrac > 1 {
-		return usageError{errors.New("-dup-fraction must be within [0, 1]")}
+		return UsageError{Err: errors.New("-dup-fraction must be within [0, 1]")}
 	}
-	log := newLogger(stderr, *logFormat, slog.LevelInfo)
+	log := NewLogger(stderr, *logFormat, slog.LevelInfo)
 	for _, w := range jitter.Lint(jitter.Settings{PublishRetry: &retry, PublishTimeout: *ackTO, DuplicateWindow: *window}) {
 		log.Warn("config: " + w)
 	}
 
-	nc, js, err := nf.connect("jetinbox-producer", w.natsReconnect, log)
+	nc, js, err := nf.Connect("jetinbox-producer", w.natsReconnect, log)
 	if err != nil {
 		return err
 	}
@@ -102,7 +102,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{Stream: *stream, MaxInFlight: *inFlight, Batch: *batch, AckTimeout: *ackTO,
 		Retry: retry, Logger: log, TracerProvider: tp})
 	if err != nil {
-		return usageError{err}
+		return UsageError{Err: err}
 	}
 	defer pub.Close()
 	if *httpAddr != "" {
@@ -124,7 +124,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		if *input != "-" {
 			f, err := os.Open(*input)
 			if err != nil {
-				return usageError{fmt.Errorf("-input: %w", err)}
+				return UsageError{Err: fmt.Errorf("-input: %w", err)}
 			}
 			defer f.Close()
 			r = f

@@ -1,6 +1,10 @@
-// Package app holds the command-line programs: the producer, the consumer
-// and the jetinbox operator CLI. Each main is a few lines calling in here.
-package app
+// Package cli holds what the binaries share: flags and environment, the
+// NATS and PostgreSQL connections, logging, tracing, the /metrics, /healthz
+// and /readyz endpoints and exit codes; and the two commands that run in
+// production, the consumer and the producer. It must stay light: the
+// consumer and producer binaries link it and nothing of the operator CLI
+// (package app), the embedded nats-server, the chart library or testing.
+package cli
 
 import (
 	"context"
@@ -37,9 +41,13 @@ func defaultWaits() waits {
 	}
 }
 
-func (w *waits) register(fs flagSet) {
+func (w *waits) register(fs FlagSet) {
 	fs.Var(&w.kind, "jitter", "jitter policy for every wait (nak delays, publish retries, NATS reconnects, database retries): none, full, equal, decorrelated")
 }
+
+// DefaultReconnect is the NATS reconnect policy of the commands without a
+// -jitter flag: the default waits, resolved.
+func DefaultReconnect() jitter.Policy { return defaultWaits().resolved().natsReconnect }
 
 // resolved returns the policies with the chosen kind.
 func (w waits) resolved() waits {
@@ -53,20 +61,22 @@ func (w waits) resolved() waits {
 // tests.
 type Env func(string) string
 
-func (e Env) or(name, def string) string {
+// Or returns the variable name, or def if it is unset or empty.
+func (e Env) Or(name, def string) string {
 	if v := e(name); v != "" {
 		return v
 	}
 	return def
 }
 
-// natsFlags are the connection settings the nats CLI also reads.
-type natsFlags struct {
+// NATSFlags are the connection settings the nats CLI also reads.
+type NATSFlags struct {
 	url, creds, nkey, ca, cert, key string
 }
 
-func (n *natsFlags) register(fs flagSet, env Env) {
-	fs.StringVar(&n.url, "nats-url", env.or("NATS_URL", nats.DefaultURL), "NATS server URL(s), comma separated (env NATS_URL)")
+// Register adds the -nats-* flags to fs, with defaults from env.
+func (n *NATSFlags) Register(fs FlagSet, env Env) {
+	fs.StringVar(&n.url, "nats-url", env.Or("NATS_URL", nats.DefaultURL), "NATS server URL(s), comma separated (env NATS_URL)")
 	fs.StringVar(&n.creds, "nats-creds", env("NATS_CREDS"), "NATS credentials file (env NATS_CREDS)")
 	fs.StringVar(&n.nkey, "nats-nkey", env("NATS_NKEY"), "NATS nkey seed file (env NATS_NKEY)")
 	fs.StringVar(&n.ca, "nats-ca", env("NATS_CA"), "CA certificate to verify the NATS server (env NATS_CA)")
@@ -74,7 +84,9 @@ func (n *natsFlags) register(fs flagSet, env Env) {
 	fs.StringVar(&n.key, "nats-key", env("NATS_KEY"), "client key for NATS TLS (env NATS_KEY)")
 }
 
-func (n *natsFlags) validate() error {
+// Validate checks the settings before any connection is tried: a usable
+// URL, a certificate with its key, one kind of credentials, files that exist.
+func (n *NATSFlags) Validate() error {
 	if n.url == "" {
 		return errors.New("no NATS URL: set -nats-url or NATS_URL")
 	}
@@ -100,10 +112,10 @@ func (n *natsFlags) validate() error {
 	return nil
 }
 
-// connect dials NATS. Reconnects are unlimited with jittered waits; a first
+// Connect dials NATS. Reconnects are unlimited with jittered waits; a first
 // connection that fails (wrong credentials, nothing listening) is an error,
 // not a retry loop.
-func (n *natsFlags) connect(name string, reconnect jitter.Policy, log *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
+func (n *NATSFlags) Connect(name string, reconnect jitter.Policy, log *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
@@ -135,7 +147,7 @@ func (n *natsFlags) connect(name string, reconnect jitter.Policy, log *slog.Logg
 	}
 	nc, err := nats.Connect(n.url, opts...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to NATS at %s: %w", redact(n.url), err)
+		return nil, nil, fmt.Errorf("connect to NATS at %s: %w", Redact(n.url), err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -145,8 +157,8 @@ func (n *natsFlags) connect(name string, reconnect jitter.Policy, log *slog.Logg
 	return nc, js, nil
 }
 
-// redact hides passwords in URLs before they reach a log or an error.
-func redact(s string) string {
+// Redact hides passwords in URLs before they reach a log or an error.
+func Redact(s string) string {
 	parts := strings.Split(s, ",")
 	for i, p := range parts {
 		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
@@ -156,8 +168,8 @@ func redact(s string) string {
 	return strings.Join(parts, ",")
 }
 
-// openDB opens a pool and checks the server answers.
-func openDB(ctx context.Context, dsn string, maxConns int32, log *slog.Logger) (*pgxpool.Pool, error) {
+// OpenDB opens a pool and checks the server answers.
+func OpenDB(ctx context.Context, dsn string, maxConns int32, log *slog.Logger) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL: %w", err) // pgx does not echo the password
@@ -185,12 +197,12 @@ func isLocal(host string) bool {
 	return host == "" || host == "localhost" || strings.HasPrefix(host, "127.") || host == "::1" || strings.HasPrefix(host, "/")
 }
 
-// newLogger returns JSON logs in production and text on a terminal.
-func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
+// NewLogger returns JSON logs in production and text on a terminal.
+func NewLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: level}
 	if format == "auto" || format == "" {
 		format = "json"
-		if f, ok := w.(*os.File); ok && isTerminal(f) {
+		if f, ok := w.(*os.File); ok && IsTerminal(f) {
 			format = "text"
 		}
 	}
@@ -200,7 +212,8 @@ func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, opts))
 }
 
-func isTerminal(f *os.File) bool {
+// IsTerminal reports whether f is a terminal.
+func IsTerminal(f *os.File) bool {
 	st, err := f.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

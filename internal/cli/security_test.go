@@ -1,4 +1,4 @@
-package app
+package cli
 
 import (
 	"bytes"
@@ -82,7 +82,7 @@ func TestTLSAndNkeyAuth(t *testing.T) {
 	}})
 	url := strings.Replace(srv.URL(), "nats://", "tls://", 1)
 	dbURL := testenv.NewDatabase(t)
-	if err := Migrate(context.Background(), nil, mapEnv(map[string]string{"DATABASE_URL": dbURL}), nil, io.Discard, io.Discard); err != nil {
+	if err := migrate(context.Background(), dbURL); err != nil {
 		t.Fatal(err)
 	}
 
@@ -135,7 +135,7 @@ func TestSecretsStayOutOfErrors(t *testing.T) {
 		t.Fatalf("database password leaked or no error: %v\n%s", err, logs.String())
 	}
 	dbURL := testenv.NewDatabase(t)
-	if err := Migrate(context.Background(), nil, mapEnv(map[string]string{"DATABASE_URL": dbURL}), nil, io.Discard, io.Discard); err != nil {
+	if err := migrate(context.Background(), dbURL); err != nil {
 		t.Fatal(err)
 	}
 	err = Consumer(context.Background(), []string{"-http", ""},

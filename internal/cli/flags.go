@@ -1,6 +1,7 @@
-package app
+package cli
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -8,10 +9,11 @@ import (
 
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 )
 
-// flagSet is the subset of *flag.FlagSet the shared registrations use.
-type flagSet interface {
+// FlagSet is the subset of *flag.FlagSet the shared registrations use.
+type FlagSet interface {
 	StringVar(p *string, name, value, usage string)
 	IntVar(p *int, name string, value int, usage string)
 	DurationVar(p *time.Duration, name string, value time.Duration, usage string)
@@ -19,9 +21,9 @@ type flagSet interface {
 	Var(value flag.Value, name, usage string)
 }
 
-// newFlagSet returns a flag set that reports errors instead of exiting and
+// NewFlagSet returns a flag set that reports errors instead of exiting and
 // prints its usage with every flag's default.
-func newFlagSet(name, summary string, stderr io.Writer) *flag.FlagSet {
+func NewFlagSet(name, summary string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -61,31 +63,62 @@ const scopeUsage = "inbox scope: the identity of the effect; each message ID is 
 const durableUsage = "JetStream durable consumer: only the subscription, not the effect's identity; " +
 	"renaming or re-creating it redelivers the stream, which the inbox absorbs as duplicates (env JETINBOX_DURABLE)"
 
-// scopeFlag registers -scope, defaulting to JETINBOX_SCOPE or "ledger".
-func scopeFlag(fs flagSet, env Env) *string {
+// DatabaseUsage is the help text of -database-url.
+const DatabaseUsage = "PostgreSQL connection string (env DATABASE_URL)"
+
+// DatabaseFlag registers -database-url, defaulting to DATABASE_URL, with
+// usage as its help text: DatabaseUsage, or a longer one.
+func DatabaseFlag(fs FlagSet, env Env, usage string) *string {
 	s := new(string)
-	fs.StringVar(s, "scope", env.or("JETINBOX_SCOPE", defaultScope), scopeUsage)
+	fs.StringVar(s, "database-url", env("DATABASE_URL"), usage)
 	return s
 }
 
-// durableFlag registers -durable, defaulting to JETINBOX_DURABLE or "ledger".
-func durableFlag(fs flagSet, env Env) *string {
-	s := new(string)
-	fs.StringVar(s, "durable", env.or("JETINBOX_DURABLE", "ledger"), durableUsage)
-	return s
-}
-
-// checkScope reports an unusable scope as a usage error.
-func checkScope(scope string) error {
-	if err := inbox.ValidateID(scope); err != nil {
-		return usageError{fmt.Errorf("-scope / JETINBOX_SCOPE %q: %w", scope, err)}
+// RequireDatabase reports a missing -database-url as a usage error.
+func RequireDatabase(dbURL string) error {
+	if dbURL == "" {
+		return UsageError{Err: errors.New("no database: set -database-url or DATABASE_URL")}
 	}
 	return nil
 }
 
-// newLedgerProcessor returns a processor whose inbox scope and ledger scope
+// StreamUsage is the help text of -stream.
+const StreamUsage = "intents stream (env JETINBOX_STREAM)"
+
+// StreamFlag registers -stream, defaulting to JETINBOX_STREAM or
+// jsinbox.DefaultStream, with usage as its help text: StreamUsage, or one
+// that says more.
+func StreamFlag(fs FlagSet, env Env, usage string) *string {
+	s := new(string)
+	fs.StringVar(s, "stream", env.Or("JETINBOX_STREAM", jsinbox.DefaultStream), usage)
+	return s
+}
+
+// ScopeFlag registers -scope, defaulting to JETINBOX_SCOPE or "ledger".
+func ScopeFlag(fs FlagSet, env Env) *string {
+	s := new(string)
+	fs.StringVar(s, "scope", env.Or("JETINBOX_SCOPE", defaultScope), scopeUsage)
+	return s
+}
+
+// DurableFlag registers -durable, defaulting to JETINBOX_DURABLE or "ledger".
+func DurableFlag(fs FlagSet, env Env) *string {
+	s := new(string)
+	fs.StringVar(s, "durable", env.Or("JETINBOX_DURABLE", "ledger"), durableUsage)
+	return s
+}
+
+// CheckScope reports an unusable scope as a usage error.
+func CheckScope(scope string) error {
+	if err := inbox.ValidateID(scope); err != nil {
+		return UsageError{Err: fmt.Errorf("-scope / JETINBOX_SCOPE %q: %w", scope, err)}
+	}
+	return nil
+}
+
+// NewLedgerProcessor returns a processor whose inbox scope and ledger scope
 // are one and the same, cfg.Scope: the two must never differ.
-func newLedgerProcessor(db inbox.Beginner, cfg inbox.Config) (*inbox.Processor, error) {
+func NewLedgerProcessor(db inbox.Beginner, cfg inbox.Config) (*inbox.Processor, error) {
 	l, err := effects.NewScopedLedger(cfg.Scope)
 	if err != nil {
 		return nil, err

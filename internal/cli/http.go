@@ -1,0 +1,52 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+)
+
+// serveHTTP serves /metrics, and for a consumer /healthz (the process is
+// alive) and /readyz (consuming with NATS and PostgreSQL reachable; 503
+// while draining).
+func serveHTTP(addr string, c *jsinbox.Consumer, reg *prometheus.Registry, log *slog.Logger) (*http.Server, error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if c != nil {
+		registerHealth(mux, c)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("http: %w", err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http", "err", err)
+		}
+	}()
+	log.Info("http: serving", "addr", ln.Addr().String())
+	return srv, nil
+}
+
+func registerHealth(mux *http.ServeMux, c *jsinbox.Consumer) {
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		switch {
+		case c.Draining():
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+		case !c.Ready():
+			http.Error(w, "not ready: not consuming, or NATS or PostgreSQL unreachable", http.StatusServiceUnavailable)
+		default:
+			fmt.Fprintln(w, "ready")
+		}
+	})
+}
