@@ -531,3 +531,54 @@ func TestReplayChangesNothingByDefault(t *testing.T) {
 		t.Fatalf("after replay -apply: %d dead letters (want 2, none published again), %d inbox rows (want 102)", d, r)
 	}
 }
+
+// TestEveryDocumentedCommandExists: every `jetinbox <command>` the README
+// or deploy/README.md names, and every command `jetinbox -h` lists, runs
+// `-h` with exit 0 through the dispatcher, as an operator would call it.
+func TestEveryDocumentedCommandExists(t *testing.T) {
+	t.Parallel()
+	named := map[string]bool{}
+	// In code: a command line in a fenced block, or inline code.
+	inBlock := regexp.MustCompile(`^\s*(?:\$ )?(?:go run )?(?:\S*/)?jetinbox ([a-z][a-z-]+)`)
+	inline := regexp.MustCompile("`(?:[^`]*/)?jetinbox ([a-z][a-z-]+)")
+	for _, doc := range []string{"../../README.md", "../../deploy/README.md"} {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fenced := false
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(line), "```") {
+				fenced = !fenced
+				continue
+			}
+			re := inline
+			if fenced {
+				re = inBlock
+			}
+			for _, m := range re.FindAllStringSubmatch(line, -1) {
+				named[m[1]] = true
+			}
+		}
+	}
+	var usage bytes.Buffer
+	_ = Jetinbox(context.Background(), []string{"-h"}, mapEnv(nil), nil, io.Discard, &usage)
+	for _, line := range strings.Split(usage.String(), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(line, "  ") {
+			named[f[0]] = true
+		}
+	}
+	for _, word := range []string{"demo", "verify", "replay", "prune", "migrate", "chaos", "bench", "jitter", "consumer"} {
+		if !named[word] {
+			t.Errorf("jetinbox %s is neither in the READMEs nor in -h", word)
+		}
+	}
+	for name := range named {
+		var out bytes.Buffer
+		err := Jetinbox(context.Background(), []string{name, "-h"}, mapEnv(nil), nil, io.Discard, &out)
+		if code := cli.ExitCode(err); code != 0 {
+			t.Errorf("jetinbox %s -h: exit %d (%v)\n%s", name, code, err, out.String())
+		}
+	}
+}
+

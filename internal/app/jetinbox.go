@@ -42,6 +42,7 @@ func commands() map[string]command {
 			return cli.Consumer(ctx, args, env, stdout, stderr)
 		}},
 		"replay": {"run a stream range through the inbox again, rolled back unless -apply: what would it change?", Replay},
+		"prune":  {"delete one scope's inbox rows older than a horizon the servers say is safe", Prune},
 		"bench": {"raw pipe vs naive vs jetinbox on the same messages, with latency and memory", func(ctx context.Context, args []string, _ cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return bench.Main(ctx, args, stdout, stderr)
 		}},
