@@ -49,6 +49,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/jetinbox/jetinbox/deploy/internal/devsecrets"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 )
 
 // files is the deploy directory's content by slash path, so that tests can
@@ -147,14 +148,26 @@ func fixture(testing.TB) *secretsFixture { return devSecrets }
 var natsNodes = []string{"nats-1", "nats-2", "nats-3"}
 
 // Permissions the configs must grant, exactly: a change here is a change of
-// the security policy and must be deliberate.
+// the security policy and must be deliberate. TestProjectUnderShippedRoles
+// runs jetinbox's own producer and consumer under them and checks that they
+// use each of these (but $JS.API.INFO) and are refused nothing.
 var (
-	producerPublish  = []string{"intents.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.STREAM.MSG.GET.INTENTS"}
-	consumerPublish  = []string{"$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.CONSUMER.INFO.INTENTS.ledger", "$JS.API.CONSUMER.MSG.NEXT.INTENTS.ledger", "$JS.ACK.INTENTS.ledger.>", "dlq.intents.>", "$JS.API.STREAM.MSG.GET.INTENTS"}
+	producerPublish = []string{
+		"intents.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.STREAM.MSG.GET.INTENTS",
+		// jsinbox.EnsureStream, which the producer runs at start, looks up
+		// the dead-letter and advisory streams too.
+		"$JS.API.STREAM.INFO.INTENTS_DLQ", "$JS.API.STREAM.INFO.INTENTS_ADVISORIES",
+	}
+	consumerPublish = []string{
+		"$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.CONSUMER.INFO.INTENTS.ledger", "$JS.API.CONSUMER.MSG.NEXT.INTENTS.ledger",
+		"$JS.ACK.INTENTS.ledger.>", "dlq.intents.>", "$JS.API.STREAM.MSG.GET.INTENTS",
+		// The ledger durable's max-deliveries advisories, drained from the
+		// stream that keeps them: messages the server gave up on are read
+		// back with STREAM.MSG.GET and rescued.
+		"$JS.API.STREAM.INFO.INTENTS_ADVISORIES", "$JS.API.CONSUMER.INFO.INTENTS_ADVISORIES.ledger",
+		"$JS.API.CONSUMER.MSG.NEXT.INTENTS_ADVISORIES.ledger", "$JS.ACK.INTENTS_ADVISORIES.ledger.>",
+	}
 	clientsSubscribe = []string{"_INBOX.>"}
-	// The consumer also hears when the server gives up on a message after
-	// MaxDeliver, and rescues it (reads it back with STREAM.MSG.GET).
-	consumerSubscribe = []string{"_INBOX.>", "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.INTENTS.ledger"}
 )
 
 // stageNATS writes the nats/*.conf files of fsys into dir, with the TLS paths
@@ -244,11 +257,7 @@ func validateNATSNode(path, node string) (*server.Options, error) {
 			continue
 		}
 		check(len(p.Publish.Deny) == 0 && len(p.Subscribe.Deny) == 0, "user %s: use allow lists only", u.Nkey)
-		wantSub := clientsSubscribe
-		if slices.Contains(p.Publish.Allow, "dlq.intents.>") {
-			wantSub = consumerSubscribe
-		}
-		check(sameSet(p.Subscribe.Allow, wantSub), "user %s may subscribe to %v, want %v", u.Nkey, p.Subscribe.Allow, wantSub)
+		check(sameSet(p.Subscribe.Allow, clientsSubscribe), "user %s may subscribe to %v, want %v", u.Nkey, p.Subscribe.Allow, clientsSubscribe)
 		switch {
 		case slices.Contains(p.Publish.Allow, "intents.>"):
 			producer++
@@ -330,16 +339,18 @@ func decodeStrict(b []byte, v any) error {
 }
 
 type jsDefs struct {
-	intents, dlq jetstream.StreamConfig
-	ledger       jetstream.ConsumerConfig
+	intents, dlq, advisories jetstream.StreamConfig
+	ledger, rescue           jetstream.ConsumerConfig
 }
 
 func loadJetStream(fsys files) (*jsDefs, error) {
 	var d jsDefs
 	for name, v := range map[string]any{
-		"jetstream/intents-stream.json":  &d.intents,
-		"jetstream/dlq-stream.json":      &d.dlq,
-		"jetstream/ledger-consumer.json": &d.ledger,
+		"jetstream/intents-stream.json":         &d.intents,
+		"jetstream/dlq-stream.json":             &d.dlq,
+		"jetstream/advisories-stream.json":      &d.advisories,
+		"jetstream/ledger-consumer.json":        &d.ledger,
+		"jetstream/ledger-rescue-consumer.json": &d.rescue,
 	} {
 		b, err := fsys.get(name)
 		if err != nil {
@@ -410,6 +421,68 @@ func validateJetStream(fsys files) error {
 	check(c.Replicas == 0 || c.Replicas == 3, "num_replicas %d, want the stream's 3", c.Replicas)
 	check(!c.MemoryStorage, "mem_storage must be false")
 	check(len(c.BackOff) == 0, "backoff set: it does not apply to naks; the consumer computes its own jittered delays")
+	errs = append(errs, checkAdvisories(d), checkRescue(d))
+	return errors.Join(errs...)
+}
+
+// checkAdvisories compares advisories-stream.json with the stream jsinbox
+// creates when it is missing (what the library's rescue relies on), for the
+// deploy's intents stream.
+func checkAdvisories(d *jsDefs) error {
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("advisories-stream.json: "+format, args...))
+		}
+	}
+	c := d.advisories
+	want := jsinbox.StreamOptions{Name: d.intents.Name, Subjects: d.intents.Subjects, Replicas: d.intents.Replicas, MaxAge: d.intents.MaxAge}.AdvisoryConfig()
+	check(c.Name == want.Name, "name %q, want %q", c.Name, want.Name)
+	check(slices.Equal(c.Subjects, want.Subjects), "subjects %v, want %v: every max-deliveries advisory of the %s consumers", c.Subjects, want.Subjects, d.intents.Name)
+	check(c.Retention == jetstream.LimitsPolicy, "retention %v, want limits", c.Retention)
+	check(c.Storage == jetstream.FileStorage, "storage %v, want file: a restart would lose the advisories of messages to rescue", c.Storage)
+	check(c.Replicas == d.intents.Replicas, "num_replicas %d, want the intents stream's %d", c.Replicas, d.intents.Replicas)
+	check(c.Discard == want.Discard, "discard %v, want %v", c.Discard, want.Discard)
+	check(c.MaxMsgs == want.MaxMsgs && c.MaxBytes == want.MaxBytes, "max_msgs/max_bytes %d/%d, want jsinbox's %d/%d", c.MaxMsgs, c.MaxBytes, want.MaxMsgs, want.MaxBytes)
+	// A rescue needs the advisory and the message it names: keep both as long.
+	check(c.MaxAge == d.intents.MaxAge, "max_age %v, want the intents stream's %v", c.MaxAge, d.intents.MaxAge)
+	check(c.DenyDelete && c.DenyPurge, "deny_delete and deny_purge must be true: a deleted advisory is a message never rescued")
+	check(!c.AllowRollup && !c.AllowMsgTTL, "allow_rollup_hdrs and allow_msg_ttl must be false")
+	check(!c.NoAck && !c.Sealed, "no_ack and sealed must be false")
+	check(c.PersistMode == jetstream.DefaultPersistMode, "persist_mode must be default")
+	check(c.Mirror == nil && len(c.Sources) == 0, "mirror/sources are not expected")
+	return errors.Join(errs...)
+}
+
+// maxDeliveriesSubject is the subject of a durable's max-deliveries
+// advisories.
+func maxDeliveriesSubject(stream, durable string) string {
+	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + stream + "." + durable
+}
+
+// checkRescue: ledger-rescue-consumer.json is the consumer jsinbox looks up
+// (or creates) on the advisory stream for the ledger durable.
+func checkRescue(d *jsDefs) error {
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("ledger-rescue-consumer.json: "+format, args...))
+		}
+	}
+	c := d.rescue
+	check(c.Durable == d.ledger.Durable && c.Name == d.ledger.Durable, "durable_name/name %q/%q, want the intents durable's name %q", c.Durable, c.Name, d.ledger.Durable)
+	want := maxDeliveriesSubject(d.intents.Name, d.ledger.Durable)
+	check(c.FilterSubject == want && len(c.FilterSubjects) == 0, "filter_subject %q, want %q (its own durable's advisories only)", c.FilterSubject, want)
+	check(c.DeliverSubject == "", "deliver_subject set: jsinbox pulls")
+	check(c.DeliverPolicy == jetstream.DeliverAllPolicy, "deliver_policy %v, want all: advisories kept while no consumer ran are rescued too", c.DeliverPolicy)
+	check(c.AckPolicy == jetstream.AckExplicitPolicy, "ack_policy %v, want explicit", c.AckPolicy)
+	check(c.AckWait == d.ledger.AckWait, "ack_wait %v, want ledger-consumer.json's %v", c.AckWait, d.ledger.AckWait)
+	check(c.MaxDeliver == -1, "max_deliver %d, want -1: a rescue that fails for a passing reason is tried again, never given up", c.MaxDeliver)
+	check(c.MaxAckPending == 64, "max_ack_pending %d, want 64", c.MaxAckPending)
+	check(c.InactiveThreshold == 0, "inactive_threshold set: a durable must never be removed for idling")
+	check(c.Replicas == 0 || c.Replicas == d.advisories.Replicas, "num_replicas %d, want the stream's %d", c.Replicas, d.advisories.Replicas)
+	check(!c.MemoryStorage, "mem_storage must be false")
+	check(len(c.BackOff) == 0, "backoff set: the consumer computes its own jittered delays")
 	return errors.Join(errs...)
 }
 
@@ -560,9 +633,12 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 
 	if s, ok := p.Services["nats-setup"]; ok {
 		script := strings.Join(s.Command, " ")
-		for _, f := range []string{"intents-stream.json", "dlq-stream.json", "ledger-consumer.json"} {
+		for _, f := range []string{"advisories-stream.json", "ledger-rescue-consumer.json", "intents-stream.json", "dlq-stream.json", "ledger-consumer.json"} {
 			check(strings.Contains(script, "/jetstream/"+f), "nats-setup does not apply jetstream/%s", f)
 		}
+		check(strings.Contains(script, fmt.Sprintf("nats consumer add %s %s --config /jetstream/ledger-rescue-consumer.json", js.advisories.Name, js.rescue.Durable)),
+			"nats-setup does not add the rescue consumer %s on %s", js.rescue.Durable, js.advisories.Name)
+		check(applyOrder(script, "/jetstream/"), "nats-setup must create the advisory stream and the rescue consumer before the intents stream")
 	}
 
 	binaries := dockerfileBinaries(fsys)
@@ -626,6 +702,17 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		check(targets["/etc/prometheus/prometheus.yml"] && targets["/etc/prometheus/alerts.yml"], "prometheus does not mount prometheus.yml and alerts.yml")
 	}
 	return errors.Join(errs...)
+}
+
+// applyOrder reports whether text names the advisory stream's and the rescue
+// consumer's files (after prefix) before the intents stream's: a consumer
+// of the intents stream can then never see a max-deliveries advisory sent
+// with nowhere to keep it.
+func applyOrder(text, prefix string) bool {
+	adv := strings.Index(text, prefix+"advisories-stream.json")
+	rescue := strings.Index(text, prefix+"ledger-rescue-consumer.json")
+	intents := strings.Index(text, prefix+"intents-stream.json")
+	return adv >= 0 && rescue > adv && intents > rescue
 }
 
 var dockerfileCopy = regexp.MustCompile(`(?m)^COPY --from=build ((?:/out/[a-z]+ )+)(/\S+/)$`)
@@ -699,6 +786,49 @@ func imageAtLeast(image, repo string, min [3]int) bool {
 		}
 	}
 	return true
+}
+
+// validateReadme checks the operator steps of README.md against the files:
+// the Kubernetes steps apply every stream and consumer definition, the
+// advisory stream and the rescue consumer first, each to its stream.
+func validateReadme(fsys files) error {
+	b, err := fsys.get("README.md")
+	if err != nil {
+		return err
+	}
+	js, err := loadJetStream(fsys)
+	if err != nil {
+		return err
+	}
+	readme := string(b)
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("README.md: "+format, args...))
+		}
+	}
+	for name := range fsys {
+		if f, ok := strings.CutPrefix(name, "jetstream/"); ok {
+			check(strings.Contains(readme, "< deploy/"+name+"\n"), "the Kubernetes steps do not apply %s", name)
+			check(strings.Contains(readme, "`"+f+"`") || strings.Contains(readme, "`"+name+"`"), "the files table does not list %s", name)
+		}
+	}
+	for _, c := range []struct {
+		stream string
+		cons   jetstream.ConsumerConfig
+		file   string
+	}{{js.advisories.Name, js.rescue, "ledger-rescue-consumer.json"}, {js.intents.Name, js.ledger, "ledger-consumer.json"}} {
+		cmd := fmt.Sprintf("nats consumer add %s %s --config /dev/stdin < deploy/jetstream/%s", c.stream, c.cons.Durable, c.file)
+		check(strings.Contains(readme, cmd), "the Kubernetes steps do not run %q", cmd)
+	}
+	check(applyOrder(readme, "< deploy/jetstream/"), "the Kubernetes steps must create the advisory stream and the rescue consumer before the intents stream")
+	return errors.Join(errs...)
+}
+
+func TestReadme(t *testing.T) {
+	if err := validateReadme(loadFiles(t)); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestCompose(t *testing.T) {
@@ -1550,6 +1680,10 @@ func TestMutationsAreRejected(t *testing.T) {
 		{"nats consumer permission typo", "nats/auth.conf", `"$JS.API.CONSUMER.MSG.NEXT.INTENTS.ledger"`, `"$JS.API.CONSUMER.MSG.NEXT.INTENTS.ledgr"`, nats},
 		{"nats bad public key", "nats/auth.conf", `UAQLRUVIJSGQ5VXZOBPCQCCR5M256I7PZXZYQXBTFGMRA55WWBK7YM7M`, `UAQLRUVIJSGQ5VXZOBPCQCCR5M256I7PZXZYQXBTFGMRA55WWBK7YM7N`, nats},
 		{"nats tls verify off", "nats/common.conf", "  verify: true", "  verify: false", nats},
+		{"nats consumer cannot drain advisories", "nats/auth.conf", `      "$JS.API.CONSUMER.MSG.NEXT.INTENTS_ADVISORIES.ledger",` + "\n", "", nats},
+		{"nats consumer acks other advisories", "nats/auth.conf", `"$JS.ACK.INTENTS_ADVISORIES.ledger.>"`, `"$JS.ACK.INTENTS_ADVISORIES.>"`, nats},
+		{"nats producer cannot check streams", "nats/auth.conf", `      "$JS.API.STREAM.INFO.INTENTS_DLQ",` + "\n", "", nats},
+		{"nats advisories on core nats", "nats/auth.conf", `allow: ["_INBOX.>"]`, `allow: ["_INBOX.>", "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.INTENTS.ledger"]`, nats},
 
 		{"stream unknown field", "jetstream/intents-stream.json", `"deny_delete"`, `"deny_delet"`, validateJetStream},
 		{"stream discard old", "jetstream/intents-stream.json", `"discard": "new"`, `"discard": "old"`, validateJetStream},
@@ -1557,6 +1691,15 @@ func TestMutationsAreRejected(t *testing.T) {
 		{"stream memory", "jetstream/intents-stream.json", `"storage": "file"`, `"storage": "memory"`, validateJetStream},
 		{"consumer infinite deliveries", "jetstream/ledger-consumer.json", `"max_deliver": 20`, `"max_deliver": -1`, validateJetStream},
 		{"consumer ack none", "jetstream/ledger-consumer.json", `"ack_policy": "explicit"`, `"ack_policy": "none"`, validateJetStream},
+		{"advisories subject typo", "jetstream/advisories-stream.json", `MAX_DELIVERIES.INTENTS.*`, `MAX_DELIVERY.INTENTS.*`, validateJetStream},
+		{"advisories kept shorter", "jetstream/advisories-stream.json", `"max_age": 604800000000000`, `"max_age": 86400000000000`, validateJetStream},
+		{"advisories deletable", "jetstream/advisories-stream.json", `"deny_delete": true`, `"deny_delete": false`, validateJetStream},
+		{"advisories memory", "jetstream/advisories-stream.json", `"storage": "file"`, `"storage": "memory"`, validateJetStream},
+		{"advisories replicas", "jetstream/advisories-stream.json", `"num_replicas": 3`, `"num_replicas": 1`, validateJetStream},
+		{"rescue every durable", "jetstream/ledger-rescue-consumer.json", `MAX_DELIVERIES.INTENTS.ledger"`, `MAX_DELIVERIES.INTENTS.*"`, validateJetStream},
+		{"rescue gives up", "jetstream/ledger-rescue-consumer.json", `"max_deliver": -1`, `"max_deliver": 20`, validateJetStream},
+		{"rescue ack wait", "jetstream/ledger-rescue-consumer.json", `"ack_wait": 30000000000`, `"ack_wait": 5000000000`, validateJetStream},
+		{"rescue other name", "jetstream/ledger-rescue-consumer.json", `"durable_name": "ledger"`, `"durable_name": "ledger-rescue"`, validateJetStream},
 
 		{"compose key typo", "compose.yaml", "    environment:\n      <<: *nats-env\n      NATS_NKEY: /run/secrets/consumer_nkey", "    enviroment:\n      <<: *nats-env\n      NATS_NKEY: /run/secrets/consumer_nkey", compose},
 		{"compose missing NATS_URL", "compose.yaml", "  NATS_URL: tls://nats-1:4222,tls://nats-2:4222,tls://nats-3:4222\n", "", compose},
@@ -1566,7 +1709,19 @@ func TestMutationsAreRejected(t *testing.T) {
 		{"compose interpolation typo", "compose.yaml", "${JETINBOX_IMAGE:-jetinbox:dev}", "${JETINBOX_IMAGE:-jetinbox:dev", compose},
 		{"compose short grace", "compose.yaml", "    stop_grace_period: 45s\n    depends_on:\n      nats-setup", "    stop_grace_period: 10s\n    depends_on:\n      nats-setup", compose},
 		{"compose durable mismatch", "compose.yaml", "JETINBOX_DURABLE: ledger", "JETINBOX_DURABLE: ledgr", compose},
+		{"compose advisories after intents", "compose.yaml",
+			"        nats stream info INTENTS_ADVISORIES >/dev/null 2>&1 || nats stream add INTENTS_ADVISORIES --config /jetstream/advisories-stream.json\n" +
+				"        nats consumer info INTENTS_ADVISORIES ledger >/dev/null 2>&1 || nats consumer add INTENTS_ADVISORIES ledger --config /jetstream/ledger-rescue-consumer.json\n" +
+				"        nats stream info INTENTS >/dev/null 2>&1 || nats stream add INTENTS --config /jetstream/intents-stream.json\n",
+			"        nats stream info INTENTS >/dev/null 2>&1 || nats stream add INTENTS --config /jetstream/intents-stream.json\n" +
+				"        nats stream info INTENTS_ADVISORIES >/dev/null 2>&1 || nats stream add INTENTS_ADVISORIES --config /jetstream/advisories-stream.json\n" +
+				"        nats consumer info INTENTS_ADVISORIES ledger >/dev/null 2>&1 || nats consumer add INTENTS_ADVISORIES ledger --config /jetstream/ledger-rescue-consumer.json\n", compose},
+		{"compose rescue consumer on intents", "compose.yaml", "nats consumer add INTENTS_ADVISORIES ledger --config /jetstream/ledger-rescue-consumer.json",
+			"nats consumer add INTENTS ledger --config /jetstream/ledger-rescue-consumer.json", compose},
 		{"compose unattached secret", "compose.yaml", "secrets: [ca, consumer_nkey, consumer_cert, consumer_key, jetinbox_consumer_pgpass]", "secrets: [ca, consumer_nkey, consumer_cert, consumer_key]", compose},
+
+		{"readme advisories after intents", "README.md", readmeAdvisories + readmeRescue + readmeIntents, readmeIntents + readmeAdvisories + readmeRescue, validateReadme},
+		{"readme rescue consumer missing", "README.md", "< deploy/jetstream/ledger-rescue-consumer.json\n", "\n", validateReadme},
 
 		{"dockerfile missing binary", "Dockerfile", "/out/producer /out/jetinbox", "/out/producer", validateDockerfile},
 
@@ -1617,6 +1772,13 @@ func TestMutationsAreRejected(t *testing.T) {
 		})
 	}
 }
+
+// The Kubernetes steps' stream and consumer lines, for mutations.
+const (
+	readmeAdvisories = "kubectl -n nats exec -i deploy/nats-box -- nats stream add INTENTS_ADVISORIES --config /dev/stdin < deploy/jetstream/advisories-stream.json\n"
+	readmeRescue     = "kubectl -n nats exec -i deploy/nats-box -- nats consumer add INTENTS_ADVISORIES ledger --config /dev/stdin < deploy/jetstream/ledger-rescue-consumer.json\n"
+	readmeIntents    = "kubectl -n nats exec -i deploy/nats-box -- nats stream add INTENTS --config /dev/stdin < deploy/jetstream/intents-stream.json\n"
+)
 
 func firstLine(s string) string {
 	s, _, _ = strings.Cut(s, "\n")

@@ -21,58 +21,14 @@ import (
 // TestNATSClusterEnforcesTheConfig runs the three node configs, as parsed
 // from deploy/nats with the keys cmd/devsecrets makes, as a real R3 cluster
 // on loopback (mutual TLS on clients and routes included), creates the
-// streams and the consumer from deploy/jetstream as the admin user, and then
+// streams and consumers from deploy/jetstream as the admin user, and then
 // checks that each user can do its job and nothing else: the permissions
 // and stream settings are enforced by the server, not just spelled right.
 func TestNATSClusterEnforcesTheConfig(t *testing.T) {
 	t.Parallel()
 	fsys := loadFiles(t)
 	fx := fixture(t)
-	auth, err := os.ReadFile(filepath.Join(fx.dir, "nats-auth.conf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	nodes, err := stageNATS(fsys, t.TempDir(), filepath.Join(fx.dir, "tls"), auth)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Loopback instead of the container network; everything else as parsed.
-	// JetStream clustering needs the routes configured up front, so the
-	// route ports are picked before the servers start; client ports are the
-	// servers' own pick.
-	routePorts := freePorts(t, len(natsNodes))
-	var clientURLs []string
-	for i, n := range natsNodes {
-		opts, err := validateNATSNode(nodes[n], n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", server.RANDOM_PORT, 0
-		opts.Cluster.Host, opts.Cluster.Port = "127.0.0.1", routePorts[i]
-		opts.Routes = nil
-		for j := range natsNodes {
-			if j != i {
-				u, _ := url.Parse(fmt.Sprintf("nats-route://localhost:%d", routePorts[j]))
-				opts.Routes = append(opts.Routes, u)
-			}
-		}
-		opts.StoreDir = t.TempDir()
-		opts.NoLog, opts.NoSigs = os.Getenv("JETINBOX_NATS_LOG") == "", true
-		s, err := server.NewServer(opts)
-		if err != nil {
-			t.Fatalf("%s: %v", n, err)
-		}
-		if !opts.NoLog {
-			s.ConfigureLogger()
-		}
-		go s.Start()
-		t.Cleanup(s.Shutdown)
-		if !s.ReadyForConnections(10 * time.Second) {
-			t.Fatalf("%s not ready (set JETINBOX_NATS_LOG=1 to see its log)", n)
-		}
-		clientURLs = append(clientURLs, fmt.Sprintf("tls://localhost:%d", s.Addr().(*net.TCPAddr).Port))
-	}
-	urls := strings.Join(clientURLs, ",")
+	urls := startNATSCluster(t, fsys, fx)
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
 
@@ -106,20 +62,7 @@ func TestNATSClusterEnforcesTheConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The meta group needs all three servers before it places R3 streams.
-	var intents jetstream.Stream
-	eventually(t, ctx, func() error {
-		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		intents, err = adminJS.CreateStream(actx, defs.intents)
-		return err
-	})
-	if _, err := adminJS.CreateStream(ctx, defs.dlq); err != nil {
-		t.Fatalf("create %s: %v", defs.dlq.Name, err)
-	}
-	if _, err := adminJS.CreateConsumer(ctx, defs.intents.Name, defs.ledger); err != nil {
-		t.Fatalf("create consumer: %v", err)
-	}
+	intents := applyJetStream(t, ctx, adminJS, defs)
 	info, err := intents.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -164,10 +107,13 @@ func TestNATSClusterEnforcesTheConfig(t *testing.T) {
 			t.Errorf("stream info: %v", err)
 		}
 		for _, subj := range []string{"dlq.intents.transfer", "$JS.API.STREAM.DELETE.INTENTS", "$JS.API.STREAM.PURGE.INTENTS",
-			"$JS.API.CONSUMER.CREATE.INTENTS.mine", "$JS.API.CONSUMER.MSG.NEXT.INTENTS.ledger", "$JS.ACK.INTENTS.ledger.1.1.1.1.1"} {
+			"$JS.API.CONSUMER.CREATE.INTENTS.mine", "$JS.API.CONSUMER.MSG.NEXT.INTENTS.ledger", "$JS.ACK.INTENTS.ledger.1.1.1.1.1",
+			"$JS.API.STREAM.MSG.GET.INTENTS_DLQ", "$JS.API.STREAM.MSG.GET.INTENTS_ADVISORIES",
+			"$JS.API.CONSUMER.MSG.NEXT.INTENTS_ADVISORIES.ledger", "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.INTENTS.ledger"} {
 			producer.expectPublishDenied(t, subj)
 		}
 		producer.expectSubscribeDenied(t, "intents.>")
+		producer.expectSubscribeDenied(t, "$JS.EVENT.ADVISORY.>")
 	})
 
 	t.Run("consumer", func(t *testing.T) {
@@ -218,10 +164,19 @@ func TestNATSClusterEnforcesTheConfig(t *testing.T) {
 		}
 		for _, subj := range []string{"intents.transfer", "$JS.API.CONSUMER.CREATE.INTENTS.other", "$JS.API.CONSUMER.DURABLE.CREATE.INTENTS.other",
 			"$JS.API.CONSUMER.DELETE.INTENTS.ledger", "$JS.API.CONSUMER.MSG.NEXT.INTENTS_DLQ.reader", "$JS.API.STREAM.PURGE.INTENTS",
-			"$JS.API.STREAM.MSG.DELETE.INTENTS", "$JS.ACK.INTENTS_DLQ.reader.1.1.1.1.1"} {
+			"$JS.API.STREAM.MSG.DELETE.INTENTS", "$JS.ACK.INTENTS_DLQ.reader.1.1.1.1.1",
+			// The advisory stream: only the durable's own advisories, and
+			// nothing that creates, deletes or forges them.
+			"$JS.API.STREAM.CREATE.INTENTS_ADVISORIES", "$JS.API.STREAM.PURGE.INTENTS_ADVISORIES", "$JS.API.STREAM.MSG.DELETE.INTENTS_ADVISORIES",
+			"$JS.API.CONSUMER.CREATE.INTENTS_ADVISORIES.other", "$JS.API.CONSUMER.DELETE.INTENTS_ADVISORIES.ledger",
+			"$JS.API.CONSUMER.MSG.NEXT.INTENTS_ADVISORIES.other", "$JS.ACK.INTENTS_ADVISORIES.other.1.1.1.1.1",
+			"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.INTENTS.ledger"} {
 			consumer.expectPublishDenied(t, subj)
 		}
 		consumer.expectSubscribeDenied(t, "intents.>")
+		// Max-deliveries advisories are read from their stream, not heard
+		// on core NATS.
+		consumer.expectSubscribeDenied(t, "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.INTENTS.ledger")
 	})
 
 	t.Run("stream settings", func(t *testing.T) {
@@ -230,6 +185,21 @@ func TestNATSClusterEnforcesTheConfig(t *testing.T) {
 		}
 		if err := intents.Purge(ctx); err == nil || !strings.Contains(err.Error(), "not permitted") {
 			t.Errorf("purging INTENTS: %v; want refused by deny_purge", err)
+		}
+		adv, err := adminJS.Stream(ctx, defs.advisories.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := adv.Purge(ctx); err == nil || !strings.Contains(err.Error(), "not permitted") {
+			t.Errorf("purging %s: %v; want refused by deny_purge", defs.advisories.Name, err)
+		}
+		rc, err := adv.Consumer(ctx, defs.rescue.Durable)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := rc.CachedInfo().Config; got.FilterSubject != defs.rescue.FilterSubject || got.AckWait != defs.rescue.AckWait ||
+			got.MaxDeliver != -1 || got.MaxAckPending != defs.rescue.MaxAckPending || got.AckPolicy != jetstream.AckExplicitPolicy {
+			t.Errorf("the server's rescue consumer config differs from ledger-rescue-consumer.json: %+v", got)
 		}
 		ci, err := adminJS.Consumer(ctx, "INTENTS", "ledger")
 		if err != nil {
@@ -240,6 +210,91 @@ func TestNATSClusterEnforcesTheConfig(t *testing.T) {
 			t.Errorf("the server's consumer config differs from ledger-consumer.json: %+v", got)
 		}
 	})
+}
+
+// startNATSCluster runs the three node configs of fsys, with the auth.conf
+// cmd/devsecrets writes (the shipped one with fresh keys), as an R3 cluster
+// on loopback, mutual TLS included. It returns the client URLs.
+func startNATSCluster(t *testing.T, fsys files, fx *secretsFixture) string {
+	t.Helper()
+	auth, err := os.ReadFile(filepath.Join(fx.dir, "nats-auth.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := stageNATS(fsys, t.TempDir(), filepath.Join(fx.dir, "tls"), auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Loopback instead of the container network; everything else as parsed.
+	// JetStream clustering needs the routes configured up front, so the
+	// route ports are picked before the servers start; client ports are the
+	// servers' own pick.
+	routePorts := freePorts(t, len(natsNodes))
+	var clientURLs []string
+	for i, n := range natsNodes {
+		opts, err := validateNATSNode(nodes[n], n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", server.RANDOM_PORT, 0
+		opts.Cluster.Host, opts.Cluster.Port = "127.0.0.1", routePorts[i]
+		opts.Routes = nil
+		for j := range natsNodes {
+			if j != i {
+				u, _ := url.Parse(fmt.Sprintf("nats-route://localhost:%d", routePorts[j]))
+				opts.Routes = append(opts.Routes, u)
+			}
+		}
+		opts.StoreDir = t.TempDir()
+		opts.NoLog, opts.NoSigs = os.Getenv("JETINBOX_NATS_LOG") == "", true
+		s, err := server.NewServer(opts)
+		if err != nil {
+			t.Fatalf("%s: %v", n, err)
+		}
+		if !opts.NoLog {
+			s.ConfigureLogger()
+		}
+		go s.Start()
+		t.Cleanup(s.Shutdown)
+		if !s.ReadyForConnections(10 * time.Second) {
+			t.Fatalf("%s not ready (set JETINBOX_NATS_LOG=1 to see its log)", n)
+		}
+		clientURLs = append(clientURLs, fmt.Sprintf("tls://localhost:%d", s.Addr().(*net.TCPAddr).Port))
+	}
+	return strings.Join(clientURLs, ",")
+}
+
+// applyJetStream creates the streams and consumers of defs as the operator
+// does (compose's nats-setup, the Kubernetes steps): the advisory stream
+// and the rescue consumer first, so that no max-deliveries advisory is ever
+// sent with nowhere to keep it, then the intents stream, the dead letters
+// and the durable. It returns the intents stream.
+func applyJetStream(t *testing.T, ctx context.Context, js jetstream.JetStream, defs *jsDefs) jetstream.Stream {
+	t.Helper()
+	// The meta group needs all three servers before it places R3 streams.
+	eventually(t, ctx, func() error {
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		_, err := js.CreateStream(actx, defs.advisories)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return nil // an earlier attempt that timed out made it
+		}
+		return err
+	})
+	if _, err := js.CreateConsumer(ctx, defs.advisories.Name, defs.rescue); err != nil {
+		t.Fatalf("create consumer %s on %s: %v", defs.rescue.Durable, defs.advisories.Name, err)
+	}
+	intents, err := js.CreateStream(ctx, defs.intents)
+	if err != nil {
+		t.Fatalf("create %s: %v", defs.intents.Name, err)
+	}
+	if _, err := js.CreateStream(ctx, defs.dlq); err != nil {
+		t.Fatalf("create %s: %v", defs.dlq.Name, err)
+	}
+	if _, err := js.CreateConsumer(ctx, defs.intents.Name, defs.ledger); err != nil {
+		t.Fatalf("create consumer %s on %s: %v", defs.ledger.Durable, defs.intents.Name, err)
+	}
+	return intents
 }
 
 type client struct {

@@ -1,0 +1,481 @@
+package deploy_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/effects"
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+)
+
+// TestProjectUnderShippedRoles runs jetinbox's own producer and consumer
+// (jsinbox.EnsureStream and Publisher, jsinbox.NewConsumer and Run, as
+// cmd/producer and cmd/consumer do) against the shipped deployment: an R3
+// cluster from deploy/nats with the shipped auth.conf, the streams and
+// consumers from deploy/jetstream, and a PostgreSQL set up from
+// deploy/postgres. Each runs under its own role and must be refused
+// nothing:
+//
+//   - the producer checks the streams, publishes intents (each pinned to
+//     INTENTS with Nats-Expected-Stream), reads a duplicate back and reports
+//     a reused ID as a conflict;
+//   - the consumer starts, applies what was published, dead-letters a
+//     poison intent, and rescues an intent the server gave up on after
+//     max_deliver while no consumer ran, from the advisory the server sent
+//     then and INTENTS_ADVISORIES kept.
+//
+// An admin subscription records what each role publishes: every subject
+// its permissions allow must be one it uses ($JS.API.INFO aside), so the
+// lists grow and shrink with the client calls, not with guesses.
+func TestProjectUnderShippedRoles(t *testing.T) {
+	t.Parallel()
+	fsys := loadFiles(t)
+	fx := fixture(t)
+	defs, err := loadJetStream(fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumerDSN := provisionPostgres(t, fx)
+	urls := startNATSCluster(t, fsys, fx)
+	// Every client on one server, so that what a role published has reached
+	// the recorder once both connections have flushed.
+	one, _, _ := strings.Cut(urls, ",")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	admin := connectAs(t, one, fx, "admin")
+	adminJS, err := jetstream.New(admin.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	intents := applyJetStream(t, ctx, adminJS, defs)
+	stream, durable := defs.intents.Name, defs.ledger.Durable
+
+	// The server gives up on an intent while no consumer runs: an admin
+	// client takes each of its max_deliver deliveries and naks it, as a
+	// consumer would that fails it every time and dies before it can
+	// dead-letter it. Nobody hears the advisory; the advisory stream keeps
+	// it.
+	givenUp, err := adminJS.Publish(ctx, "intents.ledger", []byte(`{"account":2,"amount":7}`), jetstream.WithMsgID("given-up"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ledger, err := adminJS.Consumer(ctx, stream, durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n := 1; n <= defs.ledger.MaxDeliver; n++ {
+		m := fetchOne(t, ledger, 5*time.Second)
+		if m == nil {
+			t.Fatalf("delivery %d of %d did not come", n, defs.ledger.MaxDeliver)
+		}
+		md, err := m.Metadata()
+		if err != nil || md.NumDelivered != uint64(n) || md.Sequence.Stream != givenUp.Sequence {
+			t.Fatalf("delivery %d: %+v, %v", n, md, err)
+		}
+		if err := m.Nak(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The server gives up on a nak'ed last delivery when it tries to
+	// deliver the message again, that is with a pull request waiting.
+	if m := fetchOne(t, ledger, time.Second); m != nil {
+		t.Fatalf("delivered after max_deliver: %+v", m.Headers())
+	}
+	adv, err := adminJS.Stream(ctx, defs.advisories.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, func() error {
+		info, err := adv.Info(ctx)
+		if err == nil && info.State.Msgs != 1 {
+			err = fmt.Errorf("%s holds %d advisories, want 1", defs.advisories.Name, info.State.Msgs)
+		}
+		return err
+	})
+	if ci, err := ledger.Info(ctx); err != nil || ci.NumAckPending != 0 || ci.NumPending != 0 {
+		t.Fatalf("the durable still holds the message it gave up on: %+v, %v", ci, err)
+	}
+
+	if !t.Run("producer", func(t *testing.T) {
+		rec := startRecording(t, admin.nc)
+		producer := connectAs(t, one, fx, "producer")
+		js, err := jetstream.New(producer.nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// What cmd/producer does before it publishes. A call the role may
+		// not make gets no answer: give up long before the test's deadline.
+		ectx, ecancel := context.WithTimeout(ctx, 15*time.Second)
+		defer ecancel()
+		if _, err := jsinbox.EnsureStream(ectx, js, jsinbox.StreamOptions{Name: stream, Subjects: defs.intents.Subjects, Replicas: defs.intents.Replicas}); err != nil {
+			t.Fatalf("EnsureStream under the producer role: %v", err)
+		}
+		publish := func(intents ...jsinbox.Intent) (jsinbox.PublishStats, []jsinbox.Failure) {
+			t.Helper()
+			pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{Stream: stream})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pub.Close()
+			for _, in := range intents {
+				if err := pub.Publish(ctx, in); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := pub.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return pub.Stats(), pub.Failures()
+		}
+		var batch []jsinbox.Intent
+		for i := 1; i <= 5; i++ {
+			batch = append(batch, jsinbox.Intent{ID: fmt.Sprintf("ledger-%d", i), Subject: "intents.ledger", Payload: fmt.Appendf(nil, `{"account":1,"amount":%d}`, i)})
+		}
+		batch = append(batch, jsinbox.Intent{ID: "poison", Subject: "intents.ledger", Payload: []byte(`{"account":1,"amount":"five"}`)})
+		if st, f := publish(batch...); st.Published != 6 || len(f) > 0 {
+			t.Fatalf("publish: %+v, failures %+v", st, f)
+		}
+		// A retry is a duplicate, read back and found the same; a reused ID
+		// with another payload is a conflict, not a success.
+		reused := jsinbox.Intent{ID: "ledger-2", Subject: "intents.ledger", Payload: []byte(`{"account":1,"amount":200}`)}
+		st, f := publish(batch[0], reused)
+		if st.Duplicates != 1 || st.Conflicts != 1 || len(f) != 1 || f[0].ID != "ledger-2" || !errors.Is(f[0].Err, jsinbox.ErrConflict) {
+			t.Fatalf("duplicate and conflict: %+v, failures %+v", st, f)
+		}
+		producer.expectNoAsyncError(t)
+		producer.nc.Close()
+		rec.check(t, "producer", producerPublish)
+
+		// Each intent was pinned to its stream.
+		m, err := intents.GetMsg(ctx, givenUp.Sequence+1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Header.Get(jetstream.MsgIDHeader) != "ledger-1" || m.Header.Get(jetstream.ExpectedStreamHeader) != stream {
+			t.Fatalf("stored intent headers %v, want %s ledger-1 and %s %s", m.Header, jetstream.MsgIDHeader, jetstream.ExpectedStreamHeader, stream)
+		}
+	}) {
+		return // the consumer has nothing to consume
+	}
+
+	t.Run("consumer", func(t *testing.T) {
+		rec := startRecording(t, admin.nc)
+		consumer := connectAs(t, one, fx, "consumer")
+		c, pool := projectConsumer(t, ctx, consumer, consumerDSN, stream, durable)
+		runCtx, stop := context.WithCancel(context.Background())
+		defer stop()
+		done := make(chan error, 1)
+		go func() { done <- c.Run(runCtx) }()
+		var ready bool
+		eventually(t, ctx, func() error {
+			ready = ready || c.Ready()
+			select {
+			case err := <-done:
+				t.Fatalf("the consumer stopped: %v", err)
+			default:
+			}
+			if s := c.Stats(); !ready || s.Applied != 5 || s.DeadLettered != 1 || s.Rescued != 1 {
+				return fmt.Errorf("ready %v, stats %+v: want 5 applied, 1 dead-lettered, 1 rescued", ready, s)
+			}
+			return nil
+		})
+		stop()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+		case <-ctx.Done():
+			t.Fatal("Run did not return after its context ended")
+		}
+		consumer.expectNoAsyncError(t)
+		consumer.nc.Close()
+		rec.check(t, "consumer", consumerPublish)
+
+		// The effects: the rescued intent applied once, the poison rejected.
+		var applied, rejected, entries, balance int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'applied'), count(*) FILTER (WHERE status = 'rejected') FROM inbox WHERE scope = $1`, durable).Scan(&applied, &rejected); err != nil {
+			t.Fatal(err)
+		}
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM ledger_entries WHERE message_id = 'given-up'`).Scan(&entries); err != nil {
+			t.Fatal(err)
+		}
+		if err := pool.QueryRow(ctx, `SELECT balance FROM accounts WHERE id = 2`).Scan(&balance); err != nil {
+			t.Fatal(err)
+		}
+		if applied != 6 || rejected != 1 || entries != 1 || balance != 7 {
+			t.Fatalf("inbox %d applied, %d rejected; %d entries for the rescued intent, account 2 at %d: want 6, 1, 1, 7", applied, rejected, entries, balance)
+		}
+		// Nothing left behind: the advisory is settled, the durable done.
+		rescue, err := adv.Consumer(ctx, defs.rescue.Durable)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cons := range []jetstream.Consumer{rescue, ledger} {
+			ci, err := cons.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ci.NumAckPending != 0 || ci.NumPending != 0 {
+				t.Errorf("%s/%s: ack pending %d, pending %d: want nothing pending", ci.Stream, ci.Name, ci.NumAckPending, ci.NumPending)
+			}
+		}
+		// The dead letter is pinned to the dead-letter stream and carries no
+		// JetStream header of the original.
+		dlq, err := adminJS.Stream(ctx, defs.dlq.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dl, err := dlq.GetMsg(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if dl.Subject != "dlq.intents.ledger" || dl.Header.Get(jsinbox.HeaderMessageID) != "poison" || dl.Header.Get(jsinbox.HeaderReason) == "" ||
+			dl.Header.Get(jetstream.ExpectedStreamHeader) != defs.dlq.Name {
+			t.Errorf("dead letter %s %v", dl.Subject, dl.Header)
+		}
+		for k := range dl.Header {
+			if strings.HasPrefix(strings.ToLower(k), "nats-") && k != jetstream.MsgIDHeader && k != jetstream.ExpectedStreamHeader {
+				t.Errorf("dead letter carries %s: %v", k, dl.Header)
+			}
+		}
+		if id := dl.Header.Get(jetstream.MsgIDHeader); id == "" || id == "poison" {
+			t.Errorf("dead letter ID %q: want its own, not the original's", id)
+		}
+	})
+
+	// An operator who upgrades without the advisory stream: the consumer
+	// may not create it, and refuses to start instead of running without
+	// rescues.
+	t.Run("advisory stream missing", func(t *testing.T) {
+		if err := adminJS.DeleteStream(ctx, defs.advisories.Name); err != nil {
+			t.Fatal(err)
+		}
+		consumer := connectAs(t, one, fx, "consumer")
+		c, _ := projectConsumer(t, ctx, consumer, consumerDSN, stream, durable)
+		// No deadline, as in cmd/consumer: the client's own timeouts apply.
+		runCtx, stop := context.WithCancel(context.Background())
+		defer stop()
+		done := make(chan error, 1)
+		go func() { done <- c.Run(runCtx) }()
+		var err error
+		select {
+		case err = <-done:
+		case <-ctx.Done():
+			t.Fatalf("Run without %s did not stop", defs.advisories.Name)
+		}
+		if err == nil || !strings.Contains(err.Error(), defs.advisories.Name) || !strings.Contains(err.Error(), "deploy/jetstream/advisories-stream.json") {
+			t.Fatalf("Run without %s: %v; want an error naming it and its definition", defs.advisories.Name, err)
+		}
+		t.Logf("Run: %v", err)
+		consumer.waitViolation(t, `"$JS.API.STREAM.CREATE.`+defs.advisories.Name+`"`)
+	})
+}
+
+// projectConsumer builds the consumer as cmd/consumer does: a pool as
+// jetinbox_consumer with the schema checked, the ledger effect under its
+// scope through the inbox, the jsinbox consumer on the client's
+// connection. Its log is shown if the test fails.
+func projectConsumer(t *testing.T, ctx context.Context, cl *client, dsn, stream, durable string) (*jsinbox.Consumer, *pgxpool.Pool) {
+	t.Helper()
+	js, err := jetstream.New(cl.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := inbox.CheckSchema(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("consumer log:\n%s", logs.String())
+		}
+	})
+	effect, err := effects.NewScopedLedger(durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: durable, Handler: effect, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{Stream: stream, Durable: durable, DB: pool, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, pool
+}
+
+// fetchOne pulls at most one message from cons, waiting up to wait.
+func fetchOne(t *testing.T, cons jetstream.Consumer, wait time.Duration) jetstream.Msg {
+	t.Helper()
+	b, err := cons.Fetch(1, jetstream.FetchMaxWait(wait))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got jetstream.Msg
+	for m := range b.Messages() {
+		got = m
+	}
+	if err := b.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// recording collects the subjects clients publish to in the account.
+type recording struct {
+	nc  *nats.Conn
+	sub *nats.Subscription
+}
+
+func startRecording(t *testing.T, nc *nats.Conn) *recording {
+	t.Helper()
+	sub, err := nc.SubscribeSync(">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return &recording{nc: nc, sub: sub}
+}
+
+// check stops the recording, once the recorded client's connection is
+// closed (flushed), and compares what it published with allow: all of it
+// allowed (the server refuses the rest, so this checks the recording), and
+// every allowed subject but $JS.API.INFO used.
+func (r *recording) check(t *testing.T, role string, allow []string) {
+	t.Helper()
+	if err := r.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	used := map[string]int{}
+	var stray []string
+	for {
+		m, err := r.sub.NextMsg(100 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		// Replies, the server's advisories, and messages JetStream
+		// delivers (to a pull request's inbox, under their own subject)
+		// are not the client's.
+		if strings.HasPrefix(m.Subject, "_INBOX.") || strings.HasPrefix(m.Subject, "$JS.EVENT.") || strings.HasPrefix(m.Reply, "$JS.ACK.") {
+			continue
+		}
+		i := slices.IndexFunc(allow, func(p string) bool { return subjectMatches(p, m.Subject) })
+		if i < 0 {
+			stray = append(stray, m.Subject)
+			continue
+		}
+		used[allow[i]]++
+	}
+	if err := r.sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if len(stray) > 0 {
+		t.Errorf("%s: published to %v, which its permissions do not allow (is the recording mixed up?)", role, stray)
+	}
+	for _, p := range allow {
+		if used[p] == 0 && p != "$JS.API.INFO" {
+			t.Errorf("%s: may publish to %s but never did: a permission it does not need, or a path this test does not run", role, p)
+		}
+	}
+	t.Logf("%s published to: %v", role, used)
+}
+
+// subjectMatches reports whether subject matches the NATS subject pattern
+// ("*" one token, ">" the rest).
+func subjectMatches(pattern, subject string) bool {
+	p, s := strings.Split(pattern, "."), strings.Split(subject, ".")
+	for i, tok := range p {
+		if tok == ">" {
+			return len(s) > i
+		}
+		if i >= len(s) || tok != "*" && tok != s[i] {
+			return false
+		}
+	}
+	return len(p) == len(s)
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// provisionPostgres sets up a throwaway PostgreSQL as an operator does with
+// deploy/postgres (roles.sql, passwords, jetinbox's migrations as
+// jetinbox_migrator, grants.sql), with the accounts the ledger intents name.
+// It returns the connection string of jetinbox_consumer (TCP,
+// sslmode=verify-full against the dev CA).
+func provisionPostgres(t *testing.T, fx *secretsFixture) string {
+	t.Helper()
+	pg := startPostgres(t, fx)
+	pg.superuser(t, "postgres", "CREATE DATABASE jetinbox")
+	pg.superuserFile(t, "jetinbox", "postgres/roles.sql")
+	pg.superuser(t, "jetinbox", "ALTER ROLE jetinbox_migrator PASSWORD 'migrator-pw'; ALTER ROLE jetinbox_consumer PASSWORD 'consumer-pw'")
+	dsn := func(user, password string) string {
+		return fmt.Sprintf("postgres://%s:%s@localhost:%d/jetinbox?sslmode=verify-full&sslrootcert=%s", user, password, pg.port, url.QueryEscape(pg.ca))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	migrator, err := pgxpool.New(ctx, dsn("jetinbox_migrator", "migrator-pw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer migrator.Close()
+	// What `jetinbox migrate` does.
+	if _, err := inbox.Migrate(ctx, migrator); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := effects.Migrate(ctx, migrator); err != nil {
+		t.Fatal(err)
+	}
+	pg.as("jetinbox_migrator", "migrator-pw").mustFile(t, "postgres/grants.sql")
+	if _, err := migrator.Exec(ctx, `INSERT INTO accounts (id) VALUES (1), (2)`); err != nil {
+		t.Fatal(err)
+	}
+	return dsn("jetinbox_consumer", "consumer-pw")
+}
