@@ -4,11 +4,11 @@ package deploy_test
 // embedded nats-server's config parser, nats.go's stream and consumer types,
 // compose-go, the Kubernetes API types in strict mode, Prometheus's config
 // loader and rule parser, PromQL for the dashboard) and then checked for the
-// settings jetinbox's guarantees rest on (shared/DESIGN.md §7). Cross-file
-// facts (the stream name in the consumer's env, the alert threshold that is
-// 90% of max_ack_pending, the TLS file names the generator writes) are
-// checked where they meet. TestMutationsAreRejected breaks files on purpose
-// and requires every validator to notice.
+// settings jetinbox's guarantees rest on (README.md, "Why each setting
+// exists"). Cross-file facts (the stream name in the consumer's env, the
+// alert threshold that is 90% of max_ack_pending, the TLS file names the
+// generator writes) are checked where they meet. TestMutationsAreRejected
+// breaks files on purpose and requires every validator to notice.
 
 import (
 	"bytes"
@@ -311,7 +311,7 @@ func TestNATSConfig(t *testing.T) {
 
 // The template's placeholder keys are real public keys and nothing in the
 // deploy tree is a seed.
-func TestNoSeedsCommitted(t *testing.T) {
+func TestNoSeedCommitted(t *testing.T) {
 	seed := regexp.MustCompile(`\bS[UACON][A-Z2-7]{56}\b`)
 	for name, b := range loadFiles(t) {
 		if m := seed.Find(b); m != nil {

@@ -6,8 +6,8 @@
 // It is for compose on a laptop and for the deploy tests, never for
 // production: the files are written readable by every local user (the
 // containers run as other UIDs than the one that made them) and the CA key
-// is thrown away. Production certificates come from your PKI and seeds from
-// `nk -gen user`; see deploy/README.md.
+// is thrown away. Production certificates come from your PKI and nkey seed
+// files from `nk -gen user`; see deploy/README.md.
 package devsecrets
 
 import (
