@@ -64,18 +64,6 @@ func advisoryConfig(intents jetstream.StreamConfig) jetstream.StreamConfig {
 	}
 }
 
-// checkAdvisory: advisories must survive a restart and be kept.
-func checkAdvisory(c jetstream.StreamConfig) []string {
-	var p []string
-	if c.Storage != jetstream.FileStorage {
-		p = append(p, "storage is not file: a restart loses the advisories of messages to rescue")
-	}
-	if c.Retention != jetstream.LimitsPolicy {
-		p = append(p, "retention is not limits")
-	}
-	return p
-}
-
 // bindRescue finds (or creates) the advisory stream and the durable's
 // consumer on it. The consumer has the durable's name and reads only that
 // durable's advisories; it never gives up (a rescue that fails for a

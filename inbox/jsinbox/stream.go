@@ -130,15 +130,6 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, o StreamOptions) 
 	return ensure(ctx, js, o.Config(), func(c jetstream.StreamConfig) []string { return CheckStream(c, o.DuplicateWindow) })
 }
 
-// checkDeadLetter: dead letters must survive a restart; operators delete
-// them once handled, so deletes are allowed.
-func checkDeadLetter(c jetstream.StreamConfig) []string {
-	if c.Storage != jetstream.FileStorage {
-		return []string{"storage is not file: a restart loses every dead letter"}
-	}
-	return nil
-}
-
 func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, check func(jetstream.StreamConfig) []string) (jetstream.Stream, error) {
 	// Look first: in production the operator creates the streams and a
 	// producer may only read their info.
@@ -158,41 +149,4 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamCon
 		return nil, fmt.Errorf("jsinbox: existing stream %s is unsafe: %s", cfg.Name, strings.Join(problems, "; "))
 	}
 	return s, nil
-}
-
-// CheckStream lists the settings of an existing stream that could lose or
-// mangle intents.
-func CheckStream(c jetstream.StreamConfig, window time.Duration) []string {
-	var p []string
-	if c.Storage != jetstream.FileStorage {
-		p = append(p, "storage is not file: a restart loses every intent")
-	}
-	if c.Discard != jetstream.DiscardNew {
-		p = append(p, "discard policy is old: a full stream silently deletes unconsumed intents (use DiscardNew)")
-	}
-	if c.MaxMsgs <= 0 && c.MaxBytes <= 0 {
-		p = append(p, "no MaxMsgs or MaxBytes limit: the stream grows until the disk is full")
-	}
-	if !c.DenyDelete {
-		p = append(p, "DenyDelete is off: single intents can be deleted")
-	}
-	if !c.DenyPurge {
-		p = append(p, "DenyPurge is off: the stream can be purged")
-	}
-	if c.AllowRollup {
-		p = append(p, "rollup headers allowed: a Nats-Rollup header deletes earlier intents")
-	}
-	if c.AllowMsgTTL {
-		p = append(p, "per-message TTL allowed: a Nats-TTL header expires an intent before it is consumed")
-	}
-	if c.Retention != jetstream.LimitsPolicy {
-		p = append(p, "retention is not limits: an interest or work-queue stream removes intents once another consumer acks them, so replay and verify cannot see them")
-	}
-	if c.MaxMsgsPerSubject > 0 && !c.DiscardNewPerSubject {
-		p = append(p, "MaxMsgsPerSubject without DiscardNewPerSubject: a busy subject silently drops its oldest unconsumed intents")
-	}
-	if c.Duplicates < window {
-		p = append(p, fmt.Sprintf("duplicate window %v is shorter than the producer's retry horizon %v", c.Duplicates, window))
-	}
-	return p
 }

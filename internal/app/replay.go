@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
@@ -251,8 +252,9 @@ func replay(ctx context.Context, js jetstream.JetStream, stream string, rg repla
 			}
 			// A replayed message has been delivered before: Deliveries 2
 			// makes the processor claim it with conflict checks at once.
-			msgs = append(msgs, inbox.Message{ID: m.Headers().Get(jetstream.MsgIDHeader), Payload: m.Data(), Subject: m.Subject(),
-				StreamSeq: seq, Deliveries: 2, Published: md.Timestamp})
+			im := jsinbox.MessageOf(m)
+			im.Deliveries = 2
+			msgs = append(msgs, im)
 		}
 		if err := fetched.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
 			return nil, 0, 0, fmt.Errorf("replay: read %s: %w", stream, err)

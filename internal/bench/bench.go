@@ -378,7 +378,7 @@ func runNaive(ctx context.Context, c jetstream.Consumer, pool *pgxpool.Pool, n i
 		if err != nil {
 			return err
 		}
-		msg := inbox.Message{ID: m.Headers().Get(jetstream.MsgIDHeader), Payload: m.Data()}
+		msg := jsinbox.MessageOf(m)
 		out, err := proc.Process(ctx, []inbox.Message{msg})
 		if err != nil || !out[0].Ackable() {
 			return fmt.Errorf("naive: %v %v", err, out[0].Reason)

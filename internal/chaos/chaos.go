@@ -424,11 +424,11 @@ func (r *run) giveUpUnheard(ctx context.Context, nc *nats.Conn, durable string) 
 	}
 	// What the producer got into the stream: fewer than it tried when it
 	// publishes once and loses some, more when it retries with fresh IDs.
-	info, err := c.Info(ctx)
+	st, err := r.js.Stream(ctx, r.stream)
 	if err != nil {
 		return err
 	}
-	n := int(info.NumPending)
+	n := int(st.CachedInfo().State.Msgs)
 	if n == 0 {
 		return nil
 	}
@@ -564,7 +564,7 @@ func (r *run) runNaive(ctx context.Context, strategy, durable string) error {
 		}
 		im := make([]inbox.Message, len(msgs))
 		for i, m := range msgs {
-			im[i] = inbox.Message{ID: m.Headers().Get(jetstream.MsgIDHeader), Payload: m.Data()}
+			im[i] = jsinbox.MessageOf(m)
 		}
 		tx, err := r.pool.Begin(ctx)
 		if err != nil {

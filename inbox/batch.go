@@ -1,0 +1,305 @@
+// One attempt at a batch, step by step: claim, classify, apply, decide,
+// record, commit, in one transaction.
+
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/jetinbox/jetinbox/internal/hook"
+)
+
+// batch is one attempt at a batch, step by step: claim, classify, apply,
+// record, commit.
+type batch struct {
+	msgs  []Message
+	valid []int     // indexes into msgs of the messages to claim
+	out   []Outcome // one per message, filled in as the steps decide
+
+	fresh     []Message // claimed now: apply their effects
+	freshIdx  []int     // their indexes into msgs
+	conflicts []int
+	// inBatch pairs a copy of an ID with its first copy in the batch
+	// (indexes into msgs); refused marks messages whose claim the
+	// database refused.
+	inBatch [][2]int
+	refused map[int]bool
+}
+
+func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int, out []Outcome, isolate, fast bool) (err error) {
+	tx, err := p.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox: begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if p.fires(hook.BeforeClaim) {
+		return &hook.Crash{Point: hook.BeforeClaim}
+	}
+
+	b := &batch{msgs: msgs, valid: valid, out: out}
+	res, err := p.claim(ctx, tx, b, isolate, fast)
+	if err != nil {
+		return err
+	}
+	p.classify(b, res)
+
+	// Take a turn for the effect and the commit.
+	select {
+	case p.turns <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-p.turns }()
+
+	errs, err := p.apply(ctx, tx, b.fresh, isolate)
+	if err != nil {
+		return err
+	}
+	if p.fires(hook.BeforeCommit) {
+		return &hook.Crash{Point: hook.BeforeCommit}
+	}
+	rejIDs, rejReasons, retryIDs := p.decide(b, errs)
+	if err := p.record(ctx, tx, msgs, rejIDs, rejReasons, retryIDs, b.conflicts); err != nil {
+		return err
+	}
+	return p.commit(ctx, tx, len(valid))
+}
+
+// claim claims the batch's valid messages: with COPY when fast (every
+// claim is then fresh and res is nil), else with [ClaimTx]; in isolation
+// one message at a time, so that a claim the database refuses rejects only
+// its own message. A claim refused outside isolation fails the batch with
+// errIsolate.
+func (p *Processor) claim(ctx context.Context, tx pgx.Tx, b *batch, isolate, fast bool) (res []ClaimResult, err error) {
+	claims := make([]Claim, len(b.valid))
+	for k, i := range b.valid {
+		m := &b.msgs[i]
+		claims[k] = Claim{ID: m.ID, Fingerprint: Fingerprint(m.Payload), StreamSeq: m.StreamSeq, Subject: m.Subject}
+	}
+	end := p.span(ctx, "jetinbox.claim", len(claims))
+	defer func() { end(err) }()
+	if isolate {
+		var refused []error
+		res, refused, err = claimEach(ctx, tx, p.cfg.Scope, claims)
+		for k, e := range refused {
+			if e != nil {
+				i := b.valid[k]
+				b.out[i] = Outcome{Status: StatusRejected, Reason: e.Error(), Err: e}
+				if b.refused == nil {
+					b.refused = map[int]bool{}
+				}
+				b.refused[i] = true
+			}
+		}
+		return res, err
+	}
+	var order []int
+	if fast {
+		order = sortedUnique(claims)
+	}
+	if order != nil {
+		if err := p.claimCopy(ctx, tx, p.cfg.Scope, claims, order); err != nil {
+			if isDataError(err) && !errors.Is(err, errCopyClaim) {
+				return nil, fmt.Errorf("%w: %w", errIsolate, err)
+			}
+			return nil, err
+		}
+		p.copyClaims.Add(1) // every claim is fresh; res stays nil
+		return nil, nil
+	}
+	res, err = ClaimTx(ctx, tx, p.cfg.Scope, claims)
+	if err != nil && isDataError(err) {
+		return nil, fmt.Errorf("%w: %w", errIsolate, err)
+	}
+	return res, err
+}
+
+// classify sorts the claimed messages: fresh ones to apply, duplicates and
+// conflicts decided now, copies of an earlier message of the batch decided
+// with it.
+func (p *Processor) classify(b *batch, res []ClaimResult) {
+	b.fresh = make([]Message, 0, len(b.valid))
+	b.freshIdx = make([]int, 0, len(b.valid))
+	for k, i := range b.valid {
+		if b.refused[i] {
+			continue
+		}
+		r := ClaimResult{State: ClaimFresh}
+		if res != nil {
+			r = res[k]
+		}
+		if r.InBatch && r.State == ClaimDuplicate {
+			b.inBatch = append(b.inBatch, [2]int{i, b.valid[r.First]})
+			continue
+		}
+		switch r.State {
+		case ClaimFresh:
+			b.fresh = append(b.fresh, b.msgs[i])
+			b.freshIdx = append(b.freshIdx, i)
+		case ClaimDuplicate:
+			b.out[i] = Outcome{Status: StatusDuplicate, Redelivered: true, FirstSeq: r.PriorSeq}
+			if r.PriorStatus == StatusRejected.String() {
+				b.out[i] = Outcome{Status: StatusRejected, Reason: r.PriorReason, Redelivered: true, FirstSeq: r.PriorSeq}
+			}
+		case ClaimConflict:
+			b.out[i] = Outcome{Status: StatusConflict, Redelivered: true,
+				Reason: "message ID reused with a different payload (fingerprint mismatch)"}
+			b.conflicts = append(b.conflicts, i)
+		}
+	}
+}
+
+// apply runs the handler on the fresh messages, all at once or, in
+// isolation, one at a time under savepoints. errs[j] is fresh[j]'s own
+// error.
+func (p *Processor) apply(ctx context.Context, tx pgx.Tx, fresh []Message, isolate bool) (errs []error, err error) {
+	errs = make([]error, len(fresh))
+	if len(fresh) == 0 {
+		return errs, nil
+	}
+	end := p.span(ctx, "jetinbox.effect", len(fresh))
+	defer func() { end(err) }()
+	if isolate {
+		return errs, p.handleIsolated(ctx, tx, fresh, errs)
+	}
+	if err := p.handle(ctx, tx, fresh, errs); err != nil {
+		if isRetryableTx(err) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %w", errIsolate, err)
+	}
+	return errs, nil
+}
+
+// decide turns the effects' errors into outcomes and lists the rows to
+// mark rejected and the claims to release for a retry.
+func (p *Processor) decide(b *batch, errs []error) (rejIDs, rejReasons, retryIDs []string) {
+	msgs, out := b.msgs, b.out
+	for j, i := range b.freshIdx {
+		e := errs[j]
+		switch {
+		case e == nil:
+			out[i] = Outcome{Status: StatusApplied}
+		case IsPermanent(e):
+			out[i] = Outcome{Status: StatusRejected, Reason: e.Error(), Err: e}
+		case msgs[i].Final:
+			reason := fmt.Sprintf("gave up after %d deliveries: %v", msgs[i].Deliveries, e)
+			out[i] = Outcome{Status: StatusRejected, Reason: reason, Err: e}
+		default:
+			out[i] = Outcome{Status: StatusRetry, Reason: e.Error(), Err: e}
+			retryIDs = append(retryIDs, msgs[i].ID)
+			continue
+		}
+		if out[i].Status == StatusRejected {
+			rejIDs = append(rejIDs, msgs[i].ID)
+			rejReasons = append(rejReasons, out[i].Reason)
+		}
+	}
+	// A copy of a message that appeared earlier in the batch shares the
+	// first copy's fate: acked only if the first committed its effect; a
+	// repeat of a rejected intent, dead-lettered as the first copy, unless
+	// the database refused the first copy's claim (no inbox row: each copy
+	// is dead-lettered).
+	for _, d := range b.inBatch {
+		o := out[d[1]]
+		switch o.Status {
+		case StatusApplied, StatusDuplicate:
+			o = Outcome{Status: StatusDuplicate, FirstSeq: msgs[d[1]].StreamSeq}
+		case StatusRejected:
+			o.Redelivered = false
+			if o.FirstSeq == 0 && !b.refused[d[1]] {
+				o.FirstSeq = msgs[d[1]].StreamSeq
+			}
+		case StatusConflict:
+			o.Redelivered = false // each conflicting message is dead-lettered
+		}
+		out[d[0]] = o
+	}
+	return rejIDs, rejReasons, retryIDs
+}
+
+// commit commits under a context the caller cannot cancel, bounded by
+// CommitTimeout, and tells a rollback from an unknown outcome.
+func (p *Processor) commit(ctx context.Context, tx pgx.Tx, n int) error {
+	endCommit := p.span(ctx, "jetinbox.commit", n)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.CommitTimeout)
+	err := tx.Commit(cctx)
+	cancel()
+	endCommit(err)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) {
+			return fmt.Errorf("inbox: commit rolled back: %w", err)
+		}
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+	}
+	if p.fires(hook.AfterCommit) {
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, &hook.Crash{Point: hook.AfterCommit})
+	}
+	return nil
+}
+
+// span starts a child span when tracing and returns its end function.
+func (p *Processor) span(ctx context.Context, name string, n int) func(error) {
+	if p.tracer == nil {
+		return func(error) {}
+	}
+	_, s := p.tracer.Start(ctx, name, trace.WithAttributes(attribute.Int("jetinbox.messages", n)))
+	return func(err error) {
+		if err != nil {
+			s.SetStatus(codes.Error, err.Error())
+		}
+		s.End()
+	}
+}
+
+// record writes rejections, releases the claims of messages to retry and logs
+// conflicts, each with one statement, all in the batch's transaction.
+func (p *Processor) record(ctx context.Context, tx pgx.Tx, msgs []Message, rejIDs, rejReasons, retryIDs []string, conflicts []int) error {
+	if len(rejIDs) > 0 {
+		if _, err := tx.Exec(ctx, `UPDATE inbox SET status = 'rejected', reason = t.reason
+FROM unnest($2::text[], $3::text[]) AS t(id, reason)
+WHERE inbox.scope = $1 AND inbox.message_id = t.id`, p.cfg.Scope, rejIDs, rejReasons); err != nil {
+			return fmt.Errorf("inbox: record rejections: %w", err)
+		}
+	}
+	if len(retryIDs) > 0 {
+		if _, err := tx.Exec(ctx, `DELETE FROM inbox WHERE scope = $1 AND message_id = ANY($2::text[])`,
+			p.cfg.Scope, retryIDs); err != nil {
+			return fmt.Errorf("inbox: release retried claims: %w", err)
+		}
+	}
+	if len(conflicts) > 0 {
+		// In ID order, like the claims: two processes recording the same
+		// conflicts cannot deadlock.
+		slices.SortFunc(conflicts, func(a, b int) int { return strings.Compare(msgs[a].ID, msgs[b].ID) })
+		ids := make([]string, len(conflicts))
+		fps := make([][]byte, len(conflicts))
+		seqs := make([]int64, len(conflicts))
+		subjects := make([]string, len(conflicts))
+		for k, i := range conflicts {
+			fp := Fingerprint(msgs[i].Payload)
+			ids[k], fps[k], seqs[k], subjects[k] = msgs[i].ID, fp[:], int64(msgs[i].StreamSeq), msgs[i].Subject
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO inbox_conflicts (scope, message_id, fingerprint, stream_seq, subject)
+SELECT $1, * FROM unnest($2::text[], $3::bytea[], $4::bigint[], $5::text[])
+ON CONFLICT (scope, message_id, stream_seq) DO NOTHING`, p.cfg.Scope, ids, fps, seqs, subjects); err != nil {
+			return fmt.Errorf("inbox: record conflicts: %w", err)
+		}
+	}
+	return nil
+}

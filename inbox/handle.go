@@ -1,0 +1,108 @@
+// Calling the handler: panics become errors, isolation under savepoints,
+// and which database errors are the message's fault.
+
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"runtime/debug"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/jetinbox/jetinbox/internal/hook"
+)
+
+// handle calls the handler, turning a panic into an error.
+func (p *Processor) handle(ctx context.Context, tx pgx.Tx, msgs []Message, errs []error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = Permanent(fmt.Errorf("inbox: effect panicked: %v\n%s", r, debug.Stack()))
+		}
+	}()
+	if p.fires(hook.EffectPanic) {
+		panic("simulated panic at " + hook.EffectPanic.String())
+	}
+	return p.cfg.Handler.Handle(p.withScope(ctx), tx, msgs, errs)
+}
+
+type scopeKey struct{}
+
+func (p *Processor) withScope(ctx context.Context) context.Context {
+	return context.WithValue(ctx, scopeKey{}, p.cfg.Scope)
+}
+
+// ScopeFromContext returns the scope of the [Processor] whose handler got
+// ctx, so that an effect can record which (scope, message ID) applied it.
+func ScopeFromContext(ctx context.Context) (string, bool) {
+	s, ok := ctx.Value(scopeKey{}).(string)
+	return s, ok
+}
+
+// handleIsolated applies each message under its own savepoint: a message
+// that fails is rolled back alone and reported in errs.
+func (p *Processor) handleIsolated(ctx context.Context, tx pgx.Tx, msgs []Message, errs []error) error {
+	one := make([]error, 1)
+	for j := range msgs {
+		if _, err := tx.Exec(ctx, "SAVEPOINT jetinbox_msg"); err != nil {
+			return fmt.Errorf("inbox: savepoint: %w", err)
+		}
+		one[0] = nil
+		err := p.handle(ctx, tx, msgs[j:j+1], one)
+		if err == nil {
+			err = one[0]
+		}
+		if err == nil {
+			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT jetinbox_msg"); err != nil {
+				return fmt.Errorf("inbox: release savepoint: %w", err)
+			}
+			continue
+		}
+		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT jetinbox_msg"); rerr != nil {
+			return fmt.Errorf("inbox: rollback to savepoint: %w", rerr)
+		}
+		if _, rerr := tx.Exec(ctx, "RELEASE SAVEPOINT jetinbox_msg"); rerr != nil {
+			return fmt.Errorf("inbox: release savepoint: %w", rerr)
+		}
+		if isRetryableTx(err) || isConnError(err) || ctx.Err() != nil {
+			// Not this message's fault: retry the whole batch later.
+			return err
+		}
+		if isDataError(err) && !IsPermanent(err) {
+			err = Permanent(err)
+		}
+		errs[j] = err
+	}
+	return nil
+}
+
+// isRetryableTx reports deadlocks and serialization failures, which a retry
+// of the same transaction resolves.
+func isRetryableTx(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
+}
+
+// isDataError reports errors that the same input will always cause: data
+// exceptions (class 22) and integrity violations (class 23).
+func isDataError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23")
+}
+
+// isConnError reports errors that say the connection or the server is gone,
+// not that one message failed: connection exceptions (class 08), the
+// server shutting down (57P01-57P05), network errors. A statement timeout
+// (57014) is the message's own problem and is retried for that message.
+func isConnError(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code[:2] == "08" || strings.HasPrefix(pgErr.Code, "57P")
+	}
+	var netErr net.Error
+	return pgconn.SafeToRetry(err) || errors.As(err, &netErr) || errors.Is(err, pgx.ErrTxClosed)
+}

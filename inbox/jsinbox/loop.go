@@ -1,0 +1,125 @@
+// The fetch loop: batches form from what has arrived, a slot per batch in
+// flight; messages the consumer will not take now go back with a delay.
+
+package jsinbox
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+type stopReason int
+
+const (
+	stopShutdown stopReason = iota
+	stopCrash
+	stopDBDown
+)
+
+// batchLoop forms batches adaptively: it takes a free slot, waits for one
+// message, then takes whatever else has already arrived, up to BatchSize.
+func (c *Consumer) batchLoop(ctx, work context.Context, msgs chan jetstream.Msg, slots chan struct{}, wg *sync.WaitGroup, onCrash func(error), crash chan struct{}) stopReason {
+	for {
+		if c.dbDown.Load() {
+			return stopDBDown
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return stopShutdown
+		case <-crash:
+			return stopCrash
+		}
+		var batch []jetstream.Msg
+		fetchStart := time.Now()
+		select {
+		case m := <-msgs:
+			batch = append(make([]jetstream.Msg, 0, c.cfg.BatchSize), m)
+		case <-ctx.Done():
+			<-slots
+			return stopShutdown
+		case <-crash:
+			<-slots
+			return stopCrash
+		}
+	fill:
+		for len(batch) < c.cfg.BatchSize {
+			select {
+			case m := <-msgs:
+				batch = append(batch, m)
+			default:
+				break fill
+			}
+		}
+		wg.Add(1)
+		c.inFlight.Add(1)
+		go func() {
+			defer func() { c.inFlight.Add(-1); <-slots; wg.Done() }()
+			if c.crashed.Load() {
+				return // a dead process acks nothing
+			}
+			if err := c.processBatch(work, batch, fetchStart); err != nil {
+				onCrash(err)
+			}
+		}()
+	}
+}
+
+// keepAlive sends InProgress for every message of a batch each AckWait/2,
+// so the server does not redeliver a batch that is still working.
+func (c *Consumer) keepAlive(batch []jetstream.Msg, stop chan struct{}) {
+	if c.cfg.KeepAlive < 0 {
+		return
+	}
+	tick := time.NewTicker(c.cfg.KeepAlive)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+			for _, m := range batch {
+				_ = m.InProgress()
+			}
+		case <-stop:
+			return
+		}
+	}
+}
+
+// handBack returns a message the consumer will not process now: a short
+// jittered delay spreads the redeliveries. A message on its last delivery
+// cannot come back, so it is processed now instead (and dead-lettered with
+// the reason if that fails). After a simulated crash nothing is done, as a
+// dead process would do nothing.
+func (c *Consumer) handBack(ctx context.Context, m jetstream.Msg) {
+	if c.crashed.Load() {
+		return
+	}
+	if md, err := m.Metadata(); err == nil && c.cfg.MaxDeliver > 0 && md.NumDelivered >= uint64(c.cfg.MaxDeliver) {
+		_ = c.processBatch(ctx, []jetstream.Msg{m}, time.Now())
+		return
+	}
+	_ = m.NakWithDelay(c.cfg.Nak.Delay(1))
+}
+
+func (c *Consumer) waitForDB(ctx context.Context) error {
+	bo := c.cfg.Reconnect.NewBackOff()
+	for {
+		d := bo.NextBackOff()
+		if d < 0 {
+			d = c.cfg.Reconnect.WithDefaults().Cap
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(d):
+		}
+		if err := c.cfg.DB.Ping(ctx); err == nil {
+			c.dbDown.Store(false)
+			c.cfg.Logger.Info("jsinbox: database reachable again; consuming")
+			return nil
+		}
+	}
+}

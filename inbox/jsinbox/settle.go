@@ -1,0 +1,144 @@
+// Settling a batch: run it through the inbox, then ack, nak, or hand the
+// message to its last try or the dead-letter stream.
+
+package jsinbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/internal/hook"
+)
+
+// processBatch runs one batch through the inbox and settles every message
+// with JetStream. It returns an error only for a simulated crash.
+// MessageOf converts a JetStream delivery to the inbox's [inbox.Message]:
+// the ID from its Nats-Msg-Id header, the payload and subject and, from its
+// metadata, the stream sequence, the delivery count and when the stream
+// stored it. Final stays false: it depends on the durable's MaxDeliver.
+func MessageOf(m jetstream.Msg) inbox.Message {
+	im := inbox.Message{ID: m.Headers().Get(jetstream.MsgIDHeader), Payload: m.Data(), Subject: m.Subject()}
+	if md, err := m.Metadata(); err == nil {
+		im.StreamSeq, im.Deliveries, im.Published = md.Sequence.Stream, md.NumDelivered, md.Timestamp
+	}
+	return im
+}
+
+func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetchStart time.Time) error {
+	if c.cfg.TracerProvider != nil {
+		links := make([]trace.Link, 0, min(len(batch), 64))
+		for _, m := range batch[:min(len(batch), 64)] {
+			if l, ok := extractLink(m.Headers()); ok {
+				links = append(links, l)
+			}
+		}
+		var span trace.Span
+		ctx, span = c.tracer.Start(ctx, "jetinbox.batch", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...),
+			trace.WithTimestamp(fetchStart), trace.WithAttributes(attribute.Int("messaging.batch.message_count", len(batch)),
+				attribute.String("messaging.consumer.group.name", c.cfg.Durable)))
+		defer span.End()
+		_, fetch := c.tracer.Start(ctx, "jetinbox.fetch", trace.WithTimestamp(fetchStart))
+		fetch.End()
+	}
+	msgs := make([]inbox.Message, len(batch))
+	for i, m := range batch {
+		msgs[i] = MessageOf(m)
+		msgs[i].Final = c.cfg.MaxDeliver > 0 && msgs[i].Deliveries >= uint64(c.cfg.MaxDeliver)
+		if msgs[i].Deliveries > 1 {
+			c.redeliveries.Add(1)
+		}
+	}
+	c.received.Add(int64(len(batch)))
+	stopProgress := make(chan struct{})
+	go c.keepAlive(batch, stopProgress)
+	defer close(stopProgress) // keep the batch alive while it is settled too
+	began := time.Now()
+	out, err := c.proc.Process(ctx, msgs)
+	c.batches.Add(1)
+	if c.cfg.Observer != nil {
+		c.cfg.Observer.ObserveBatch(BatchReport{Messages: msgs, Outcomes: out, Err: err, Began: began, Ended: time.Now()})
+	}
+
+	var crash *hook.Crash
+	if errors.As(err, &crash) {
+		c.cfg.Logger.Warn("jsinbox: simulated crash", "point", crash.Point, "batch", len(batch))
+		return err
+	}
+	if err != nil {
+		c.failedBatches.Add(1)
+		if !errors.Is(err, inbox.ErrOutcomeUnknown) && c.cfg.DB != nil {
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			if c.cfg.DB.Ping(pctx) != nil {
+				c.dbDown.Store(true)
+			}
+			cancel()
+		}
+		c.cfg.Logger.Warn("jsinbox: batch failed; naking with jittered delay", "batch", len(batch), "err", err)
+	}
+	skipAck := c.hook != nil && c.hook(hook.SkipAck)
+	if c.cfg.TracerProvider != nil {
+		var ack trace.Span
+		ctx, ack = c.tracer.Start(ctx, "jetinbox.ack")
+		defer ack.End()
+	}
+	// Acks and naks first, then what goes to the dead-letter stream: a
+	// dead letter held on an outage must not hold back its neighbours' acks.
+	var later []int
+	for i, m := range batch {
+		o := out[i]
+		switch {
+		case o.Ackable():
+			if o.Status == inbox.StatusApplied {
+				c.applied.Add(1)
+			} else {
+				c.duplicates.Add(1)
+			}
+			if !skipAck {
+				if err := m.Ack(); err != nil {
+					c.cfg.Logger.Debug("jsinbox: ack failed; the message will be redelivered and found in the inbox",
+						"id", msgs[i].ID, "stream_seq", msgs[i].StreamSeq, "deliveries", msgs[i].Deliveries, "err", err)
+				}
+			}
+		case o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict || msgs[i].Final:
+			later = append(later, i)
+		default:
+			c.naks.Add(1)
+			_ = m.NakWithDelay(c.cfg.Nak.Delay(int(max(msgs[i].Deliveries, 1))))
+		}
+	}
+	for _, i := range later {
+		if o := out[i]; o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict {
+			c.settleRejected(ctx, batch[i], &msgs[i], o)
+		} else {
+			c.lastTry(ctx, batch[i], &msgs[i], o)
+		}
+	}
+	return nil
+}
+
+// lastTry settles a message whose last delivery ended in retry. The batch
+// may have failed with its commit outcome unknown, in which case the message
+// may well be applied: one more transaction of its own finds out. Applied
+// (now or before) is acked; anything else is dead-lettered with the reason.
+func (c *Consumer) lastTry(ctx context.Context, m jetstream.Msg, im *inbox.Message, o inbox.Outcome) {
+	_ = m.InProgress()
+	if out, err := c.proc.Process(ctx, []inbox.Message{*im}); err == nil {
+		o = out[0]
+	}
+	switch {
+	case o.Ackable():
+		c.duplicates.Add(1)
+		_ = m.Ack()
+	case o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict:
+		c.settleRejected(ctx, m, im, o)
+	default:
+		c.deadLetter(ctx, m, im, "gave-up", fmt.Sprintf("gave up after %d deliveries: %s", im.Deliveries, o.Reason))
+	}
+}
