@@ -66,9 +66,9 @@ type ConsumerConfig struct {
 	// (NakWithDelay; a bare Nak would redeliver at once). Default:
 	// decorrelated jitter from 250ms to 30s.
 	Nak jitter.Policy
-	// Reconnect times the database health checks while the database is
+	// DBWait times the database health checks while the database is
 	// down. Default: decorrelated jitter from 100ms to 5s.
-	Reconnect jitter.Policy
+	DBWait jitter.Policy
 	// DeadLetterRetry times the publishes of a dead letter that the
 	// dead-letter stream refused on a message's final delivery; the
 	// consumer holds the message and retries until the stream takes it
@@ -118,8 +118,8 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 	if c.Nak.Kind == 0 && c.Nak.Base == 0 && c.Nak.Cap == 0 {
 		c.Nak = jitter.Policy{Kind: jitter.Decorrelated, Base: 250 * time.Millisecond, Cap: 30 * time.Second}
 	}
-	if c.Reconnect.Kind == 0 && c.Reconnect.Base == 0 && c.Reconnect.Cap == 0 {
-		c.Reconnect = jitter.Policy{Kind: jitter.Decorrelated, Base: 100 * time.Millisecond, Cap: 5 * time.Second}
+	if c.DBWait.Kind == 0 && c.DBWait.Base == 0 && c.DBWait.Cap == 0 {
+		c.DBWait = jitter.Policy{Kind: jitter.Decorrelated, Base: 100 * time.Millisecond, Cap: 5 * time.Second}
 	}
 	if c.DeadLetterRetry.Kind == 0 && c.DeadLetterRetry.Base == 0 && c.DeadLetterRetry.Cap == 0 {
 		c.DeadLetterRetry = jitter.Policy{Kind: jitter.Decorrelated, Base: 250 * time.Millisecond, Cap: 10 * time.Second}
@@ -138,8 +138,8 @@ func (c ConsumerConfig) validate() error {
 	if err := c.Nak.Validate(); err != nil {
 		return fmt.Errorf("jsinbox: Nak: %w", err)
 	}
-	if err := c.Reconnect.Validate(); err != nil {
-		return fmt.Errorf("jsinbox: Reconnect: %w", err)
+	if err := c.DBWait.Validate(); err != nil {
+		return fmt.Errorf("jsinbox: DBWait: %w", err)
 	}
 	if err := c.DeadLetterRetry.Validate(); err != nil {
 		return fmt.Errorf("jsinbox: DeadLetterRetry: %w", err)
@@ -283,9 +283,9 @@ func (c *Consumer) Info(ctx context.Context) (*jetstream.ConsumerInfo, error) {
 	return (*b).Info(ctx)
 }
 
-// ConsumerConfig returns the JetStream consumer configuration Run creates
+// DurableConfig returns the JetStream consumer configuration Run creates
 // when the durable does not exist yet.
-func (c *Consumer) ConsumerConfig() jetstream.ConsumerConfig {
+func (c *Consumer) DurableConfig() jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:        c.cfg.Durable,
 		AckPolicy:      jetstream.AckExplicitPolicy,
@@ -367,7 +367,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			return fmt.Errorf("jsinbox: consume: %w", err)
 		}
 		c.ready.Store(true)
-		reason := c.batchLoop(ctx, work, msgs, slots, &wg, onCrash, crash)
+		reason := c.formBatches(ctx, work, msgs, slots, &wg, onCrash, crash)
 		if reason == stopShutdown {
 			c.draining.Store(true)
 		}
@@ -417,7 +417,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 func (c *Consumer) bind(ctx context.Context) (jetstream.Consumer, error) {
 	cons, err := c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Durable)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		cons, err = c.js.CreateConsumer(ctx, c.cfg.Stream, c.ConsumerConfig())
+		cons, err = c.js.CreateConsumer(ctx, c.cfg.Stream, c.DurableConfig())
 		if errors.Is(err, jetstream.ErrConsumerExists) {
 			cons, err = c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Durable)
 		}

@@ -19,9 +19,9 @@ const (
 	stopDBDown
 )
 
-// batchLoop forms batches adaptively: it takes a free slot, waits for one
+// formBatches forms batches adaptively: it takes a free slot, waits for one
 // message, then takes whatever else has already arrived, up to BatchSize.
-func (c *Consumer) batchLoop(ctx, work context.Context, msgs chan jetstream.Msg, slots chan struct{}, wg *sync.WaitGroup, onCrash func(error), crash chan struct{}) stopReason {
+func (c *Consumer) formBatches(ctx, work context.Context, msgs chan jetstream.Msg, slots chan struct{}, wg *sync.WaitGroup, onCrash func(error), crash chan struct{}) stopReason {
 	for {
 		if c.dbDown.Load() {
 			return stopDBDown
@@ -105,11 +105,11 @@ func (c *Consumer) handBack(ctx context.Context, m jetstream.Msg) {
 }
 
 func (c *Consumer) waitForDB(ctx context.Context) error {
-	bo := c.cfg.Reconnect.NewBackOff()
+	bo := c.cfg.DBWait.NewBackOff()
 	for {
 		d := bo.NextBackOff()
 		if d < 0 {
-			d = c.cfg.Reconnect.WithDefaults().Cap
+			d = c.cfg.DBWait.WithDefaults().Cap
 		}
 		select {
 		case <-ctx.Done():

@@ -217,7 +217,7 @@ func NewPublisher(js jetstream.JetStream, cfg PublisherConfig) (*Publisher, erro
 	go p.waitLoop()
 	if cfg.Batch > 1 {
 		p.batchIn = make(chan *tracker, cfg.Batch)
-		go p.batchLoop()
+		go p.gatherBatches()
 	}
 	return p, nil
 }

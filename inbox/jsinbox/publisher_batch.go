@@ -16,9 +16,9 @@ import (
 	"github.com/jetinbox/jetinbox/internal/hook"
 )
 
-// batchLoop gathers intents into atomic batches: a batch goes out when it
+// gatherBatches gathers intents into atomic batches: a batch goes out when it
 // is full or when its first intent has waited Linger.
-func (p *Publisher) batchLoop() {
+func (p *Publisher) gatherBatches() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	var cur []*tracker

@@ -97,7 +97,7 @@ func (o StreamOptions) Config() jetstream.StreamConfig {
 // intents stream: same durability, subjects "dlq.<intent subject>".
 func (o StreamOptions) DeadLetterConfig() jetstream.StreamConfig {
 	c := o.Config()
-	c.Name += "_DLQ"
+	c.Name = DeadLetterStream(c.Name)
 	c.Subjects = make([]string, len(o.WithDefaults().Subjects))
 	for i, s := range o.WithDefaults().Subjects {
 		c.Subjects[i] = DeadLetterPrefix + s

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/horizon"
 )
@@ -92,7 +93,7 @@ func readHorizon(ctx context.Context, js jetstream.JetStream, stream, durable st
 	}
 	in.Stream = s.CachedInfo().Config
 	if redrive {
-		dlq, err := js.Stream(ctx, stream+"_DLQ")
+		dlq, err := js.Stream(ctx, jsinbox.DeadLetterStream(stream))
 		switch {
 		case err == nil:
 			cfg := dlq.CachedInfo().Config

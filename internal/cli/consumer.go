@@ -104,7 +104,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	}
 	c, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{
 		Stream: *stream, Durable: *durable, BatchSize: *batch, InFlight: *inflight, AckWait: *ackWait,
-		MaxDeliver: *maxDeliver, MaxAckPending: *maxAck, Nak: nak, Reconnect: w.db, DB: pool, Logger: log, Observer: m, TracerProvider: tp,
+		MaxDeliver: *maxDeliver, MaxAckPending: *maxAck, Nak: nak, DBWait: w.db, DB: pool, Logger: log, Observer: m, TracerProvider: tp,
 	})
 	if err != nil {
 		return UsageError{Err: err}

@@ -176,7 +176,7 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 		return nil, err
 	}
 	partial := o.Range.partial()
-	dead, err := ReadStream(ctx, js, o.Stream+"_DLQ")
+	dead, err := ReadStream(ctx, js, jsinbox.DeadLetterStream(o.Stream))
 	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, err
 	}
@@ -399,7 +399,7 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 		}
 	}
 	if o.Horizon.Redrive && o.Horizon.DeadLetters == nil {
-		if s, err := js.Stream(ctx, o.Stream+"_DLQ"); err == nil {
+		if s, err := js.Stream(ctx, jsinbox.DeadLetterStream(o.Stream)); err == nil {
 			cfg := s.CachedInfo().Config
 			o.Horizon.DeadLetters = &cfg
 		}
