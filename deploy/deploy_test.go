@@ -436,7 +436,7 @@ func checkAdvisories(d *jsDefs) error {
 		}
 	}
 	c := d.advisories
-	want := jsinbox.StreamOptions{Name: d.intents.Name, Subjects: d.intents.Subjects, Replicas: d.intents.Replicas, MaxAge: d.intents.MaxAge}.AdvisoryConfig()
+	want := jsinbox.StreamConfig{Name: d.intents.Name, Subjects: d.intents.Subjects, Replicas: d.intents.Replicas, MaxAge: d.intents.MaxAge}.AdvisoryConfig()
 	check(c.Name == want.Name, "name %q, want %q", c.Name, want.Name)
 	check(slices.Equal(c.Subjects, want.Subjects), "subjects %v, want %v: every max-deliveries advisory of the %s consumers", c.Subjects, want.Subjects, d.intents.Name)
 	check(c.Retention == jetstream.LimitsPolicy, "retention %v, want limits", c.Retention)

@@ -122,10 +122,10 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 		// not make gets no answer: give up long before the test's deadline.
 		ectx, ecancel := context.WithTimeout(ctx, 15*time.Second)
 		defer ecancel()
-		if _, err := jsinbox.EnsureStream(ectx, js, jsinbox.StreamOptions{Name: stream, Subjects: defs.intents.Subjects, Replicas: defs.intents.Replicas}); err != nil {
+		if _, err := jsinbox.EnsureStream(ectx, js, jsinbox.StreamConfig{Name: stream, Subjects: defs.intents.Subjects, Replicas: defs.intents.Replicas}); err != nil {
 			t.Fatalf("EnsureStream under the producer role: %v", err)
 		}
-		publish := func(intents ...jsinbox.Intent) (jsinbox.PublishStats, []jsinbox.Failure) {
+		publish := func(intents ...jsinbox.Intent) (jsinbox.PublisherStats, []jsinbox.Failure) {
 			t.Helper()
 			pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{Stream: stream})
 			if err != nil {

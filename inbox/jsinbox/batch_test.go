@@ -27,7 +27,7 @@ func batchEnv(t *testing.T, atomicAllowed bool) jetstream.JetStream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := jsinbox.StreamOptions{}.Config()
+	cfg := jsinbox.StreamConfig{}.Config()
 	cfg.AllowAtomicPublish = atomicAllowed
 	if _, err := js.CreateStream(context.Background(), cfg); err != nil {
 		t.Fatal(err)
@@ -37,7 +37,7 @@ func batchEnv(t *testing.T, atomicAllowed bool) jetstream.JetStream {
 
 // publishAll publishes intents and requires every one published; fps, if
 // given, arm the publisher's points.
-func publishAll(t *testing.T, ctx context.Context, js jetstream.JetStream, cfg jsinbox.PublisherConfig, intents []jsinbox.Intent, fps ...*failpoint.Set) jsinbox.PublishStats {
+func publishAll(t *testing.T, ctx context.Context, js jetstream.JetStream, cfg jsinbox.PublisherConfig, intents []jsinbox.Intent, fps ...*failpoint.Set) jsinbox.PublisherStats {
 	t.Helper()
 	p, err := jsinbox.NewPublisher(js, cfg)
 	if err != nil {

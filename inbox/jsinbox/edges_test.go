@@ -33,7 +33,7 @@ func deadLetters(t *testing.T, e *env) []verify.Message {
 func TestAtomicBatchIntentsDeadLettered(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := newEnv(t, "", jsinbox.StreamOptions{})
+	e := newEnv(t, "", jsinbox.StreamConfig{})
 	intents := load(40, "atomic")
 	for i := 5; i < len(intents); i += 10 {
 		intents[i].Payload = []byte(`{"account":1,`) // poison
@@ -78,7 +78,7 @@ func TestAtomicBatchIntentsDeadLettered(t *testing.T) {
 func TestDeadLetterHeldUntilStreamTakesIt(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := newEnv(t, "", jsinbox.StreamOptions{})
+	e := newEnv(t, "", jsinbox.StreamConfig{})
 	if err := e.js.DeleteStream(ctx, jsinbox.DeadLetterStream(jsinbox.DefaultStream)); err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func TestDeadLetterHeldUntilStreamTakesIt(t *testing.T) {
 	if s := r.c.Stats(); s.DeadLettersHeld != 1 || s.Rescued != 0 {
 		t.Fatalf("stats %+v: want the message still held", s)
 	}
-	if _, err := jsinbox.EnsureStream(ctx, e.js, jsinbox.StreamOptions{}); err != nil {
+	if _, err := jsinbox.EnsureStream(ctx, e.js, jsinbox.StreamConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, func() bool { s := r.c.Stats(); return s.DeadLettered == 1 && s.DeadLettersHeld == 0 })
@@ -113,7 +113,7 @@ func TestDeadLetterHeldUntilStreamTakesIt(t *testing.T) {
 func TestCrashOnLastDeliveryNobodyListening(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := newEnv(t, "", jsinbox.StreamOptions{})
+	e := newEnv(t, "", jsinbox.StreamConfig{})
 	cons, err := e.js.CreateConsumer(ctx, jsinbox.DefaultStream, jetstream.ConsumerConfig{Durable: "ledger",
 		AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 2, AckWait: time.Second, MaxAckPending: 1000})
 	if err != nil {
@@ -187,7 +187,7 @@ func TestCrashOnLastDeliveryNobodyListening(t *testing.T) {
 // one dead letter, not two, and verify counts the copy as settled.
 func TestRejectedIDRepublished(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "", jsinbox.StreamOptions{DuplicateWindow: 100 * time.Millisecond})
+	e := newEnv(t, "", jsinbox.StreamConfig{DuplicateWindow: 100 * time.Millisecond})
 	poison := []byte(`{"account":1,"amount":"five"}`)
 	e.publish(t, load(10, "rep"))
 	e.publishRaw(t, "intents.1", "rejected-once", poison)
@@ -214,7 +214,7 @@ func TestRejectedIDRepublished(t *testing.T) {
 // on its first delivery.
 func TestUnstorableSubjectIsolated(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "", jsinbox.StreamOptions{})
+	e := newEnv(t, "", jsinbox.StreamConfig{})
 	good := load(200, "subj")
 	e.publish(t, good[:100])
 	e.publishRaw(t, "intents.\xff\xfe", "bad-subject", []byte(`{"account":1,"amount":5}`))
@@ -243,7 +243,7 @@ func TestRefusedClaimIsolated(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			e := newEnv(t, "", jsinbox.StreamOptions{})
+			e := newEnv(t, "", jsinbox.StreamConfig{})
 			if _, err := e.pool.Exec(ctx, `ALTER TABLE inbox ADD CONSTRAINT refuse_one CHECK (subject <> 'intents.refused')`); err != nil {
 				t.Fatal(err)
 			}

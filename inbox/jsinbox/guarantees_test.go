@@ -42,7 +42,7 @@ func TestCrashPoints(t *testing.T) {
 	for _, point := range []hook.Point{failpoint.BeforeClaim, failpoint.BeforeCommit, failpoint.AfterCommit} {
 		t.Run(point.String(), func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t, "", jsinbox.StreamOptions{})
+			e := newEnv(t, "", jsinbox.StreamConfig{})
 			e.publish(t, load(500, "crash"))
 			fp := failpoint.New()
 			fp.EnableEvery(point, 3, 1) // the third batch dies there
@@ -85,7 +85,7 @@ func (h *slowHandler) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Messag
 // being worked on, the other consumer takes them, the inbox settles it.
 func TestTwoConsumersAckWaitTooShort(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "", jsinbox.StreamOptions{})
+	e := newEnv(t, "", jsinbox.StreamConfig{})
 	e.publish(t, load(1000, "two"))
 	cfg := jsinbox.ConsumerConfig{BatchSize: 100, InFlight: 2, AckWait: 500 * time.Millisecond, KeepAlive: -1}
 	slow := func() *slowHandler {
@@ -113,7 +113,7 @@ func TestTwoConsumersAckWaitTooShort(t *testing.T) {
 // their neighbours are applied.
 func TestPoisonDeadLettered(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "", jsinbox.StreamOptions{DuplicateWindow: 200 * time.Millisecond})
+	e := newEnv(t, "", jsinbox.StreamConfig{DuplicateWindow: 200 * time.Millisecond})
 	good := load(200, "good")
 	e.publish(t, good[:100])
 	e.publishRaw(t, "intents.1", "bad-json", []byte(`{"account":1,`))
@@ -180,7 +180,7 @@ func TestPostgresOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newEnv(t, url, jsinbox.StreamOptions{})
+	e := newEnv(t, url, jsinbox.StreamConfig{})
 	const n = 3000
 	e.publish(t, load(n, "outage"))
 	cfg := jsinbox.ConsumerConfig{BatchSize: 50, InFlight: 2, AckWait: 2 * time.Second,
@@ -217,10 +217,10 @@ func TestPostgresOutage(t *testing.T) {
 // consumed: nothing acknowledged is lost, nothing applied twice.
 func TestNATSRestart(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "", jsinbox.StreamOptions{})
+	e := newEnv(t, "", jsinbox.StreamConfig{})
 	intents := load(4000, "restart")
 	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{BatchSize: 100, AckWait: 2 * time.Second})
-	done := make(chan jsinbox.PublishStats)
+	done := make(chan jsinbox.PublisherStats)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -255,7 +255,7 @@ func TestNATSRestart(t *testing.T) {
 // stream.
 func TestGracefulShutdown(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "", jsinbox.StreamOptions{})
+	e := newEnv(t, "", jsinbox.StreamConfig{})
 	const n = 5000
 	e.publish(t, load(n, "drain"))
 	cfg := jsinbox.ConsumerConfig{BatchSize: 100}
@@ -321,7 +321,7 @@ func (c ackFirstConsumer) Consume(h jetstream.MessageHandler, opts ...jetstream.
 // lost intents.
 func TestAckBeforeCommitIsCaught(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "", jsinbox.StreamOptions{})
+	e := newEnv(t, "", jsinbox.StreamConfig{})
 	const n = 300
 	e.publish(t, load(n, "mut"))
 	fp := failpoint.New()
@@ -357,7 +357,7 @@ func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
 // message from the stream: applied once, nothing lost.
 func TestCrashOnLastDeliveryRescued(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "", jsinbox.StreamOptions{})
+	e := newEnv(t, "", jsinbox.StreamConfig{})
 	ctx := context.Background()
 	if _, err := e.js.CreateConsumer(ctx, jsinbox.DefaultStream, jetstream.ConsumerConfig{Durable: "ledger",
 		AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 1, AckWait: time.Second, MaxAckPending: 1000}); err != nil {
@@ -388,7 +388,7 @@ func TestCrashOnLastDeliveryRescued(t *testing.T) {
 func TestOutcomeUnknownOnLastDelivery(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := newEnv(t, "", jsinbox.StreamOptions{})
+	e := newEnv(t, "", jsinbox.StreamConfig{})
 	cfg := e.pool.Config()
 	inj := &faultconn.Injector{}
 	cfg.ConnConfig.AfterNetConnect = inj.AfterNetConnect

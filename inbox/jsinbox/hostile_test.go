@@ -19,7 +19,7 @@ import (
 // nothing twice, nothing crashes or hangs.
 func TestHostileInput(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "", jsinbox.StreamOptions{})
+	e := newEnv(t, "", jsinbox.StreamConfig{})
 	good := load(100, "ok")
 	e.publish(t, good[:50])
 	deep := strings.Repeat(`{"a":`, 500) + "1" + strings.Repeat("}", 500)
@@ -69,7 +69,7 @@ func TestHostileInput(t *testing.T) {
 // are refused by the stream the project ships.
 func TestDangerousHeadersRefused(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "", jsinbox.StreamOptions{})
+	e := newEnv(t, "", jsinbox.StreamConfig{})
 	e.publish(t, load(5, "keep"))
 	for _, h := range []nats.Header{
 		{"Nats-Rollup": []string{"all"}},
@@ -98,7 +98,7 @@ func TestDangerousHeadersRefused(t *testing.T) {
 func TestPullStormBounded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := newEnv(t, "", jsinbox.StreamOptions{})
+	e := newEnv(t, "", jsinbox.StreamConfig{})
 	if _, err := e.js.CreateConsumer(ctx, jsinbox.DefaultStream, jetstream.ConsumerConfig{Durable: "ledger", AckPolicy: jetstream.AckExplicitPolicy,
 		MaxAckPending: 50, MaxWaiting: 16, MaxDeliver: 20, AckWait: 2 * time.Second}); err != nil {
 		t.Fatal(err)

@@ -30,7 +30,7 @@ type env struct {
 	pool *pgxpool.Pool
 }
 
-func newEnv(t *testing.T, dbURL string, stream jsinbox.StreamOptions) *env {
+func newEnv(t *testing.T, dbURL string, stream jsinbox.StreamConfig) *env {
 	t.Helper()
 	ctx := context.Background()
 	e := &env{nats: testenv.NewNATS(t, testenv.NATSOptions{})}
@@ -61,7 +61,7 @@ func newEnv(t *testing.T, dbURL string, stream jsinbox.StreamOptions) *env {
 	return e
 }
 
-func (e *env) publish(t *testing.T, intents []jsinbox.Intent) jsinbox.PublishStats {
+func (e *env) publish(t *testing.T, intents []jsinbox.Intent) jsinbox.PublisherStats {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -179,7 +179,7 @@ func load(n int, prefix string) []jsinbox.Intent {
 func TestEndToEnd(t *testing.T) {
 	t.Parallel()
 	const window = 2 * time.Second
-	e := newEnv(t, "", jsinbox.StreamOptions{DuplicateWindow: window})
+	e := newEnv(t, "", jsinbox.StreamConfig{DuplicateWindow: window})
 	intents := load(2000, "e2e")
 	e.publish(t, intents[:300])
 	if st := e.publish(t, intents[:300]); st.Duplicates != 300 {
@@ -209,7 +209,7 @@ func TestEndToEnd(t *testing.T) {
 func TestBindsOperatorDurable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := newEnv(t, "", jsinbox.StreamOptions{})
+	e := newEnv(t, "", jsinbox.StreamConfig{})
 	if _, err := e.js.CreateConsumer(ctx, jsinbox.DefaultStream, jetstream.ConsumerConfig{
 		Durable: "ledger", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 7, AckWait: 3 * time.Second, MaxAckPending: 100,
 	}); err != nil {

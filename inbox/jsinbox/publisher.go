@@ -73,7 +73,7 @@ type PublisherConfig struct {
 	// to Batch messages (at most [MaxBatch]): the server stores a batch
 	// with one fsync and one PubAck instead of one each, which is what
 	// limits a stream with sync_interval: always. The stream must allow
-	// atomic publishing (StreamOptions sets it). A batch the server refuses
+	// atomic publishing (StreamConfig sets it). A batch the server refuses
 	// as a whole (an ID it already has, a timeout, a server without atomic
 	// publishing) is published again one intent at a time, with the same
 	// IDs, so per-intent deduplication is kept. Default 0: one publish per
@@ -113,8 +113,8 @@ func (c PublisherConfig) WithDefaults() PublisherConfig {
 	return c
 }
 
-// PublishStats counts what a Publisher did.
-type PublishStats struct {
+// PublisherStats counts what a Publisher did.
+type PublisherStats struct {
 	// Published intents whose publish was acknowledged by the stream.
 	Published int64
 	// Duplicates: PubAcks with duplicate=true (the stream already had the
@@ -280,8 +280,8 @@ func (p *Publisher) Flush(ctx context.Context) error {
 func (p *Publisher) Close() { p.stop() }
 
 // Stats returns the counters so far.
-func (p *Publisher) Stats() PublishStats {
-	return PublishStats{Published: p.published.Load(), Duplicates: p.duplicates.Load(), Conflicts: p.conflicts.Load(), Retries: p.retries.Load(),
+func (p *Publisher) Stats() PublisherStats {
+	return PublisherStats{Published: p.published.Load(), Duplicates: p.duplicates.Load(), Conflicts: p.conflicts.Load(), Retries: p.retries.Load(),
 		Failed: p.failed.Load(), Batches: p.batches.Load(), BatchFallbacks: p.batchFallbacks.Load()}
 }
 

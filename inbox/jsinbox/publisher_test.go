@@ -20,7 +20,7 @@ import (
 
 // publishOutcome publishes intents with a new Publisher and returns its
 // stats and failures, sorted by ID.
-func publishOutcome(t *testing.T, js jetstream.JetStream, cfg jsinbox.PublisherConfig, intents []jsinbox.Intent) (jsinbox.PublishStats, []jsinbox.Failure) {
+func publishOutcome(t *testing.T, js jetstream.JetStream, cfg jsinbox.PublisherConfig, intents []jsinbox.Intent) (jsinbox.PublisherStats, []jsinbox.Failure) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -190,7 +190,7 @@ func TestDuplicateThatCannotBeReadBackFails(t *testing.T) {
 		return js
 	}
 	admin, producer := connect("admin"), connect("producer")
-	if _, err := admin.CreateStream(context.Background(), jsinbox.StreamOptions{}.Config()); err != nil {
+	if _, err := admin.CreateStream(context.Background(), jsinbox.StreamConfig{}.Config()); err != nil {
 		t.Fatal(err)
 	}
 	intents := load(3, "nr")
@@ -217,7 +217,7 @@ func TestPublisherPinsItsStream(t *testing.T) {
 			t.Run(fmt.Sprintf("batch=%d,expect=%v", batch, expect), func(t *testing.T) {
 				t.Parallel()
 				js := batchEnv(t, true)
-				dlq := jsinbox.StreamOptions{}.DeadLetterConfig()
+				dlq := jsinbox.StreamConfig{}.DeadLetterConfig()
 				if _, err := js.CreateStream(context.Background(), dlq); err != nil {
 					t.Fatal(err)
 				}

@@ -46,7 +46,7 @@ const (
 // max-deliveries advisories of every consumer of the intents stream, kept
 // as long as the intents themselves (a rescue needs both), with the
 // intents stream's replicas.
-func (o StreamOptions) AdvisoryConfig() jetstream.StreamConfig { return advisoryConfig(o.Config()) }
+func (o StreamConfig) AdvisoryConfig() jetstream.StreamConfig { return advisoryConfig(o.Config()) }
 
 func advisoryConfig(intents jetstream.StreamConfig) jetstream.StreamConfig {
 	return jetstream.StreamConfig{

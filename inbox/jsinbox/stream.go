@@ -20,10 +20,10 @@ const (
 	DefaultMaxBytes        = 16 << 30
 )
 
-// StreamOptions describes the intents stream. Every limit is explicit: the
+// StreamConfig describes the intents stream. Every limit is explicit: the
 // stream discards NEW messages when full (the publisher sees an error and
 // retries), never old unconsumed intents.
-type StreamOptions struct {
+type StreamConfig struct {
 	// Name of the stream. Default "INTENTS".
 	Name string
 	// Subjects the stream captures. Default ["intents.>"].
@@ -43,7 +43,7 @@ type StreamOptions struct {
 }
 
 // WithDefaults returns o with defaults filled in.
-func (o StreamOptions) WithDefaults() StreamOptions {
+func (o StreamConfig) WithDefaults() StreamConfig {
 	if o.Name == "" {
 		o.Name = DefaultStream
 	}
@@ -69,7 +69,7 @@ func (o StreamOptions) WithDefaults() StreamOptions {
 }
 
 // Config returns the JetStream configuration for these options.
-func (o StreamOptions) Config() jetstream.StreamConfig {
+func (o StreamConfig) Config() jetstream.StreamConfig {
 	o = o.WithDefaults()
 	return jetstream.StreamConfig{
 		Name:        o.Name,
@@ -95,7 +95,7 @@ func (o StreamOptions) Config() jetstream.StreamConfig {
 
 // DeadLetterConfig returns the configuration of the dead-letter stream for an
 // intents stream: same durability, subjects "dlq.<intent subject>".
-func (o StreamOptions) DeadLetterConfig() jetstream.StreamConfig {
+func (o StreamConfig) DeadLetterConfig() jetstream.StreamConfig {
 	c := o.Config()
 	c.Name = DeadLetterStream(c.Name)
 	c.Subjects = make([]string, len(o.WithDefaults().Subjects))
@@ -119,7 +119,7 @@ const DeadLetterPrefix = "dlq."
 // rollup or per-message TTL headers, and a duplicate window at least as long
 // as asked. It never changes an existing stream; it returns an error naming
 // every unsafe setting instead.
-func EnsureStream(ctx context.Context, js jetstream.JetStream, o StreamOptions) (jetstream.Stream, error) {
+func EnsureStream(ctx context.Context, js jetstream.JetStream, o StreamConfig) (jetstream.Stream, error) {
 	o = o.WithDefaults()
 	if _, err := ensure(ctx, js, o.DeadLetterConfig(), checkDeadLetter); err != nil {
 		return nil, err

@@ -22,7 +22,7 @@ func TestTraceContextCarried(t *testing.T) {
 	ctx := context.Background()
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	e := newEnv(t, "", jsinbox.StreamOptions{})
+	e := newEnv(t, "", jsinbox.StreamConfig{})
 	pub, err := jsinbox.NewPublisher(e.js, jsinbox.PublisherConfig{TracerProvider: tp})
 	if err != nil {
 		t.Fatal(err)

@@ -200,7 +200,7 @@ func commandPipeline(t *testing.T, n int, prefix string) (*testenv.NATS, string,
 	}
 	t.Cleanup(nc.Close)
 	js, _ := jetstream.New(nc)
-	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamOptions{}, 1024); err != nil {
+	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamConfig{}, 1024); err != nil {
 		t.Fatal(err)
 	}
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL()})
@@ -376,7 +376,7 @@ func TestPruneHorizonBoundaries(t *testing.T) {
 	js, _ := jetstream.New(nc)
 	// MaxAge 1h; 200 deliveries × (AckWait 30s + nak cap 30s) = 3h20m of
 	// redeliveries outlast it; dead letters are kept 30 days.
-	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamOptions{MaxAge: time.Hour, DuplicateWindow: 2 * time.Minute}, 4); err != nil {
+	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamConfig{MaxAge: time.Hour, DuplicateWindow: 2 * time.Minute}, 4); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := js.CreateConsumer(ctx, jsinbox.DefaultStream, jetstream.ConsumerConfig{Durable: "ledger", AckPolicy: jetstream.AckExplicitPolicy,
@@ -453,7 +453,7 @@ func TestReplayChangesNothingByDefault(t *testing.T) {
 	// A short duplicate window, also the dead-letter stream's: a second
 	// dead letter for the same message would not be dropped as a copy.
 	const window = time.Second
-	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamOptions{DuplicateWindow: window}, 16); err != nil {
+	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamConfig{DuplicateWindow: window}, 16); err != nil {
 		t.Fatal(err)
 	}
 	pub, _ := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
@@ -581,4 +581,3 @@ func TestEveryDocumentedCommandExists(t *testing.T) {
 		}
 	}
 }
-

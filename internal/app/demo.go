@@ -68,7 +68,7 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	defer cancel()
 
 	run := strconv.FormatUint(rand.Uint64()>>28, 36)
-	streamOpts := jsinbox.StreamOptions{DuplicateWindow: 3 * time.Second}
+	streamOpts := jsinbox.StreamConfig{DuplicateWindow: 3 * time.Second}
 	subject := "intents"
 
 	// NATS: embedded unless NATS_URL is set.

@@ -123,7 +123,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	stream := jsinbox.StreamOptions{}.WithDefaults()
+	stream := jsinbox.StreamConfig{}.WithDefaults()
 	if _, err := jsinbox.EnsureStream(ctx, js, stream); err != nil {
 		return err
 	}

@@ -240,7 +240,7 @@ func runOne(ctx context.Context, pg *testenv.Postgres, o Options, prod, cons str
 		return Row{}, nil, err
 	}
 	defer r.pool.Close()
-	if err := pipeline.Setup(ctx, r.js, r.pool, jsinbox.StreamOptions{}, 64); err != nil {
+	if err := pipeline.Setup(ctx, r.js, r.pool, jsinbox.StreamConfig{}, 64); err != nil {
 		return Row{}, nil, err
 	}
 	r.intents = pipeline.Generate(pipeline.Load{Count: o.Intents, Accounts: 64, Prefix: fmt.Sprintf("c%d", round), Seed: o.Seed + uint64(round)})

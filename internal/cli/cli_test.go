@@ -300,7 +300,7 @@ func commandPipeline(t *testing.T, n int, prefix string) (*testenv.NATS, string,
 	t.Cleanup(nc.Close)
 	js, _ := jetstream.New(nc)
 	// Setup migrates the schemas, as jetinbox migrate would.
-	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamOptions{}, 1024); err != nil {
+	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamConfig{}, 1024); err != nil {
 		t.Fatal(err)
 	}
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL()})

@@ -89,7 +89,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		return err
 	}
 	defer nc.Close()
-	if _, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamOptions{
+	if _, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{
 		Name: *stream, Subjects: []string{*subject + ".>"}, Replicas: *replicas, DuplicateWindow: *window,
 	}); err != nil {
 		return err

@@ -36,7 +36,7 @@ func settledPipeline(t *testing.T, n int) (jetstream.JetStream, *pgxpool.Pool) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamOptions{}, 16); err != nil {
+	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamConfig{}, 16); err != nil {
 		t.Fatal(err)
 	}
 	pub, _ := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
@@ -213,7 +213,7 @@ func TestVerifyTrustsDeadLettersByHeader(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	const window = time.Second
-	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamOptions{DuplicateWindow: window}, 16); err != nil {
+	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamConfig{DuplicateWindow: window}, 16); err != nil {
 		t.Fatal(err)
 	}
 	pub, _ := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
