@@ -5,15 +5,21 @@
 // [EnsureStream] creates the intents stream with explicit limits and
 // DiscardNew (a full stream refuses new intents, which the publisher retries,
 // instead of deleting unconsumed ones), DenyDelete and DenyPurge, no rollup
-// or per-message TTL headers, and a dead-letter stream beside it. It checks
-// an existing stream and names every unsafe setting rather than changing it.
+// or per-message TTL headers, a dead-letter stream and an advisory stream
+// beside it (see [AdvisoryStream]). It checks an existing stream and names
+// every unsafe setting rather than changing it.
 //
 // A [Publisher] publishes [Intent] values with Nats-Msg-Id set to the
-// intent's ID, keeps a bounded window of publishes in flight, and retries a
-// publish that timed out, found no responders or hit a disconnect with the
-// same ID after a jittered delay. JetStream drops the copy inside its
-// duplicate window (the PubAck says duplicate); after it, the consumer's
-// inbox does.
+// intent's ID and Nats-Expected-Stream set to its stream (an intent whose
+// subject another stream captures is refused, [ErrWrongStream]), keeps a
+// bounded window of publishes in flight, and retries a publish that timed
+// out, found no responders or hit a disconnect with the same ID after a
+// jittered delay. JetStream drops the copy inside its duplicate window (the
+// PubAck says duplicate), and the publisher reads the stored message back
+// to check it carries the same payload: another payload under the same ID
+// is [ErrConflict]. After the window, the consumer's inbox catches copies.
+// Callers that hand over many intents at once can publish them in JetStream
+// atomic batches ([PublisherConfig].Batch).
 //
 // # Consuming
 //
@@ -23,12 +29,21 @@
 // an [inbox.Processor], and then, per message:
 //
 //   - applied or duplicate: Ack;
-//   - rejected or conflict: publish to the dead-letter stream with the
-//     reason and the original headers, wait for the stream to store it, then
-//     TermWithReason;
+//   - rejected or conflict: publish a copy to the dead-letter stream (pinned
+//     to it, with the reason and the original's own headers but none of
+//     JetStream's), wait for the stream to store it, then TermWithReason; a
+//     copy of an intent rejected before at another stream sequence is
+//     terminated without a second dead letter;
 //   - retry: NakWithDelay with a jittered delay chosen by delivery count (a
 //     bare Nak would redeliver at once; the consumer's BackOff list does not
 //     apply to naks); on the last delivery, dead-letter instead.
+//
+// A dead letter the stream refuses on a message's last delivery is held
+// (InProgress) and retried until the stream takes it; the consumer is not
+// [Consumer.Ready] meanwhile. A message the server gave up on after
+// MaxDeliver (a crash on its last delivery) is announced by an advisory the
+// advisory stream keeps whether or not a consumer listens; every consumer
+// drains its durable's advisories and settles those messages.
 //
 // A batch that outlives half of AckWait sends InProgress. When PostgreSQL is
 // unreachable the consumer stops fetching and pings it with jittered backoff,
