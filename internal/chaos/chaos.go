@@ -33,6 +33,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
+	"github.com/jetinbox/jetinbox/jitter"
 )
 
 // Producer and consumer strategies.
@@ -386,9 +387,10 @@ func (r *run) produce(ctx context.Context, strategy string, intents []jsinbox.In
 func (r *run) produceBatches(ctx context.Context, intents []jsinbox.Intent, each func(i int)) error {
 	fp := failpoint.New()
 	if r.o.LosePubAck > 0 {
-		fp.EnableEvery(failpoint.LosePubAck, max(1, int(1/(r.o.LosePubAck*10))), -1)
+		fp.EnableEvery(failpoint.LosePubAck, max(2, int(1/r.o.LosePubAck)), -1)
 	}
-	p, err := jsinbox.NewPublisher(r.js, jsinbox.PublisherConfig{Batch: 50, Linger: 5 * time.Millisecond, AckTimeout: 2 * time.Second})
+	p, err := jsinbox.NewPublisher(r.js, jsinbox.PublisherConfig{Batch: 50, Linger: 5 * time.Millisecond, AckTimeout: 2 * time.Second,
+		Retry: jitter.Policy{Kind: jitter.Full, Base: 5 * time.Millisecond, Cap: 100 * time.Millisecond, MaxAttempts: 20}})
 	if err != nil {
 		return err
 	}
