@@ -42,6 +42,21 @@ func SeedAccounts(ctx context.Context, db inbox.Execer, n int) error {
 	return nil
 }
 
+// OpenAccounts opens the accounts with the given IDs (balance 0) and
+// returns how many were new: an account that exists is left as it is. The
+// ledger credits only existing accounts; a credit to another is rejected as
+// "unknown account".
+func OpenAccounts(ctx context.Context, db inbox.Querier, ids []int64) (int, error) {
+	var n int
+	err := db.QueryRow(ctx, `WITH ins AS (
+	INSERT INTO accounts (id) SELECT * FROM unnest($1::bigint[]) ON CONFLICT DO NOTHING RETURNING 1
+) SELECT count(*) FROM ins`, ids).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("effects: open accounts: %w", err)
+	}
+	return n, nil
+}
+
 // DefaultScope is the inbox scope of the ledger when none is chosen: the
 // scope jetinbox's commands default to, and the one ledger entries written
 // before entries carried a scope belong to.
