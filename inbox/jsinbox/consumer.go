@@ -309,6 +309,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return err
 	}
 	c.bound.Store(&cons)
+	c.fitAckPending(cons.CachedInfo().Config.MaxAckPending)
 	// Messages the server gave up on after MaxDeliver, now or while no
 	// consumer ran, are rescued from their stored advisories.
 	rescueCons, err := c.bindRescue(ctx)
@@ -440,4 +441,18 @@ func (c *Consumer) bind(ctx context.Context) (jetstream.Consumer, error) {
 		c.cfg.Logger.Warn("jsinbox: config: "+w, "durable", c.cfg.Durable)
 	}
 	return cons, nil
+}
+
+// fitAckPending lowers the batch size when the durable's MaxAckPending
+// cannot hold InFlight full batches: the server would stop delivering at
+// its limit, and the batches would silently stay smaller than configured
+// while the pull buffer waits. It says so once.
+func (c *Consumer) fitAckPending(maxAckPending int) {
+	if maxAckPending <= 0 || c.cfg.BatchSize*c.cfg.InFlight <= maxAckPending {
+		return
+	}
+	batch := max(1, maxAckPending/c.cfg.InFlight)
+	c.cfg.Logger.Warn("jsinbox: the durable's MaxAckPending cannot hold the batches in flight; lowering the batch size",
+		"durable", c.cfg.Durable, "max_ack_pending", maxAckPending, "batch", c.cfg.BatchSize, "in_flight", c.cfg.InFlight, "new_batch", batch)
+	c.cfg.BatchSize = batch
 }

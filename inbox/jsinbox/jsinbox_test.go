@@ -222,6 +222,11 @@ func TestBindsOperatorDurable(t *testing.T) {
 	if got := r.c.Config(); got.MaxDeliver != 7 || got.AckWait != 3*time.Second {
 		t.Fatalf("consumer runs with MaxDeliver %d, AckWait %v; want the durable's 7 and 3s", got.MaxDeliver, got.AckWait)
 	}
+	// MaxAckPending 100 cannot hold 2 batches of 6000: the batch is
+	// lowered to what fits, not silently capped by the server.
+	if got := r.c.Config(); got.BatchSize != 50 {
+		t.Fatalf("batch size %d under MaxAckPending 100 and 2 in flight, want 50", got.BatchSize)
+	}
 	info, err := e.js.Consumer(ctx, jsinbox.DefaultStream, "ledger")
 	if err != nil || info.CachedInfo().Config.MaxAckPending != 100 {
 		t.Fatalf("the operator's durable was changed: %+v, %v", info.CachedInfo().Config, err)
