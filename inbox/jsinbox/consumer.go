@@ -252,10 +252,12 @@ func NewConsumer(js jetstream.JetStream, proc *inbox.Processor, cfg ConsumerConf
 // Config returns the consumer's configuration with defaults filled in.
 func (c *Consumer) Config() ConsumerConfig { return c.cfg }
 
-// Ready reports whether the consumer is consuming with a reachable database,
-// holds no message that the dead-letter stream refused, and is not draining.
+// Ready reports whether the consumer is consuming, connected to NATS, with
+// a reachable database, holds no message that the dead-letter stream
+// refused, and is not draining.
 func (c *Consumer) Ready() bool {
-	return c.ready.Load() && !c.draining.Load() && !c.dbDown.Load() && !c.crashed.Load() && c.deadLettersHeld.Load() == 0
+	return c.ready.Load() && !c.draining.Load() && !c.dbDown.Load() && !c.crashed.Load() &&
+		c.deadLettersHeld.Load() == 0 && c.js.Conn().IsConnected()
 }
 
 // Draining reports whether Run is shutting down.

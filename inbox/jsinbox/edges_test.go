@@ -263,3 +263,18 @@ func TestRefusedClaimIsolated(t *testing.T) {
 		})
 	}
 }
+
+// TestNotReadyWithoutNATS: the consumer is not ready while its NATS
+// connection is down, and ready again once it is back.
+func TestNotReadyWithoutNATS(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", jsinbox.StreamConfig{})
+	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{BatchSize: 50})
+	waitFor(t, 10*time.Second, r.c.Ready)
+	e.nats.Shutdown()
+	waitFor(t, 2*time.Second, func() bool { return !r.c.Ready() })
+	if err := e.nats.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, r.c.Ready)
+}
