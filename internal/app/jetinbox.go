@@ -37,6 +37,7 @@ func commands() map[string]command {
 	return map[string]command{
 		"demo":     {"the all-in-one run: embedded JetStream, throwaway PostgreSQL, producer, two consumers, faults, verified result", Demo},
 		"accounts": {"open ledger accounts (-open 1-1024), or list them with their balances (-list)", Accounts},
+		"dlq":      {"list a scope's dead letters by reason, -show one, -redrive a selection after fixing the cause", DLQ},
 		"migrate":  {"apply the inbox and ledger schemas (-print shows the SQL instead)", Migrate},
 		"verify":   {"check a stream against one scope's inbox and ledger: lost, duplicated, unexpected", Verify},
 		"consumer": {"the consumer (same as the consumer binary), for one-binary deployments and jetinbox bench", func(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {

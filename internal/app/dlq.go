@@ -1,0 +1,327 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/cli"
+)
+
+// DLQ lists, shows and re-drives one scope's dead letters.
+//
+// A re-drive publishes the dead letter's original intent again, with its
+// original ID, subject and payload, into the intents stream, so that the
+// inbox decides again: a rejected inbox row of that ID is deleted first
+// (an applied one stays, and the intent is not published). Conflicts are
+// not re-driven: their ID is applied with another payload.
+func DLQ(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := cli.NewFlagSet("jetinbox dlq", "List one scope's dead letters with counts by reason (the default), -show one, or -redrive a selection\n"+
+		"after fixing the cause: each intent is published again with its original ID so the inbox decides again\n"+
+		"(its rejected inbox row is deleted first; an applied ID stays applied). Exit 0 ok, 1 failure, 2 usage error.", stderr)
+	var nf cli.NATSFlags
+	nf.Register(fs, env)
+	dbURL := cli.DatabaseFlag(fs, env, cli.DatabaseUsage)
+	stream := cli.StreamFlag(fs, env, "intents stream (its dead letters are in <stream>_DLQ)")
+	scope := cli.ScopeFlag(fs, env)
+	show := fs.Uint64("show", 0, "print the dead letter at this sequence of the dead-letter stream: headers and payload")
+	redrive := fs.Bool("redrive", false, "re-drive the selected dead letters (-all, -id, -seq or -reason)")
+	all := fs.Bool("all", false, "select every dead letter of the scope")
+	ids := fs.String("id", "", "select by original message ID (comma-separated)")
+	seqs := fs.String("seq", "", "select by dead-letter stream sequence (comma-separated)")
+	reason := fs.String("reason", "", "select the dead letters whose reason contains this text")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return cli.UsageError{Err: fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	sel, err := newSelection(*all, *ids, *seqs, *reason)
+	if err != nil {
+		return cli.UsageError{Err: err}
+	}
+	if *redrive && sel.empty() {
+		return cli.UsageError{Err: errors.New("-redrive needs a selection: -all, -id, -seq or -reason")}
+	}
+	if err := nf.Validate(); err != nil {
+		return cli.UsageError{Err: err}
+	}
+	if err := cli.CheckScope(*scope); err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	nc, js, err := nf.Connect("jetinbox-dlq", cli.DefaultReconnect(), log)
+	if err != nil {
+		return cli.UsageError{Err: err}
+	}
+	defer nc.Close()
+	dead, err := readDeadLetters(ctx, js, *stream, *scope)
+	if err != nil {
+		return err
+	}
+	if *show != 0 {
+		for _, d := range dead {
+			if d.seq == *show {
+				d.print(stdout)
+				return nil
+			}
+		}
+		return fmt.Errorf("dlq: no dead letter of scope %q at sequence %d of %s", *scope, *show, jsinbox.DeadLetterStream(*stream))
+	}
+	picked := dead
+	if !sel.empty() {
+		picked = picked[:0:0]
+		for _, d := range dead {
+			if sel.match(d) {
+				picked = append(picked, d)
+			}
+		}
+	}
+	if !*redrive {
+		listDeadLetters(stdout, dead, picked, *stream, *scope)
+		return nil
+	}
+	if err := cli.RequireDatabase(*dbURL); err != nil {
+		return err
+	}
+	pool, err := cli.OpenDB(ctx, *dbURL, 2, log)
+	if err != nil {
+		return cli.UsageError{Err: err}
+	}
+	defer pool.Close()
+	return redriveAll(ctx, stdout, js, pool, *stream, *scope, picked)
+}
+
+// deadLetter is one dead letter of the scope, as the dead-letter stream
+// holds it.
+type deadLetter struct {
+	seq            uint64 // in the dead-letter stream
+	id, status     string
+	reason         string
+	subject        string // the original's
+	origSeq        uint64
+	deliveries     string
+	header         nats.Header
+	payload        []byte
+	deadLetteredAt time.Time
+}
+
+func (d deadLetter) print(w io.Writer) {
+	fmt.Fprintf(w, "dead letter %d of intent %q (stream seq %d, subject %s), %s after %s deliveries, at %s\nreason: %s\n",
+		d.seq, d.id, d.origSeq, d.subject, d.status, d.deliveries, d.deadLetteredAt.Format(time.RFC3339), d.reason)
+	keys := make([]string, 0, len(d.header))
+	for k := range d.header {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(w, "%s: %s\n", k, strings.Join(d.header[k], ", "))
+	}
+	fmt.Fprintf(w, "\n%s\n", d.payload)
+}
+
+// readDeadLetters reads the scope's dead letters of stream with an ordered
+// consumer, which disturbs nobody.
+func readDeadLetters(ctx context.Context, js jetstream.JetStream, stream, scope string) ([]deadLetter, error) {
+	name := jsinbox.DeadLetterStream(stream)
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: %s: %w", name, err)
+	}
+	total := s.CachedInfo().State.Msgs
+	if total == 0 {
+		return nil, nil
+	}
+	c, err := js.OrderedConsumer(ctx, name, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return nil, fmt.Errorf("dlq: read %s: %w", name, err)
+	}
+	last := s.CachedInfo().State.LastSeq
+	var out []deadLetter
+	for {
+		b, err := c.Fetch(500, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("dlq: read %s: %w", name, err)
+		}
+		n, seq := 0, uint64(0)
+		for m := range b.Messages() {
+			n++
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, fmt.Errorf("dlq: read %s: %w", name, err)
+			}
+			seq = md.Sequence.Stream
+			h := m.Headers()
+			if h.Get(jsinbox.HeaderScope) != scope || h.Get(jsinbox.HeaderStream) != stream {
+				continue
+			}
+			orig, _ := strconv.ParseUint(h.Get(jsinbox.HeaderStreamSeq), 10, 64)
+			out = append(out, deadLetter{seq: seq, id: h.Get(jsinbox.HeaderMessageID), status: h.Get(jsinbox.HeaderStatus),
+				reason: h.Get(jsinbox.HeaderReason), subject: strings.TrimPrefix(m.Subject(), jsinbox.DeadLetterPrefix),
+				origSeq: orig, deliveries: h.Get(jsinbox.HeaderDelivered), header: h, payload: m.Data(), deadLetteredAt: md.Timestamp})
+		}
+		if err := b.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return nil, fmt.Errorf("dlq: read %s: %w", name, err)
+		}
+		if seq >= last || n == 0 {
+			return out, nil
+		}
+	}
+}
+
+// selection picks dead letters by ID, dead-letter sequence or reason.
+type selection struct {
+	all    bool
+	ids    map[string]bool
+	seqs   map[uint64]bool
+	reason string
+}
+
+func newSelection(all bool, ids, seqs, reason string) (selection, error) {
+	s := selection{all: all, reason: reason}
+	if ids != "" {
+		s.ids = map[string]bool{}
+		for id := range strings.SplitSeq(ids, ",") {
+			s.ids[strings.TrimSpace(id)] = true
+		}
+	}
+	if seqs != "" {
+		s.seqs = map[uint64]bool{}
+		for f := range strings.SplitSeq(seqs, ",") {
+			n, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+			if err != nil || n == 0 {
+				return s, fmt.Errorf("-seq: %q is not a stream sequence", f)
+			}
+			s.seqs[n] = true
+		}
+	}
+	return s, nil
+}
+
+func (s selection) empty() bool { return !s.all && s.ids == nil && s.seqs == nil && s.reason == "" }
+
+func (s selection) match(d deadLetter) bool {
+	return s.all || s.ids[d.id] || s.seqs[d.seq] || (s.reason != "" && strings.Contains(d.reason, s.reason))
+}
+
+// listDeadLetters prints counts by reason over every dead letter of the
+// scope, then the selected ones (all of them without a selection).
+func listDeadLetters(w io.Writer, dead, picked []deadLetter, stream, scope string) {
+	fmt.Fprintf(w, "%d dead letters of scope %q in %s\n", len(dead), scope, jsinbox.DeadLetterStream(stream))
+	if len(dead) == 0 {
+		return
+	}
+	counts := map[string]int{}
+	for _, d := range dead {
+		counts[d.status+"\t"+shorten(d.reason, 80)]++
+	}
+	reasons := make([]string, 0, len(counts))
+	for r := range counts {
+		reasons = append(reasons, r)
+	}
+	sort.Slice(reasons, func(i, j int) bool {
+		if counts[reasons[i]] != counts[reasons[j]] {
+			return counts[reasons[i]] > counts[reasons[j]]
+		}
+		return reasons[i] < reasons[j]
+	})
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "\ncount\tstatus\treason")
+	for _, r := range reasons {
+		fmt.Fprintf(tw, "%d\t%s\n", counts[r], r)
+	}
+	fmt.Fprintln(tw, "\ndlq seq\tintent\tstream seq\tstatus\treason")
+	for _, d := range picked {
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\n", d.seq, d.id, d.origSeq, d.status, shorten(d.reason, 60))
+	}
+	tw.Flush()
+}
+
+func shorten(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// redriveAll re-drives each picked dead letter once per intent ID.
+func redriveAll(ctx context.Context, w io.Writer, js jetstream.JetStream, pool *pgxpool.Pool, stream, scope string, picked []deadLetter) error {
+	var sent, applied, skipped, failed int
+	done := map[string]bool{}
+	for _, d := range picked {
+		if done[d.id] {
+			continue
+		}
+		done[d.id] = true
+		switch res, err := redrive(ctx, js, pool, stream, scope, d); {
+		case err != nil:
+			failed++
+			fmt.Fprintf(w, "%s: %v\n", d.id, err)
+		case res == "":
+			sent++
+		case res == "applied":
+			applied++
+			fmt.Fprintf(w, "%s: already applied; not published again\n", d.id)
+		default:
+			skipped++
+			fmt.Fprintf(w, "%s: %s\n", d.id, res)
+		}
+	}
+	fmt.Fprintf(w, "re-driven %d, already applied %d, skipped %d, failed %d\n", sent, applied, skipped, failed)
+	if failed > 0 {
+		return fmt.Errorf("dlq: %d re-drives failed", failed)
+	}
+	return nil
+}
+
+// redrive deletes the intent's rejected inbox row and publishes it again
+// with its original ID. It returns "" when published, "applied" when the
+// ID is applied (nothing published), or why it skipped the dead letter.
+func redrive(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, stream, scope string, d deadLetter) (string, error) {
+	if d.status == "conflict" {
+		return "a conflict: the ID is applied with another payload; publish the intent under a new ID instead", nil
+	}
+	if d.id == "" || d.subject == "" {
+		return "no valid ID or subject to publish under", nil
+	}
+	var status string
+	err := pool.QueryRow(ctx, `WITH del AS (
+	DELETE FROM inbox WHERE scope = $1 AND message_id = $2 AND status = 'rejected' RETURNING status
+) SELECT coalesce((SELECT status FROM del), (SELECT status FROM inbox WHERE scope = $1 AND message_id = $2), '')`, scope, d.id).Scan(&status)
+	if err != nil {
+		return "", fmt.Errorf("inbox: %w", err)
+	}
+	if status == "applied" {
+		return "applied", nil
+	}
+	h := nats.Header{}
+	for k, v := range d.header {
+		if strings.HasPrefix(strings.ToLower(k), "nats-") || strings.HasPrefix(strings.ToLower(k), "jetinbox-") {
+			continue
+		}
+		h[k] = v
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ack, err := js.PublishMsg(pctx, &nats.Msg{Subject: d.subject, Data: d.payload, Header: h},
+		jetstream.WithMsgID(d.id), jetstream.WithExpectStream(stream))
+	if err != nil {
+		return "", fmt.Errorf("publish: %w", err)
+	}
+	if ack.Duplicate {
+		return fmt.Sprintf("the stream still remembers the ID (its duplicate window): the copy was dropped; re-drive again once the window has passed (stream seq %d)", ack.Sequence), nil
+	}
+	return "", nil
+}
