@@ -2,14 +2,17 @@ package jsinbox_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
@@ -277,4 +280,35 @@ func TestNotReadyWithoutNATS(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, r.c.Ready)
+}
+
+// TestEnsureStreamAllOrNothing: when the servers have no room for the
+// intents stream, EnsureStream fails without leaving the dead-letter and
+// advisory streams it created behind; with sizes that fit, it creates all
+// three.
+func TestEnsureStreamAllOrNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := testenv.NewNATS(t, testenv.NATSOptions{Configure: func(o *server.Options) { o.JetStreamMaxStore = 6 << 30 }})
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	if _, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{}); err == nil {
+		t.Fatal("a 16 GiB stream fit in 6 GiB of storage: the test exercises nothing")
+	}
+	for _, name := range []string{jsinbox.DefaultStream, jsinbox.DeadLetterStream(jsinbox.DefaultStream), jsinbox.AdvisoryStream(jsinbox.DefaultStream)} {
+		if _, err := js.Stream(ctx, name); !errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Errorf("stream %s after a failed EnsureStream: %v, want not found", name, err)
+		}
+	}
+	if _, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{MaxBytes: 512 << 20, DeadLetterMaxBytes: 256 << 20}); err != nil {
+		t.Fatalf("sizes that fit: %v", err)
+	}
+	dlq, err := js.Stream(ctx, jsinbox.DeadLetterStream(jsinbox.DefaultStream))
+	if err != nil || dlq.CachedInfo().Config.MaxBytes != 256<<20 {
+		t.Fatalf("dead-letter stream %v, %v: want MaxBytes 256 MiB", dlq, err)
+	}
 }

@@ -18,6 +18,12 @@ const (
 	DefaultMaxAge          = 7 * 24 * time.Hour
 	DefaultMaxMsgs         = 50_000_000
 	DefaultMaxBytes        = 16 << 30
+	// The dead-letter stream's defaults: dead letters are rare, and a
+	// full dead-letter stream makes the consumer hold the messages it
+	// rejects until there is room.
+	DefaultDeadLetterMaxMsgs  = 1_000_000
+	DefaultDeadLetterMaxBytes = 1 << 30
+	DefaultDeadLetterMaxAge   = 30 * 24 * time.Hour
 )
 
 // StreamConfig describes the intents stream. Every limit is explicit: the
@@ -40,6 +46,11 @@ type StreamConfig struct {
 	// drop publish retries. It must cover the producer's retry horizon.
 	// Default 2 minutes.
 	DuplicateWindow time.Duration
+	// DeadLetterMaxMsgs, DeadLetterMaxBytes and DeadLetterMaxAge bound the
+	// dead-letter stream. Defaults 1 million messages, 1 GiB, 30 days.
+	DeadLetterMaxMsgs  int64
+	DeadLetterMaxBytes int64
+	DeadLetterMaxAge   time.Duration
 }
 
 // WithDefaults returns o with defaults filled in.
@@ -64,6 +75,15 @@ func (o StreamConfig) WithDefaults() StreamConfig {
 	}
 	if o.DuplicateWindow == 0 {
 		o.DuplicateWindow = DefaultDuplicateWindow
+	}
+	if o.DeadLetterMaxMsgs == 0 {
+		o.DeadLetterMaxMsgs = DefaultDeadLetterMaxMsgs
+	}
+	if o.DeadLetterMaxBytes == 0 {
+		o.DeadLetterMaxBytes = DefaultDeadLetterMaxBytes
+	}
+	if o.DeadLetterMaxAge == 0 {
+		o.DeadLetterMaxAge = DefaultDeadLetterMaxAge
 	}
 	return o
 }
@@ -94,18 +114,18 @@ func (o StreamConfig) Config() jetstream.StreamConfig {
 }
 
 // DeadLetterConfig returns the configuration of the dead-letter stream for an
-// intents stream: same durability, subjects "dlq.<intent subject>".
+// intents stream: same durability and protections, subjects
+// "dlq.<intent subject>", its own limits. Dead letters are the record of
+// what was rejected and why: they age out, they are not deleted.
 func (o StreamConfig) DeadLetterConfig() jetstream.StreamConfig {
+	o = o.WithDefaults()
 	c := o.Config()
 	c.Name = DeadLetterStream(c.Name)
-	c.Subjects = make([]string, len(o.WithDefaults().Subjects))
-	for i, s := range o.WithDefaults().Subjects {
+	c.Subjects = make([]string, len(o.Subjects))
+	for i, s := range o.Subjects {
 		c.Subjects[i] = DeadLetterPrefix + s
 	}
-	// Dead letters wait for a person, who deletes them once handled; a full
-	// dead-letter stream would make every dead-letter publish fail.
-	c.MaxAge = 30 * 24 * time.Hour
-	c.DenyDelete, c.DenyPurge = false, false
+	c.MaxMsgs, c.MaxBytes, c.MaxAge = o.DeadLetterMaxMsgs, o.DeadLetterMaxBytes, o.DeadLetterMaxAge
 	return c
 }
 
@@ -114,39 +134,65 @@ func (o StreamConfig) DeadLetterConfig() jetstream.StreamConfig {
 const DeadLetterPrefix = "dlq."
 
 // EnsureStream creates the stream, its dead-letter stream and its advisory
-// stream (see [AdvisoryStream]), or checks that
-// existing ones are safe: file storage, DiscardNew, deny delete and purge, no
-// rollup or per-message TTL headers, and a duplicate window at least as long
-// as asked. It never changes an existing stream; it returns an error naming
-// every unsafe setting instead.
-func EnsureStream(ctx context.Context, js jetstream.JetStream, o StreamConfig) (jetstream.Stream, error) {
+// stream (see [AdvisoryStream]), or checks that existing ones are safe: file
+// storage, DiscardNew, deny delete and purge, no rollup or per-message TTL
+// headers, and a duplicate window at least as long as asked. It never
+// changes an existing stream; it returns an error naming every unsafe
+// setting instead. Creation is all or nothing: if one stream cannot be
+// created (no room on the servers, say), the ones this call created are
+// deleted again.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, o StreamConfig) (s jetstream.Stream, err error) {
 	o = o.WithDefaults()
-	if _, err := ensure(ctx, js, o.DeadLetterConfig(), checkDeadLetter); err != nil {
-		return nil, err
+	var created []string
+	defer func() {
+		if err == nil {
+			return
+		}
+		dctx := context.WithoutCancel(ctx)
+		for _, name := range created {
+			if derr := js.DeleteStream(dctx, name); derr != nil {
+				err = fmt.Errorf("%w (and the stream %s it created could not be deleted again: %v)", err, name, derr)
+			}
+		}
+	}()
+	for _, e := range []struct {
+		cfg   jetstream.StreamConfig
+		check func(jetstream.StreamConfig) []string
+	}{
+		{o.DeadLetterConfig(), checkDeadLetter},
+		{o.AdvisoryConfig(), checkAdvisory},
+		{o.Config(), func(c jetstream.StreamConfig) []string { return CheckStream(c, o.DuplicateWindow) }},
+	} {
+		var made bool
+		if s, made, err = ensure(ctx, js, e.cfg, e.check); err != nil {
+			return nil, err
+		}
+		if made {
+			created = append(created, e.cfg.Name)
+		}
 	}
-	if _, err := ensure(ctx, js, o.AdvisoryConfig(), checkAdvisory); err != nil {
-		return nil, err
-	}
-	return ensure(ctx, js, o.Config(), func(c jetstream.StreamConfig) []string { return CheckStream(c, o.DuplicateWindow) })
+	return s, nil
 }
 
-func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, check func(jetstream.StreamConfig) []string) (jetstream.Stream, error) {
+// ensure returns the stream cfg names, checked, after creating it if it
+// was missing (made).
+func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, check func(jetstream.StreamConfig) []string) (s jetstream.Stream, made bool, err error) {
 	// Look first: in production the operator creates the streams and a
 	// producer may only read their info.
-	s, err := js.Stream(ctx, cfg.Name)
+	s, err = js.Stream(ctx, cfg.Name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		s, err = js.CreateStream(ctx, cfg)
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			s, err = js.Stream(ctx, cfg.Name) // created by a concurrent starter
 		} else if err == nil {
-			return s, nil
+			return s, true, nil
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("jsinbox: stream %s: %w", cfg.Name, err)
+		return nil, false, fmt.Errorf("jsinbox: stream %s: %w", cfg.Name, err)
 	}
 	if problems := check(s.CachedInfo().Config); len(problems) > 0 {
-		return nil, fmt.Errorf("jsinbox: existing stream %s is unsafe: %s", cfg.Name, strings.Join(problems, "; "))
+		return nil, false, fmt.Errorf("jsinbox: existing stream %s is unsafe: %s", cfg.Name, strings.Join(problems, "; "))
 	}
-	return s, nil
+	return s, false, nil
 }
