@@ -33,6 +33,14 @@ func Migrate(ctx context.Context, db inbox.Beginner) (int, error) {
 // MigrationSQL returns the ledger schema as one SQL script.
 func MigrationSQL() string { return migrate.Script("ledger", migrations()) }
 
+// MigrationStatus compares the ledger migrations this package ships with
+// what the database recorded.
+func MigrationStatus(ctx context.Context, db interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}) ([]inbox.MigrationState, error) {
+	return migrate.Status(ctx, db, "ledger", migrations())
+}
+
 // SeedAccounts makes sure accounts 1..n exist (new ones with balance 0).
 func SeedAccounts(ctx context.Context, db inbox.Execer, n int) error {
 	_, err := db.Exec(ctx, `INSERT INTO accounts (id) SELECT generate_series(1, $1::bigint) ON CONFLICT DO NOTHING`, n)

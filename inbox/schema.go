@@ -33,6 +33,19 @@ func Migrate(ctx context.Context, db Beginner) (int, error) {
 	return migrate.Apply(ctx, db, "inbox", migrations())
 }
 
+// MigrationState is one migration as the database and this library see it:
+// applied, pending, edited after it was applied, or unknown to this
+// library (a newer release applied it).
+type MigrationState = migrate.State
+
+// MigrationStatus compares the inbox migrations this library ships with
+// what the database recorded.
+func MigrationStatus(ctx context.Context, db interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}) ([]MigrationState, error) {
+	return migrate.Status(ctx, db, "inbox", migrations())
+}
+
 // MigrationSQL returns the inbox schema as one SQL script, for people who run
 // their own migration tool.
 func MigrationSQL() string { return migrate.Script("inbox", migrations()) }

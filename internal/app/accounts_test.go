@@ -20,6 +20,11 @@ func TestAccountsOpenAndList(t *testing.T) {
 	if err := Migrate(ctx, nil, env, nil, io.Discard, io.Discard); err != nil {
 		t.Fatal(err)
 	}
+	var status bytes.Buffer
+	if err := Jetinbox(ctx, []string{"migrate", "-status"}, env, nil, &status, io.Discard); err != nil ||
+		strings.Count(status.String(), "applied") < 3 || strings.Contains(status.String(), "pending") {
+		t.Fatalf("migrate -status: %v\n%s", err, status.String())
+	}
 	run := func(args ...string) (string, error) {
 		var out bytes.Buffer
 		err := Jetinbox(ctx, append([]string{"accounts"}, args...), env, nil, &out, io.Discard)

@@ -15,8 +15,10 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetinbox/jetinbox/effects"
@@ -92,6 +94,7 @@ func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdou
 	fs := cli.NewFlagSet("jetinbox migrate", "Apply the inbox and ledger schemas to DATABASE_URL. Nothing migrates implicitly.", stderr)
 	dbURL := cli.DatabaseFlag(fs, env, cli.DatabaseUsage)
 	print := fs.Bool("print", false, "print the SQL for your own migration tool instead of applying it")
+	status := fs.Bool("status", false, "list each migration as applied, pending, edited (applied with other SQL: exit 1) or unknown (from a newer release); apply nothing")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -107,6 +110,9 @@ func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdou
 		return err
 	}
 	defer pool.Close()
+	if *status {
+		return migrationStatus(ctx, pool, stdout)
+	}
 	n, err := inbox.Migrate(ctx, pool)
 	if err != nil {
 		return err
@@ -230,6 +236,38 @@ func writeVerifyMetrics(path string, r *verify.Report) error {
 	ts.SetToCurrentTime()
 	if err := prometheus.WriteToTextfile(path, reg); err != nil {
 		return fmt.Errorf("verify: -textfile: %w", err)
+	}
+	return nil
+}
+
+// migrationStatus prints every migration's state; an edited one fails.
+func migrationStatus(ctx context.Context, pool *pgxpool.Pool, stdout io.Writer) error {
+	in, err := inbox.MigrationStatus(ctx, pool)
+	if err != nil {
+		return err
+	}
+	led, err := effects.MigrationStatus(ctx, pool)
+	if err != nil {
+		return err
+	}
+	edited := 0
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "component\tversion\tfile\tstate")
+	for _, st := range append(in, led...) {
+		state := "applied"
+		switch {
+		case st.Edited:
+			state, edited = "EDITED after it was applied", edited+1
+		case st.Unknown:
+			state = "applied by a newer release"
+		case st.Pending:
+			state = "pending"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", st.Component, st.Version, st.Name, state)
+	}
+	tw.Flush()
+	if edited > 0 {
+		return fmt.Errorf("migrate: %d applied migrations were edited afterwards", edited)
 	}
 	return nil
 }
