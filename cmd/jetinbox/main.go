@@ -12,9 +12,14 @@ import (
 
 	"github.com/jetinbox/jetinbox/internal/app"
 	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/version"
 )
 
 func main() {
+	if version.Asked(os.Args[1:]) {
+		fmt.Printf("jetinbox %s (%s)\n", version.String(), version.Go())
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := app.Jetinbox(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
