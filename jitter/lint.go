@@ -122,6 +122,15 @@ func Lint(s Settings) []string {
 	return w
 }
 
+// LintPolicy returns a warning for each hazard of p on its own, each starting with name, or
+// nil: p is invalid (see Validate), or it uses no jitter, so that every client that failed at the
+// same moment retries at the same moments.
+func LintPolicy(name string, p Policy) []string {
+	var w []string
+	lintPolicy(func(format string, args ...any) { w = append(w, fmt.Sprintf(format, args...)) }, name, p)
+	return w
+}
+
 func lintPolicy(warn func(string, ...any), name string, p Policy) {
 	if err := p.Validate(); err != nil {
 		warn("%s: %v", name, err)
@@ -130,6 +139,14 @@ func lintPolicy(warn func(string, ...any), name string, p Policy) {
 		warn("%s uses no jitter: every client that failed at the same moment retries at the same "+
 			"moments; use Decorrelated (the default) or Full", name)
 	}
+}
+
+// HorizonWithTimeout bounds the time from a retry loop's first attempt to its last retry when
+// each attempt waits up to timeout before it counts as failed: the waiting of Horizon plus
+// timeout for each attempt before the last one, or MaxElapsed if shorter. A timeout of zero or
+// less is not counted. ok is false when p has no limit (MaxAttempts 0, MaxElapsed 0).
+func (p Policy) HorizonWithTimeout(timeout time.Duration) (d time.Duration, ok bool) {
+	return retryHorizon(p, timeout)
 }
 
 // retryHorizon bounds the time from a publish's first attempt to its last retry: the waiting
