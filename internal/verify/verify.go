@@ -23,7 +23,6 @@ import (
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
-	"github.com/jetinbox/jetinbox/internal/horizon"
 )
 
 // Options says what to check.
@@ -549,13 +548,13 @@ func Mark(ok bool) string {
 
 // CheckHorizons names the settings under which a message could come back
 // after the inbox forgot it (a duplicate effect), or be given up on. The
-// horizon is computed by package horizon, as `jetinbox prune` computes it.
+// horizon is computed by jsinbox.ComputeHorizon, as `jetinbox prune` computes it.
 func CheckHorizons(stream jetstream.StreamConfig, consumer *jetstream.ConsumerConfig, h HorizonOptions) []string {
 	if h.NakCap == 0 {
-		h.NakCap = horizon.DefaultNakCap
+		h.NakCap = jsinbox.DefaultNakCap
 	}
 	if h.PublishRetry == 0 {
-		h.PublishRetry = horizon.DefaultPublishRetry()
+		h.PublishRetry = jsinbox.DefaultPublishRetryHorizon()
 	}
 	if h.Margin == 0 {
 		h.Margin = inbox.DefaultPruneMargin
@@ -565,11 +564,11 @@ func CheckHorizons(stream jetstream.StreamConfig, consumer *jetstream.ConsumerCo
 		p = append(p, fmt.Sprintf("durable %s has unlimited MaxDeliver: a message that keeps failing is never dead-lettered", consumer.Durable))
 	}
 	if h.Retention > 0 {
-		span, err := horizon.Compute(horizon.Inputs{Stream: stream, DeadLetters: h.DeadLetters, Consumer: consumer, NakCap: h.NakCap, PublishRetry: h.PublishRetry})
+		span, err := jsinbox.ComputeHorizon(jsinbox.HorizonInputs{Stream: stream, DeadLetters: h.DeadLetters, Consumer: consumer, NakCap: h.NakCap, PublishRetry: h.PublishRetry})
 		switch {
 		case stream.MaxAge == 0:
 			p = append(p, fmt.Sprintf("stream %s keeps messages forever (MaxAge 0) but inbox rows are pruned after %v: a replay or re-drive of an older message applies it again; set MaxAge below the inbox retention", stream.Name, h.Retention))
-		case errors.Is(err, horizon.ErrUnbounded):
+		case errors.Is(err, jsinbox.ErrUnboundedHorizon):
 			if consumer == nil || consumer.MaxDeliver >= 1 {
 				p = append(p, fmt.Sprintf("inbox rows are pruned after %v, but %v", h.Retention, err))
 			}
