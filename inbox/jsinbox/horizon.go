@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
@@ -164,6 +165,74 @@ func ComputeHorizon(in HorizonInputs) (HorizonSpan, error) {
 	}
 	s.Why = strings.Join(why, "; ")
 	return s, nil
+}
+
+// HorizonOptions are the settings [CheckHorizons] cannot read from the
+// servers.
+type HorizonOptions struct {
+	// Retention is how long inbox rows are kept (the Prune OlderThan in
+	// use). Zero: never pruned.
+	Retention time.Duration
+	// NakCap is the consumer's longest nak delay. Default
+	// [DefaultNakCap] (30s).
+	NakCap time.Duration
+	// PublishRetry is the producer's retry horizon. Default
+	// [DefaultPublishRetryHorizon].
+	PublishRetry time.Duration
+	// Margin is how much longer than the horizon the retention must be.
+	// Default inbox.DefaultPruneMargin, as for Prune.
+	Margin time.Duration
+	// Redrive says dead letters may be re-published with their message ID
+	// while the dead-letter stream keeps them. CheckHorizons counts such
+	// re-drives through DeadLetters, which a caller that sets Redrive fills
+	// in from the dead-letter stream (verify does).
+	Redrive bool
+	// DeadLetters is the dead-letter stream's configuration, counted when
+	// set.
+	DeadLetters *jetstream.StreamConfig
+}
+
+// CheckHorizons names the settings under which a message could come back
+// after the inbox forgot it (a duplicate effect), or be given up on. The
+// horizon is computed by [ComputeHorizon], as `jetinbox prune` computes it.
+func CheckHorizons(stream jetstream.StreamConfig, consumer *jetstream.ConsumerConfig, h HorizonOptions) []string {
+	if h.NakCap == 0 {
+		h.NakCap = DefaultNakCap
+	}
+	if h.PublishRetry == 0 {
+		h.PublishRetry = DefaultPublishRetryHorizon()
+	}
+	if h.Margin == 0 {
+		h.Margin = inbox.DefaultPruneMargin
+	}
+	var p []string
+	if consumer != nil && consumer.MaxDeliver < 1 {
+		p = append(p, fmt.Sprintf("durable %s has unlimited MaxDeliver: a message that keeps failing is never dead-lettered", consumer.Durable))
+	}
+	if h.Retention > 0 {
+		span, err := ComputeHorizon(HorizonInputs{Stream: stream, DeadLetters: h.DeadLetters, Consumer: consumer, NakCap: h.NakCap, PublishRetry: h.PublishRetry})
+		switch {
+		case stream.MaxAge == 0:
+			p = append(p, fmt.Sprintf("stream %s keeps messages forever (MaxAge 0) but inbox rows are pruned after %v: a replay or re-drive of an older message applies it again; set MaxAge below the inbox retention", stream.Name, h.Retention))
+		case errors.Is(err, ErrUnboundedHorizon):
+			if consumer == nil || consumer.MaxDeliver >= 1 {
+				p = append(p, fmt.Sprintf("inbox rows are pruned after %v, but %v", h.Retention, err))
+			}
+		case err != nil:
+			p = append(p, err.Error())
+		case stream.MaxAge > h.Retention:
+			p = append(p, fmt.Sprintf("stream MaxAge %v is longer than the inbox retention %v: a message can be replayed after its inbox row is gone; raise the retention (Prune OlderThan) above the horizon %v + margin %v (%s)",
+				stream.MaxAge, h.Retention, span.Total, h.Margin, span.Why))
+		case span.Redelivery > h.Retention:
+			p = append(p, fmt.Sprintf("redeliveries can bring a message back %v after its first delivery, longer than the inbox retention %v (%s)", span.Redelivery, h.Retention, span.Why))
+		case h.Retention <= span.Total+h.Margin:
+			p = append(p, fmt.Sprintf("inbox retention %v is not longer than the horizon %v + margin %v over which a message can come back (%s)", h.Retention, span.Total, h.Margin, span.Why))
+		}
+	}
+	if stream.Duplicates < h.PublishRetry {
+		p = append(p, fmt.Sprintf("duplicate window %v is shorter than the producer's retry horizon %v: late retries become second stream messages (the inbox still drops them)", stream.Duplicates, h.PublishRetry))
+	}
+	return p
 }
 
 // addSat and mulSat saturate at the largest Duration.

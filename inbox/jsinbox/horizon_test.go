@@ -72,3 +72,34 @@ func TestHorizonDefaultsAreTheConsumers(t *testing.T) {
 		t.Errorf("the publisher's default retry horizon is %v; the horizon assumes %v", h, jsinbox.DefaultPublishRetryHorizon())
 	}
 }
+
+func TestCheckHorizons(t *testing.T) {
+	t.Parallel()
+	stream := jetstream.StreamConfig{Name: "INTENTS", MaxAge: 7 * 24 * time.Hour, Duplicates: 2 * time.Minute}
+	cons := &jetstream.ConsumerConfig{Durable: "ledger", MaxDeliver: 20, AckWait: 30 * time.Second}
+	cases := []struct {
+		name   string
+		stream jetstream.StreamConfig
+		cons   *jetstream.ConsumerConfig
+		h      jsinbox.HorizonOptions
+		want   string
+	}{
+		{"safe", stream, cons, jsinbox.HorizonOptions{Retention: 30 * 24 * time.Hour}, ""},
+		{"never pruned", stream, cons, jsinbox.HorizonOptions{}, ""},
+		{"retention below MaxAge", stream, cons, jsinbox.HorizonOptions{Retention: 24 * time.Hour}, "MaxAge 168h0m0s is longer than the inbox retention"},
+		{"unlimited MaxAge", jetstream.StreamConfig{Duplicates: 2 * time.Minute}, cons, jsinbox.HorizonOptions{Retention: time.Hour}, "keeps messages forever"},
+		{"unlimited MaxDeliver", stream, &jetstream.ConsumerConfig{Durable: "x", MaxDeliver: -1}, jsinbox.HorizonOptions{}, "unlimited MaxDeliver"},
+		{"redelivery past retention", jetstream.StreamConfig{MaxAge: time.Minute, Duplicates: 2 * time.Minute}, &jetstream.ConsumerConfig{MaxDeliver: 100, AckWait: time.Minute}, jsinbox.HorizonOptions{Retention: time.Hour}, "longer than the inbox retention 1h0m0s"},
+		{"short duplicate window", jetstream.StreamConfig{MaxAge: time.Hour, Duplicates: 10 * time.Second}, cons, jsinbox.HorizonOptions{}, "duplicate window 10s is shorter"},
+		// The horizon prune computes: 2m late copies + 7d, plus a 1h margin.
+		{"retention at the horizon", stream, cons, jsinbox.HorizonOptions{Retention: 7*24*time.Hour + 2*time.Minute + time.Hour}, "is not longer than the horizon 168h2m0s + margin 1h0m0s"},
+		{"retention past the horizon", stream, cons, jsinbox.HorizonOptions{Retention: 7*24*time.Hour + 2*time.Minute + time.Hour + time.Second}, ""},
+		{"re-drives count", stream, cons, jsinbox.HorizonOptions{Retention: 30 * 24 * time.Hour, DeadLetters: &jetstream.StreamConfig{Name: "INTENTS_DLQ", MaxAge: 30 * 24 * time.Hour}}, "re-drives"},
+	}
+	for _, c := range cases {
+		got := strings.Join(jsinbox.CheckHorizons(c.stream, c.cons, c.h), "\n")
+		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Errorf("%s: got %q, want %q", c.name, got, c.want)
+		}
+	}
+}

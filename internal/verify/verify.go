@@ -44,7 +44,7 @@ type Options struct {
 	// balances are not checked.
 	Range Range
 	// Horizon settings to check against the stream and the durable.
-	Horizon HorizonOptions
+	Horizon jsinbox.HorizonOptions
 	// Progress, if set, is called as the stream is read.
 	Progress func(read, total uint64)
 }
@@ -76,28 +76,6 @@ func (r Range) Validate() error {
 
 func (r Range) partial() bool {
 	return r.FromSeq > 1 || r.ToSeq > 0 || !r.FromTime.IsZero() || !r.ToTime.IsZero()
-}
-
-// HorizonOptions are the settings verify cannot read from the servers.
-type HorizonOptions struct {
-	// Retention is how long inbox rows are kept (the Prune OlderThan in
-	// use). Zero: never pruned.
-	Retention time.Duration
-	// NakCap is the consumer's longest nak delay. Default 30s.
-	NakCap time.Duration
-	// PublishRetry is the producer's retry horizon. Default: that of
-	// jitter.Default().
-	PublishRetry time.Duration
-	// Margin is how much longer than the horizon the retention must be.
-	// Default inbox.DefaultPruneMargin, as for Prune.
-	Margin time.Duration
-	// Redrive counts dead-letter re-drives: dead letters re-published with
-	// their message ID while the dead-letter stream keeps them. Run reads
-	// that stream's configuration into DeadLetters.
-	Redrive bool
-	// DeadLetters is the dead-letter stream's configuration, counted when
-	// set. Run fills it in when Redrive is set.
-	DeadLetters *jetstream.StreamConfig
 }
 
 // Report is what verify found. Duplicate deliveries are expected and not
@@ -404,7 +382,7 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 		}
 	}
 	if s, err := js.Stream(ctx, o.Stream); err == nil {
-		r.Horizons = CheckHorizons(s.CachedInfo().Config, consumerCfg, o.Horizon)
+		r.Horizons = jsinbox.CheckHorizons(s.CachedInfo().Config, consumerCfg, o.Horizon)
 	}
 	sort.Strings(r.Examples)
 	return r, nil
@@ -544,49 +522,6 @@ func Mark(ok bool) string {
 		return "ok"
 	}
 	return "VIOLATION"
-}
-
-// CheckHorizons names the settings under which a message could come back
-// after the inbox forgot it (a duplicate effect), or be given up on. The
-// horizon is computed by jsinbox.ComputeHorizon, as `jetinbox prune` computes it.
-func CheckHorizons(stream jetstream.StreamConfig, consumer *jetstream.ConsumerConfig, h HorizonOptions) []string {
-	if h.NakCap == 0 {
-		h.NakCap = jsinbox.DefaultNakCap
-	}
-	if h.PublishRetry == 0 {
-		h.PublishRetry = jsinbox.DefaultPublishRetryHorizon()
-	}
-	if h.Margin == 0 {
-		h.Margin = inbox.DefaultPruneMargin
-	}
-	var p []string
-	if consumer != nil && consumer.MaxDeliver < 1 {
-		p = append(p, fmt.Sprintf("durable %s has unlimited MaxDeliver: a message that keeps failing is never dead-lettered", consumer.Durable))
-	}
-	if h.Retention > 0 {
-		span, err := jsinbox.ComputeHorizon(jsinbox.HorizonInputs{Stream: stream, DeadLetters: h.DeadLetters, Consumer: consumer, NakCap: h.NakCap, PublishRetry: h.PublishRetry})
-		switch {
-		case stream.MaxAge == 0:
-			p = append(p, fmt.Sprintf("stream %s keeps messages forever (MaxAge 0) but inbox rows are pruned after %v: a replay or re-drive of an older message applies it again; set MaxAge below the inbox retention", stream.Name, h.Retention))
-		case errors.Is(err, jsinbox.ErrUnboundedHorizon):
-			if consumer == nil || consumer.MaxDeliver >= 1 {
-				p = append(p, fmt.Sprintf("inbox rows are pruned after %v, but %v", h.Retention, err))
-			}
-		case err != nil:
-			p = append(p, err.Error())
-		case stream.MaxAge > h.Retention:
-			p = append(p, fmt.Sprintf("stream MaxAge %v is longer than the inbox retention %v: a message can be replayed after its inbox row is gone; raise the retention (Prune OlderThan) above the horizon %v + margin %v (%s)",
-				stream.MaxAge, h.Retention, span.Total, h.Margin, span.Why))
-		case span.Redelivery > h.Retention:
-			p = append(p, fmt.Sprintf("redeliveries can bring a message back %v after its first delivery, longer than the inbox retention %v (%s)", span.Redelivery, h.Retention, span.Why))
-		case h.Retention <= span.Total+h.Margin:
-			p = append(p, fmt.Sprintf("inbox retention %v is not longer than the horizon %v + margin %v over which a message can come back (%s)", h.Retention, span.Total, h.Margin, span.Why))
-		}
-	}
-	if stream.Duplicates < h.PublishRetry {
-		p = append(p, fmt.Sprintf("duplicate window %v is shorter than the producer's retry horizon %v: late retries become second stream messages (the inbox still drops them)", stream.Duplicates, h.PublishRetry))
-	}
-	return p
 }
 
 // deadKey is what a dead letter must match: the stream sequence and the
