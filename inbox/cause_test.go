@@ -13,6 +13,7 @@ import (
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/metrics"
 )
 
 // causeHandler applies intents with the ledger, except for messages whose
@@ -43,7 +44,7 @@ func causeHandler() inbox.Handler {
 }
 
 // TestOutcomeCauses: every way the processor decides an outcome sets its
-// Cause.
+// Cause, and metrics label rejections by it.
 func TestOutcomeCauses(t *testing.T) {
 	t.Parallel()
 	pool := newDB(t)
@@ -65,7 +66,7 @@ func TestOutcomeCauses(t *testing.T) {
 		msg    inbox.Message
 		status inbox.Status
 		cause  inbox.Cause
-		label  string // metrics label of a rejection, checked with package metrics
+		label  string // metrics label of a rejection
 	}{
 		{intent("fresh", 1, 5), inbox.StatusApplied, inbox.CauseNone, ""},
 		{intent("dup", 1, 5), inbox.StatusDuplicate, inbox.CauseNone, ""},
@@ -97,6 +98,11 @@ func TestOutcomeCauses(t *testing.T) {
 		o := out[i]
 		if o.Status != c.status || o.Cause != c.cause {
 			t.Errorf("%q: %v/%v (%s), want %v/%v", c.msg.ID, o.Status, o.Cause, o.Reason, c.status, c.cause)
+		}
+		if c.label != "" {
+			if got := metrics.RejectReason(o); got != c.label {
+				t.Errorf("%q: metrics label %s, want %s", c.msg.ID, got, c.label)
+			}
 		}
 	}
 	if r := out[2].Reason; !strings.HasPrefix(r, "inbox: effect panicked: boom\n") {
