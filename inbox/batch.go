@@ -152,7 +152,7 @@ func (p *Processor) classify(b *batch, res []ClaimResult) {
 			b.freshIdx = append(b.freshIdx, i)
 		case ClaimDuplicate:
 			b.out[i] = Outcome{Status: StatusDuplicate, Redelivered: true, FirstSeq: r.PriorSeq}
-			if r.PriorStatus == StatusRejected.String() {
+			if r.PriorStatus == RowRejected {
 				b.out[i] = Outcome{Status: StatusRejected, Cause: CauseRejectedBefore, Reason: r.PriorReason, Redelivered: true, FirstSeq: r.PriorSeq}
 			}
 		case ClaimConflict:
