@@ -184,7 +184,7 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 	r.DistinctIDs = len(byFP)
 
 	type row struct {
-		status string
+		status inbox.RowStatus
 		fp     []byte
 		seq    uint64 // the stream message that made the row
 	}
@@ -194,18 +194,18 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 		return nil, fmt.Errorf("verify: inbox: %w", err)
 	}
 	for dbRows.Next() {
-		var id, reason string
+		var id, status, reason string
 		var rw row
 		var seq int64
-		if err := dbRows.Scan(&id, &rw.status, &rw.fp, &reason, &seq); err != nil {
+		if err := dbRows.Scan(&id, &status, &rw.fp, &reason, &seq); err != nil {
 			return nil, fmt.Errorf("verify: inbox: %w", err)
 		}
-		rw.seq = uint64(max(seq, 0))
+		rw.status, rw.seq = inbox.RowStatus(status), uint64(max(seq, 0))
 		if _, in := byFP[id]; partial && !in {
 			continue // outside the range: not judged
 		}
 		rows[id] = rw
-		if rw.status == "rejected" {
+		if rw.status == inbox.RowRejected {
 			r.Rejected++
 			if len(reason) > 80 {
 				reason = reason[:80] + "…"
@@ -272,13 +272,13 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 				r.Unexpected++
 				r.example("unexpected: ledger entry for %q, which is not in the stream", id)
 			}
-			if rw, ok := rows[id]; !ok || rw.status != "applied" {
+			if rw, ok := rows[id]; !ok || rw.status != inbox.RowApplied {
 				r.EffectWithoutRow++
 				r.example("effect without applied inbox row: %q", id)
 			}
 		}
 		for id, rw := range rows {
-			if rw.status == "applied" && entries[id] == 0 {
+			if rw.status == inbox.RowApplied && entries[id] == 0 {
 				r.RowWithoutEffect++
 				r.example("applied inbox row without effect: %q", id)
 			}
@@ -286,7 +286,7 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 	}
 
 	for id, rw := range rows {
-		if rw.status == "applied" && (!o.Ledger || entries[id] == 1) {
+		if rw.status == inbox.RowApplied && (!o.Ledger || entries[id] == 1) {
 			r.AppliedOnce++
 		}
 	}
@@ -295,7 +295,7 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 			continue // dead-lettered itself
 		}
 		rw, ok := rows[m.ID]
-		if ok && rw.status == "applied" {
+		if ok && rw.status == inbox.RowApplied {
 			fp := inbox.Fingerprint(m.Payload)
 			if bytes.Equal(rw.fp, fp[:]) {
 				continue // applied, or a duplicate of the applied one
@@ -305,7 +305,7 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 		// redelivery): the consumer terminates it without a second dead
 		// letter. The row's stream sequence names the message that was
 		// dead-lettered.
-		if ok && rw.status == "rejected" && dl.at(rw.seq, m.ID) {
+		if ok && rw.status == inbox.RowRejected && dl.at(rw.seq, m.ID) {
 			continue
 		}
 		r.Lost++
@@ -320,7 +320,7 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 	if o.Ledger && !partial {
 		want := map[int64]int64{}
 		for id, rw := range rows {
-			if rw.status != "applied" {
+			if rw.status != inbox.RowApplied {
 				continue
 			}
 			if len(rw.fp) != 32 {
