@@ -9,5 +9,7 @@
 // Input is decoded strictly by [ParseIntent]: malformed JSON, unknown or
 // case-variant keys, duplicate keys, wrong types, fractions, zero, negative
 // or huge amounts and trailing data are permanent errors with a reason, so
-// the message is dead-lettered instead of retried.
+// the message is dead-lettered instead of retried. The ledger marks them,
+// and intents for unknown accounts, with [inbox.BadInput]: the inbox rejects
+// them with [inbox.CauseBadInput].
 package effects

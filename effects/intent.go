@@ -16,7 +16,8 @@ const (
 	MaxIntentSize = 4096
 )
 
-// ErrBadIntent wraps every reason an intent's payload is refused.
+// ErrBadIntent wraps every reason an intent's payload is refused. The
+// [Ledger] hands such errors to the inbox marked with [inbox.BadInput].
 var ErrBadIntent = errors.New("effects: bad intent")
 
 // Intent moves Amount (minor units, 1..MaxAmount) into Account. Its JSON form

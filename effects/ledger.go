@@ -194,7 +194,7 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 	for i := range msgs {
 		in, err := ParseIntent(msgs[i].Payload)
 		if err != nil {
-			errs[i] = inbox.Permanent(err)
+			errs[i] = inbox.BadInput(err)
 			continue
 		}
 		ids = append(ids, msgs[i].ID)
@@ -277,7 +277,7 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 		}
 		in, _ := ParseIntent(msgs[i].Payload)
 		if slices.Contains(unknown, in.Account) {
-			errs[i] = inbox.Permanent(fmt.Errorf("%w: unknown account %d", ErrBadIntent, in.Account))
+			errs[i] = inbox.BadInput(fmt.Errorf("%w: unknown account %d", ErrBadIntent, in.Account))
 		}
 	}
 	return nil

@@ -53,12 +53,25 @@ func (s ClaimState) String() string {
 	return fmt.Sprintf("ClaimState(%d)", uint8(s))
 }
 
+// RowStatus is an inbox row's status, as its status column stores it.
+type RowStatus string
+
+// The statuses an inbox row can have.
+const (
+	// RowApplied: the message's effect committed with the row.
+	RowApplied RowStatus = "applied"
+	// RowRejected: the message can never be applied; the row's reason says
+	// why.
+	RowRejected RowStatus = "rejected"
+)
+
 // ClaimResult is the result of one claim.
 type ClaimResult struct {
 	State ClaimState
-	// PriorStatus and PriorReason are the stored row's status ("applied" or
-	// "rejected") and reason, for duplicates and conflicts found in the table.
-	PriorStatus string
+	// PriorStatus and PriorReason are the stored row's status and reason,
+	// for duplicates and conflicts found in the table; PriorStatus is empty
+	// otherwise.
+	PriorStatus RowStatus
 	PriorReason string
 	// PriorSeq is the stored row's stream sequence: the message that
 	// claimed it (0 if it was not given).
@@ -176,7 +189,7 @@ func ClaimTx(ctx context.Context, tx pgx.Tx, scope string, claims []Claim) ([]Cl
 		if err := rows.Scan(&id, &fp, &status, &reason, &seq); err != nil {
 			return nil, fmt.Errorf("inbox: claim: read existing: %w", err)
 		}
-		byID[id] = ClaimResult{State: ClaimDuplicate, PriorStatus: status, PriorReason: reason, PriorSeq: uint64(seq)}
+		byID[id] = ClaimResult{State: ClaimDuplicate, PriorStatus: RowStatus(status), PriorReason: reason, PriorSeq: uint64(seq)}
 		stored[id] = fp
 	}
 	if err := rows.Err(); err != nil {

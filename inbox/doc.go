@@ -42,7 +42,9 @@
 // that aborts the transaction) does not take its neighbours down: the batch
 // is retried one message at a time under savepoints, only when it failed.
 // Deadlocks and serialization failures retry the whole batch with jittered
-// backoff.
+// backoff. Each [Outcome] carries a [Cause] that says, as a value, what
+// decided it (bad input marked with [BadInput], a panic, a give-up on the
+// final delivery, a conflict, ...); its Reason is the same in words.
 //
 // # Schema and retention
 //

@@ -21,7 +21,7 @@ import (
 func (p *Processor) handle(ctx context.Context, tx pgx.Tx, msgs []Message, errs []error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = Permanent(fmt.Errorf("inbox: effect panicked: %v\n%s", r, debug.Stack()))
+			err = Permanent(fmt.Errorf("%w: %v\n%s", errEffectPanicked, r, debug.Stack()))
 		}
 	}()
 	if p.fires(hook.EffectPanic) {

@@ -145,6 +145,10 @@ func (s Status) String() string {
 // Outcome is the result for one message of a batch.
 type Outcome struct {
 	Status Status
+	// Cause says what decided a rejection, a conflict or a retry;
+	// CauseNone for an applied message or a duplicate. Code matches on
+	// it, never on Reason.
+	Cause Cause
 	// Reason explains a rejection, a conflict or a retry, for people and
 	// for the dead-letter message.
 	Reason string
@@ -167,7 +171,8 @@ type Outcome struct {
 func (o Outcome) Ackable() bool { return o.Status == StatusApplied || o.Status == StatusDuplicate }
 
 // PermanentError marks an effect error that no retry can fix: bad input,
-// a business rule, a missing account. Create one with [Permanent].
+// a business rule, a missing account. Create one with [Permanent], or with
+// [BadInput] when the input is at fault.
 type PermanentError struct{ Err error }
 
 // Error returns the wrapped error's message.
@@ -185,8 +190,9 @@ func Permanent(err error) error {
 	return &PermanentError{Err: err}
 }
 
-// IsPermanent reports whether err is, or wraps, a [PermanentError].
+// IsPermanent reports whether err is, or wraps, a [PermanentError] or
+// [ErrBadInput].
 func IsPermanent(err error) bool {
 	var p *PermanentError
-	return errors.As(err, &p)
+	return errors.As(err, &p) || errors.Is(err, ErrBadInput)
 }

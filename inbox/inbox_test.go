@@ -44,7 +44,7 @@ func TestClaimFreshDuplicateConflict(t *testing.T) {
 	if got := claimOne(t, pool, "s", a).State; got != inbox.ClaimFresh {
 		t.Fatalf("first claim: %v, want fresh", got)
 	}
-	if got := claimOne(t, pool, "s", a); got.State != inbox.ClaimDuplicate || got.PriorStatus != "applied" {
+	if got := claimOne(t, pool, "s", a); got.State != inbox.ClaimDuplicate || got.PriorStatus != inbox.RowApplied {
 		t.Fatalf("same ID, same payload: %+v, want duplicate of applied", got)
 	}
 	if got := claimOne(t, pool, "s", b).State; got != inbox.ClaimConflict {

@@ -290,7 +290,7 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Outcome, err
 	valid := make([]int, 0, len(msgs))
 	for i := range msgs {
 		if err := validateMessage(&msgs[i]); err != nil {
-			out[i] = Outcome{Status: StatusRejected, Reason: err.Error(), Err: Permanent(err)}
+			out[i] = Outcome{Status: StatusRejected, Cause: rejectCause(err), Reason: err.Error(), Err: Permanent(err)}
 			continue
 		}
 		valid = append(valid, i)
@@ -337,7 +337,7 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Outcome, err
 			}
 		}
 		for _, i := range valid {
-			out[i] = Outcome{Status: StatusRetry, Reason: err.Error(), Err: err}
+			out[i] = Outcome{Status: StatusRetry, Cause: CauseBatchFailed, Reason: err.Error(), Err: err}
 		}
 		return out, err
 	}

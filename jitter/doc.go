@@ -30,8 +30,9 @@
 //	msg.NakWithDelay(policy.Delay(int(meta.NumDelivered)))
 //
 // A bare Nak redelivers at once, and a consumer's BackOff list is the same fixed schedule for
-// every client and does not apply to naks at all; Lint says so, along with the other hazards
-// it knows of in a consumer's and a producer's retry settings.
+// every client and does not apply to naks at all; package jsinbox's LintConsumer says so, along
+// with the other hazards of a consumer's retry settings, and LintPublisher those of a producer's.
+// LintPolicy checks a policy on its own: invalid, or without jitter.
 //
 // # Randomness
 //

@@ -88,16 +88,10 @@ func ExampleParseKind() {
 	// jitter: invalid policy: unknown kind "random" (want none, full, equal or decorrelated)
 }
 
-func ExampleLint() {
-	for _, w := range jitter.Lint(jitter.Settings{
-		MaxDeliver:   -1,
-		BareNak:      true,
-		PublishRetry: &jitter.Policy{Kind: jitter.Full, MaxAttempts: 20},
-	}) {
+func ExampleLintPolicy() {
+	for _, w := range jitter.LintPolicy("PublishRetry", jitter.Policy{Kind: jitter.None, MaxAttempts: 5}) {
 		fmt.Println("-", w)
 	}
 	// Output:
-	// - MaxDeliver -1 means unlimited: a message that always fails is redelivered forever; set a finite MaxDeliver and dead-letter what exhausts it
-	// - a bare Nak() asks for immediate redelivery: a failing message comes straight back, in a hot loop and in lockstep with every other client; use NakWithDelay with a jittered Policy.Delay(NumDelivered)
-	// - PublishRetry can retry a publish 2m22.7s after its first attempt, longer than the 2m0s duplicate window: a late retry of a publish that did land is stored twice; lower MaxAttempts or MaxElapsed, or widen the window
+	// - PublishRetry uses no jitter: every client that failed at the same moment retries at the same moments; use Decorrelated (the default) or Full
 }

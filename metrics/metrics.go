@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -74,33 +73,37 @@ func (m *Consumer) ObserveBatch(b jsinbox.BatchReport) {
 				m.rejected.WithLabelValues(RejectReason(o)).Inc()
 			}
 		case inbox.StatusRetry:
-			if b.Err != nil {
-				m.naks.WithLabelValues("batch_failed").Inc()
-			} else {
-				m.naks.WithLabelValues("transient").Inc()
+			reason := "transient"
+			if o.Cause == inbox.CauseBatchFailed {
+				reason = "batch_failed"
 			}
+			m.naks.WithLabelValues(reason).Inc()
 		}
 	}
 }
 
-// RejectReason maps an outcome to a bounded label value: reasons are free
-// text, labels must not be.
+// RejectReason maps an outcome to a bounded label value by its
+// [inbox.Cause]: reasons are free text, labels must not be, and a reason's
+// wording must not move a rejection to another label.
 func RejectReason(o inbox.Outcome) string {
-	switch {
-	case o.Status == inbox.StatusConflict:
+	switch o.Cause {
+	case inbox.CauseConflict:
 		return "conflict"
-	case errors.Is(o.Err, inbox.ErrInvalidID):
+	case inbox.CauseInvalidID:
 		return "invalid_id"
-	case errors.Is(o.Err, inbox.ErrInvalidSubject):
+	case inbox.CauseInvalidSubject:
 		return "invalid_subject"
-	case errors.Is(o.Err, inbox.ErrClaimRefused):
+	case inbox.CauseClaimRefused:
 		return "claim_refused"
-	case strings.Contains(o.Reason, "effect panicked"):
+	case inbox.CausePanic:
 		return "panic"
-	case strings.HasPrefix(o.Reason, "gave up after"):
+	case inbox.CauseGaveUp:
 		return "gave_up"
-	case strings.Contains(o.Reason, "bad intent"):
+	case inbox.CauseBadInput:
 		return "bad_input"
+	}
+	if o.Status == inbox.StatusConflict {
+		return "conflict"
 	}
 	return "permanent"
 }

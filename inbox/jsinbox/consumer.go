@@ -439,7 +439,7 @@ func (c *Consumer) bind(ctx context.Context) (jetstream.Consumer, error) {
 		c.cfg.AckWait = info.AckWait
 	}
 	c.cfg.MaxDeliver = info.MaxDeliver
-	for _, w := range jitter.Lint(jitter.Settings{AckWait: info.AckWait, MaxDeliver: info.MaxDeliver, BackOff: info.BackOff, NakDelay: &c.cfg.Nak}) {
+	for _, w := range LintConsumer(ConsumerTiming{AckWait: info.AckWait, MaxDeliver: info.MaxDeliver, BackOff: info.BackOff, NakDelay: &c.cfg.Nak}) {
 		c.cfg.Logger.Warn("jsinbox: config: "+w, "durable", c.cfg.Durable)
 	}
 	return cons, nil

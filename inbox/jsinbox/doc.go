@@ -49,4 +49,17 @@
 // unreachable the consumer stops fetching and pings it with jittered backoff,
 // so an outage does not become a redelivery storm. Several Consumer
 // processes may share one durable: the inbox settles concurrent duplicates.
+//
+// # Checks
+//
+// Every check of a JetStream configuration lives here. [EnsureStream] and a
+// Consumer refuse a stream or a durable under which an intent could be lost,
+// mangled or applied twice, naming each unsafe setting ([CheckStream],
+// [CheckConsumer]). [LintConsumer] and [LintPublisher] warn about retry
+// timing that works against the durable (MaxDeliver, BackOff, bare naks) or
+// against the stream's duplicate window. [ComputeHorizon] computes how long
+// after an inbox row was written its message ID can still reach the inbox,
+// which the inbox's retention must exceed; `jetinbox prune` refuses to prune
+// inside it, and [CheckHorizons], for `jetinbox verify`, names the settings
+// that break it.
 package jsinbox

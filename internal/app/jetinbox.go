@@ -23,6 +23,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/bench"
 	"github.com/jetinbox/jetinbox/internal/chaos"
 	"github.com/jetinbox/jetinbox/internal/cli"
@@ -145,7 +146,7 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	fromTime := fs.String("from-time", "", "check from this RFC 3339 time")
 	toTime := fs.String("to-time", "", "check up to this RFC 3339 time")
 	retention := fs.Duration("retention", 0, "the inbox retention in use (Prune OlderThan), to check against the stream's horizons; 0: never pruned")
-	nakCap := fs.Duration("nak-cap", 30*time.Second, "the consumer's longest nak delay, for the redelivery horizon")
+	nakCap := fs.Duration("nak-cap", jsinbox.DefaultNakCap, "the consumer's longest nak delay, for the redelivery horizon")
 	redrive := fs.Bool("dlq-redrive", true, "count dead-letter re-drives in the horizon, as jetinbox prune does")
 	textfile := fs.String("textfile", "", "also write jetinbox_verify_violations to this file in Prometheus text format (node_exporter's textfile collector), for the JetinboxVerifyViolations alert")
 	if err := fs.Parse(args); err != nil {
@@ -201,7 +202,7 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 		}
 	}
 	r, err := verify.Run(ctx, js, pool, verify.Options{Stream: *stream, Scope: *scope, Durable: *durable, Ledger: true,
-		Range: rg, Horizon: verify.HorizonOptions{Retention: *retention, NakCap: *nakCap, Redrive: *redrive}, Progress: progress})
+		Range: rg, Horizon: jsinbox.HorizonOptions{Retention: *retention, NakCap: *nakCap, Redrive: *redrive}, Progress: progress})
 	if err != nil {
 		return cli.UsageError{Err: err}
 	}

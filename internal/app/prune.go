@@ -12,13 +12,12 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
-	"github.com/jetinbox/jetinbox/internal/horizon"
 )
 
 // Prune deletes old inbox rows. The horizon it must respect is read from
 // the servers, not taken on trust: the stream's MaxAge and duplicate window,
 // the durable's AckWait, BackOff and MaxDeliver, and the dead-letter
-// stream's MaxAge (re-drives); see package horizon for the arithmetic.
+// stream's MaxAge (re-drives); see jsinbox.ComputeHorizon for the arithmetic.
 func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 	fs := cli.NewFlagSet("jetinbox prune", "Delete inbox rows of one scope older than -older-than, in batches, by PostgreSQL's clock.\n"+
 		"-older-than must be longer than the horizon over which a message can come back, read from the\n"+
@@ -32,8 +31,8 @@ func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout,
 		scope     = cli.ScopeFlag(fs, env)
 		durable   = cli.DurableFlag(fs, env)
 		olderThan = fs.Duration("older-than", 0, "delete rows received longer ago than this; required")
-		nakCap    = fs.Duration("nak-cap", horizon.DefaultNakCap, "the consumer's longest nak delay")
-		pubRetry  = fs.Duration("publish-retry", horizon.DefaultPublishRetry(), "the producers' retry horizon: how long after its first publish an intent may be published again")
+		nakCap    = fs.Duration("nak-cap", jsinbox.DefaultNakCap, "the consumer's longest nak delay")
+		pubRetry  = fs.Duration("publish-retry", jsinbox.DefaultPublishRetryHorizon(), "the producers' retry horizon: how long after its first publish an intent may be published again")
 		redrive   = fs.Bool("dlq-redrive", true, "dead letters may be re-published into the stream with their message ID while the dead-letter stream keeps them; false leaves its MaxAge out")
 		margin    = fs.Duration("margin", inbox.DefaultPruneMargin, "how much longer than the horizon -older-than must be (clock skew between NATS and PostgreSQL, batches in flight)")
 		batch     = fs.Int("batch", 10000, "rows per DELETE")
@@ -59,8 +58,8 @@ func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout,
 		return cli.UsageError{Err: err}
 	}
 	defer nc.Close()
-	span, err := readHorizon(ctx, js, *stream, *durable, horizon.Inputs{NakCap: *nakCap, PublishRetry: *pubRetry}, *redrive)
-	if errors.Is(err, horizon.ErrUnbounded) {
+	span, err := readHorizon(ctx, js, *stream, *durable, jsinbox.HorizonInputs{NakCap: *nakCap, PublishRetry: *pubRetry}, *redrive)
+	if errors.Is(err, jsinbox.ErrUnboundedHorizon) {
 		return cli.UsageError{Err: fmt.Errorf("prune: %w", err)}
 	}
 	if err != nil {
@@ -86,10 +85,10 @@ func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout,
 // readHorizon reads the settings the horizon depends on from the servers:
 // the stream, the durable (its defaults if it does not exist, as the
 // consumer would create it) and, if re-drives count, the dead-letter stream.
-func readHorizon(ctx context.Context, js jetstream.JetStream, stream, durable string, in horizon.Inputs, redrive bool) (horizon.Span, error) {
+func readHorizon(ctx context.Context, js jetstream.JetStream, stream, durable string, in jsinbox.HorizonInputs, redrive bool) (jsinbox.HorizonSpan, error) {
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
-		return horizon.Span{}, fmt.Errorf("prune: stream %s: %w", stream, err)
+		return jsinbox.HorizonSpan{}, fmt.Errorf("prune: stream %s: %w", stream, err)
 	}
 	in.Stream = s.CachedInfo().Config
 	if redrive {
@@ -99,7 +98,7 @@ func readHorizon(ctx context.Context, js jetstream.JetStream, stream, durable st
 			cfg := dlq.CachedInfo().Config
 			in.DeadLetters = &cfg
 		case !errors.Is(err, jetstream.ErrStreamNotFound):
-			return horizon.Span{}, fmt.Errorf("prune: dead-letter stream %s_DLQ: %w", stream, err)
+			return jsinbox.HorizonSpan{}, fmt.Errorf("prune: dead-letter stream %s_DLQ: %w", stream, err)
 		}
 	}
 	c, err := js.Consumer(ctx, stream, durable)
@@ -108,7 +107,7 @@ func readHorizon(ctx context.Context, js jetstream.JetStream, stream, durable st
 		cfg := c.CachedInfo().Config
 		in.Consumer = &cfg
 	case !errors.Is(err, jetstream.ErrConsumerNotFound):
-		return horizon.Span{}, fmt.Errorf("prune: durable %s: %w", durable, err)
+		return jsinbox.HorizonSpan{}, fmt.Errorf("prune: durable %s: %w", durable, err)
 	}
-	return horizon.Compute(in)
+	return jsinbox.ComputeHorizon(in)
 }

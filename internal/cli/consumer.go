@@ -13,7 +13,6 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
-	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/metrics"
 )
 
@@ -110,7 +109,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		return UsageError{Err: err}
 	}
 	m.Attach(c)
-	for _, w := range jitter.Lint(jitter.Settings{AckWait: *ackWait, MaxDeliver: *maxDeliver, NakDelay: &nak}) {
+	for _, w := range jsinbox.LintConsumer(jsinbox.ConsumerTiming{AckWait: *ackWait, MaxDeliver: *maxDeliver, NakDelay: &nak}) {
 		log.Warn("config: " + w)
 	}
 

@@ -22,7 +22,6 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
-	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/metrics"
 )
 
@@ -80,19 +79,23 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		return UsageError{Err: errors.New("-dup-fraction must be within [0, 1]")}
 	}
 	log := NewLogger(stderr, *logFormat, slog.LevelInfo)
-	for _, w := range jitter.Lint(jitter.Settings{PublishRetry: &retry, PublishTimeout: *ackTO, DuplicateWindow: *window}) {
-		log.Warn("config: " + w)
-	}
 
 	nc, js, err := nf.Connect("jetinbox-producer", w.natsReconnect, log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	if _, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{
+	st, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{
 		Name: *stream, Subjects: []string{*subject + ".>"}, Replicas: *replicas, DuplicateWindow: *window,
-	}); err != nil {
+	})
+	if err != nil {
 		return err
+	}
+	// Only what applies to a producer: its retries against the duplicate
+	// window of the stream as it is (an existing one may keep a longer
+	// window than -duplicate-window asks for).
+	for _, w := range jsinbox.LintPublisher(jsinbox.PublisherTiming{PublishRetry: &retry, PublishTimeout: *ackTO, DuplicateWindow: st.CachedInfo().Config.Duplicates}) {
+		log.Warn("config: " + w)
 	}
 	tp, stopTracing, err := tracing(ctx, env, "jetinbox-producer", stderr)
 	if err != nil {

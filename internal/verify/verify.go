@@ -9,21 +9,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"sort"
-	"strconv"
-	"strings"
-	"text/tabwriter"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
-	"github.com/jetinbox/jetinbox/internal/horizon"
 )
 
 // Options says what to check.
@@ -45,119 +38,9 @@ type Options struct {
 	// balances are not checked.
 	Range Range
 	// Horizon settings to check against the stream and the durable.
-	Horizon HorizonOptions
+	Horizon jsinbox.HorizonOptions
 	// Progress, if set, is called as the stream is read.
 	Progress func(read, total uint64)
-}
-
-// Range is a part of the stream, by sequence or time. Zero fields are open.
-type Range struct {
-	FromSeq, ToSeq   uint64
-	FromTime, ToTime time.Time
-}
-
-// ErrBadRange is returned for a range that selects nothing by construction:
-// reversed, or set by sequence and by time at once.
-var ErrBadRange = errors.New("verify: bad range")
-
-// Validate reports a reversed range (-from-seq after -to-seq, -from-time
-// after -to-time) or a start given both by sequence and by time. A reversed
-// range would read nothing and look clean.
-func (r Range) Validate() error {
-	switch {
-	case r.FromSeq > 0 && r.ToSeq > 0 && r.FromSeq > r.ToSeq:
-		return fmt.Errorf("%w: from sequence %d is after to sequence %d", ErrBadRange, r.FromSeq, r.ToSeq)
-	case !r.FromTime.IsZero() && !r.ToTime.IsZero() && r.FromTime.After(r.ToTime):
-		return fmt.Errorf("%w: from time %s is after to time %s", ErrBadRange, r.FromTime.Format(time.RFC3339), r.ToTime.Format(time.RFC3339))
-	case r.FromSeq > 1 && !r.FromTime.IsZero():
-		return fmt.Errorf("%w: start either by sequence or by time, not both", ErrBadRange)
-	}
-	return nil
-}
-
-func (r Range) partial() bool {
-	return r.FromSeq > 1 || r.ToSeq > 0 || !r.FromTime.IsZero() || !r.ToTime.IsZero()
-}
-
-// HorizonOptions are the settings verify cannot read from the servers.
-type HorizonOptions struct {
-	// Retention is how long inbox rows are kept (the Prune OlderThan in
-	// use). Zero: never pruned.
-	Retention time.Duration
-	// NakCap is the consumer's longest nak delay. Default 30s.
-	NakCap time.Duration
-	// PublishRetry is the producer's retry horizon. Default: that of
-	// jitter.Default().
-	PublishRetry time.Duration
-	// Margin is how much longer than the horizon the retention must be.
-	// Default inbox.DefaultPruneMargin, as for Prune.
-	Margin time.Duration
-	// Redrive counts dead-letter re-drives: dead letters re-published with
-	// their message ID while the dead-letter stream keeps them. Run reads
-	// that stream's configuration into DeadLetters.
-	Redrive bool
-	// DeadLetters is the dead-letter stream's configuration, counted when
-	// set. Run fills it in when Redrive is set.
-	DeadLetters *jetstream.StreamConfig
-}
-
-// Report is what verify found. Duplicate deliveries are expected and not
-// counted here; duplicate effects are violations.
-type Report struct {
-	StreamMessages int `json:"stream_messages"`
-	DistinctIDs    int `json:"distinct_ids"`
-	AppliedOnce    int `json:"applied_once"`
-	// Duplicated: IDs with more than one ledger entry.
-	Duplicated int `json:"duplicated"`
-	// Lost: stream messages neither applied (or duplicate of applied) nor
-	// dead-lettered.
-	Lost int `json:"lost"`
-	// Unexpected: effects or inbox rows with no message in the stream.
-	Unexpected int `json:"unexpected"`
-	// EffectWithoutRow and RowWithoutEffect break effect ⇔ inbox row.
-	EffectWithoutRow int `json:"effect_without_row"`
-	RowWithoutEffect int `json:"row_without_effect"`
-	// Rejected inbox rows, conflicts recorded, dead letters by status.
-	// A dead letter counts only when its headers name this stream and
-	// scope and a stream sequence whose message carries the dead letter's
-	// message ID (Jetinbox-Message-Id).
-	Rejected     int            `json:"rejected"`
-	Conflicts    int            `json:"conflicts"`
-	DeadLettered int            `json:"dead_lettered"`
-	DeadByStatus map[string]int `json:"dead_by_status"`
-	// DeadMismatched: dead letters of this stream and scope whose message
-	// ID is not the ID of the stream message at their sequence. They
-	// settle nothing.
-	DeadMismatched int `json:"dead_mismatched,omitempty"`
-	// BalanceMismatches: accounts whose balance differs from the sum of
-	// the applied intents.
-	BalanceMismatches int `json:"balance_mismatches"`
-	// Pending: messages the durable has not settled yet (not a violation).
-	Pending uint64 `json:"pending"`
-	// RejectedByReason counts rejected inbox rows by reason.
-	RejectedByReason map[string]int `json:"rejected_by_reason,omitempty"`
-	// Horizons names settings that would let a duplicate through or lose
-	// track of a message: warnings, not violations of the invariants.
-	Horizons []string `json:"horizons,omitempty"`
-	// Warnings name the likely cause of what follows (a scope with no
-	// inbox rows at all, dead letters that match nothing). Printed first.
-	Warnings []string `json:"warnings,omitempty"`
-	// Partial is true when only a range of the stream was checked.
-	Partial bool `json:"partial,omitempty"`
-	// Examples of violations, for people.
-	Examples []string `json:"examples,omitempty"`
-}
-
-// Clean reports whether no invariant is broken.
-func (r *Report) Clean() bool {
-	return r.Duplicated == 0 && r.Lost == 0 && r.Unexpected == 0 && r.EffectWithoutRow == 0 &&
-		r.RowWithoutEffect == 0 && r.BalanceMismatches == 0
-}
-
-func (r *Report) example(format string, args ...any) {
-	if len(r.Examples) < 10 {
-		r.Examples = append(r.Examples, fmt.Sprintf(format, args...))
-	}
 }
 
 // Run checks the pipeline's state.
@@ -207,7 +90,7 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 	r.DistinctIDs = len(byFP)
 
 	type row struct {
-		status string
+		status inbox.RowStatus
 		fp     []byte
 		seq    uint64 // the stream message that made the row
 	}
@@ -217,18 +100,18 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 		return nil, fmt.Errorf("verify: inbox: %w", err)
 	}
 	for dbRows.Next() {
-		var id, reason string
+		var id, status, reason string
 		var rw row
 		var seq int64
-		if err := dbRows.Scan(&id, &rw.status, &rw.fp, &reason, &seq); err != nil {
+		if err := dbRows.Scan(&id, &status, &rw.fp, &reason, &seq); err != nil {
 			return nil, fmt.Errorf("verify: inbox: %w", err)
 		}
-		rw.seq = uint64(max(seq, 0))
+		rw.status, rw.seq = inbox.RowStatus(status), uint64(max(seq, 0))
 		if _, in := byFP[id]; partial && !in {
 			continue // outside the range: not judged
 		}
 		rows[id] = rw
-		if rw.status == "rejected" {
+		if rw.status == inbox.RowRejected {
 			r.Rejected++
 			if len(reason) > 80 {
 				reason = reason[:80] + "…"
@@ -295,13 +178,13 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 				r.Unexpected++
 				r.example("unexpected: ledger entry for %q, which is not in the stream", id)
 			}
-			if rw, ok := rows[id]; !ok || rw.status != "applied" {
+			if rw, ok := rows[id]; !ok || rw.status != inbox.RowApplied {
 				r.EffectWithoutRow++
 				r.example("effect without applied inbox row: %q", id)
 			}
 		}
 		for id, rw := range rows {
-			if rw.status == "applied" && entries[id] == 0 {
+			if rw.status == inbox.RowApplied && entries[id] == 0 {
 				r.RowWithoutEffect++
 				r.example("applied inbox row without effect: %q", id)
 			}
@@ -309,7 +192,7 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 	}
 
 	for id, rw := range rows {
-		if rw.status == "applied" && (!o.Ledger || entries[id] == 1) {
+		if rw.status == inbox.RowApplied && (!o.Ledger || entries[id] == 1) {
 			r.AppliedOnce++
 		}
 	}
@@ -318,7 +201,7 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 			continue // dead-lettered itself
 		}
 		rw, ok := rows[m.ID]
-		if ok && rw.status == "applied" {
+		if ok && rw.status == inbox.RowApplied {
 			fp := inbox.Fingerprint(m.Payload)
 			if bytes.Equal(rw.fp, fp[:]) {
 				continue // applied, or a duplicate of the applied one
@@ -328,7 +211,7 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 		// redelivery): the consumer terminates it without a second dead
 		// letter. The row's stream sequence names the message that was
 		// dead-lettered.
-		if ok && rw.status == "rejected" && dl.at(rw.seq, m.ID) {
+		if ok && rw.status == inbox.RowRejected && dl.at(rw.seq, m.ID) {
 			continue
 		}
 		r.Lost++
@@ -343,7 +226,7 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 	if o.Ledger && !partial {
 		want := map[int64]int64{}
 		for id, rw := range rows {
-			if rw.status != "applied" {
+			if rw.status != inbox.RowApplied {
 				continue
 			}
 			if len(rw.fp) != 32 {
@@ -405,305 +288,8 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 		}
 	}
 	if s, err := js.Stream(ctx, o.Stream); err == nil {
-		r.Horizons = CheckHorizons(s.CachedInfo().Config, consumerCfg, o.Horizon)
+		r.Horizons = jsinbox.CheckHorizons(s.CachedInfo().Config, consumerCfg, o.Horizon)
 	}
 	sort.Strings(r.Examples)
 	return r, nil
-}
-
-// Message is one stream message as verify reads it.
-type Message struct {
-	Seq     uint64
-	ID      string
-	Payload []byte
-	Header  map[string]string
-}
-
-// ReadStream reads every message currently in stream with an ordered
-// consumer, which creates no durable state and disturbs no other consumer.
-func ReadStream(ctx context.Context, js jetstream.JetStream, stream string) ([]Message, error) {
-	return ReadRange(ctx, js, stream, Range{}, nil)
-}
-
-// ReadRange reads the messages of a range of stream, like ReadStream.
-func ReadRange(ctx context.Context, js jetstream.JetStream, stream string, rg Range, progress func(read, total uint64)) ([]Message, error) {
-	s, err := js.Stream(ctx, stream)
-	if err != nil {
-		return nil, fmt.Errorf("verify: stream %s: %w", stream, err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("verify: stream %s: %w", stream, err)
-	}
-	last := info.State.LastSeq
-	if rg.ToSeq > 0 && rg.ToSeq < last {
-		last = rg.ToSeq
-	}
-	out := make([]Message, 0, min(info.State.Msgs, 1<<20))
-	if info.State.Msgs == 0 || last < max(rg.FromSeq, info.State.FirstSeq) {
-		return out, nil
-	}
-	occ := jetstream.OrderedConsumerConfig{}
-	switch {
-	case rg.FromSeq > 1:
-		occ.DeliverPolicy, occ.OptStartSeq = jetstream.DeliverByStartSequencePolicy, rg.FromSeq
-	case !rg.FromTime.IsZero():
-		occ.DeliverPolicy, occ.OptStartTime = jetstream.DeliverByStartTimePolicy, &rg.FromTime
-	}
-	oc, err := s.OrderedConsumer(ctx, occ)
-	if err != nil {
-		return nil, fmt.Errorf("verify: ordered consumer on %s: %w", stream, err)
-	}
-	for {
-		batch, err := oc.Fetch(1000, jetstream.FetchMaxWait(2*time.Second))
-		if err != nil {
-			return nil, fmt.Errorf("verify: read %s: %w", stream, err)
-		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			md, err := m.Metadata()
-			if err != nil {
-				return nil, fmt.Errorf("verify: read %s: %w", stream, err)
-			}
-			h := map[string]string{}
-			for k, v := range m.Headers() {
-				if len(v) > 0 {
-					h[k] = v[0]
-				}
-			}
-			if !rg.ToTime.IsZero() && md.Timestamp.After(rg.ToTime) {
-				return out, nil
-			}
-			out = append(out, Message{Seq: md.Sequence.Stream, ID: h[jetstream.MsgIDHeader], Payload: m.Data(), Header: h})
-			if progress != nil && len(out)%1000 == 0 {
-				progress(md.Sequence.Stream, last)
-			}
-			if md.Sequence.Stream >= last {
-				if progress != nil {
-					progress(last, last)
-				}
-				return out, nil
-			}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return nil, fmt.Errorf("verify: read %s: %w", stream, err)
-		}
-		if n == 0 {
-			return nil, fmt.Errorf("verify: read %s: stopped at %d of %d messages", stream, len(out), info.State.Msgs)
-		}
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-	}
-}
-
-// WriteTable prints the report for people.
-func (r *Report) WriteTable(w io.Writer) {
-	for _, warn := range r.Warnings {
-		fmt.Fprintln(w, "WARNING:", warn)
-	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	row := func(name string, v any, note string) { fmt.Fprintf(tw, "%s\t%v\t  %s\n", name, v, note) }
-	row("stream messages", r.StreamMessages, "")
-	row("distinct IDs", r.DistinctIDs, "")
-	row("applied once", r.AppliedOnce, "")
-	row("duplicated", r.Duplicated, Mark(r.Duplicated == 0))
-	row("lost", r.Lost, Mark(r.Lost == 0))
-	row("unexpected", r.Unexpected, Mark(r.Unexpected == 0))
-	row("effect without row", r.EffectWithoutRow, Mark(r.EffectWithoutRow == 0))
-	row("row without effect", r.RowWithoutEffect, Mark(r.RowWithoutEffect == 0))
-	row("balance mismatches", r.BalanceMismatches, Mark(r.BalanceMismatches == 0))
-	row("rejected (inbox)", r.Rejected, "")
-	row("conflicts", r.Conflicts, "")
-	row("dead-lettered", r.DeadLettered, "")
-	if r.DeadMismatched > 0 {
-		row("dead letters matching nothing", r.DeadMismatched, "")
-	}
-	row("still pending", r.Pending, "")
-	tw.Flush()
-	if r.Partial {
-		fmt.Fprintln(w, "   (a range of the stream: rows and effects of other IDs, and balances, were not judged)")
-	}
-	for status, n := range r.DeadByStatus {
-		fmt.Fprintf(w, "   dead letters %-10s %d\n", status+":", n)
-	}
-	for reason, n := range r.RejectedByReason {
-		fmt.Fprintf(w, "   rejected %5d  %s\n", n, reason)
-	}
-	for _, h := range r.Horizons {
-		fmt.Fprintln(w, "   horizon:", h)
-	}
-	for _, e := range r.Examples {
-		fmt.Fprintln(w, "  ", e)
-	}
-}
-
-// Mark is "ok" or "VIOLATION", for report tables.
-func Mark(ok bool) string {
-	if ok {
-		return "ok"
-	}
-	return "VIOLATION"
-}
-
-// CheckHorizons names the settings under which a message could come back
-// after the inbox forgot it (a duplicate effect), or be given up on. The
-// horizon is computed by package horizon, as `jetinbox prune` computes it.
-func CheckHorizons(stream jetstream.StreamConfig, consumer *jetstream.ConsumerConfig, h HorizonOptions) []string {
-	if h.NakCap == 0 {
-		h.NakCap = horizon.DefaultNakCap
-	}
-	if h.PublishRetry == 0 {
-		h.PublishRetry = horizon.DefaultPublishRetry()
-	}
-	if h.Margin == 0 {
-		h.Margin = inbox.DefaultPruneMargin
-	}
-	var p []string
-	if consumer != nil && consumer.MaxDeliver < 1 {
-		p = append(p, fmt.Sprintf("durable %s has unlimited MaxDeliver: a message that keeps failing is never dead-lettered", consumer.Durable))
-	}
-	if h.Retention > 0 {
-		span, err := horizon.Compute(horizon.Inputs{Stream: stream, DeadLetters: h.DeadLetters, Consumer: consumer, NakCap: h.NakCap, PublishRetry: h.PublishRetry})
-		switch {
-		case stream.MaxAge == 0:
-			p = append(p, fmt.Sprintf("stream %s keeps messages forever (MaxAge 0) but inbox rows are pruned after %v: a replay or re-drive of an older message applies it again; set MaxAge below the inbox retention", stream.Name, h.Retention))
-		case errors.Is(err, horizon.ErrUnbounded):
-			if consumer == nil || consumer.MaxDeliver >= 1 {
-				p = append(p, fmt.Sprintf("inbox rows are pruned after %v, but %v", h.Retention, err))
-			}
-		case err != nil:
-			p = append(p, err.Error())
-		case stream.MaxAge > h.Retention:
-			p = append(p, fmt.Sprintf("stream MaxAge %v is longer than the inbox retention %v: a message can be replayed after its inbox row is gone; raise the retention (Prune OlderThan) above the horizon %v + margin %v (%s)",
-				stream.MaxAge, h.Retention, span.Total, h.Margin, span.Why))
-		case span.Redelivery > h.Retention:
-			p = append(p, fmt.Sprintf("redeliveries can bring a message back %v after its first delivery, longer than the inbox retention %v (%s)", span.Redelivery, h.Retention, span.Why))
-		case h.Retention <= span.Total+h.Margin:
-			p = append(p, fmt.Sprintf("inbox retention %v is not longer than the horizon %v + margin %v over which a message can come back (%s)", h.Retention, span.Total, h.Margin, span.Why))
-		}
-	}
-	if stream.Duplicates < h.PublishRetry {
-		p = append(p, fmt.Sprintf("duplicate window %v is shorter than the producer's retry horizon %v: late retries become second stream messages (the inbox still drops them)", stream.Duplicates, h.PublishRetry))
-	}
-	return p
-}
-
-// deadKey is what a dead letter must match: the stream sequence and the
-// message ID of the stream message it stands for.
-type deadKey struct {
-	seq uint64
-	id  string
-}
-
-// deadLetters holds the dead letters of one stream and scope, keyed by the
-// stream sequence and message ID their headers name.
-type deadLetters struct {
-	ctx    context.Context
-	js     jetstream.JetStream
-	stream string
-	// idAt maps the sequences read from the stream to their message IDs.
-	idAt map[uint64]string
-	// ok: dead letters whose ID is that of the stream message at their
-	// sequence. unchecked: dead letters for sequences not read (outside
-	// the range), checked against the stream when first asked about.
-	ok, unchecked map[deadKey]bool
-}
-
-func newDeadLetters(ctx context.Context, js jetstream.JetStream, stream string, msgs []Message) *deadLetters {
-	d := &deadLetters{ctx: ctx, js: js, stream: stream, idAt: make(map[uint64]string, len(msgs)),
-		ok: map[deadKey]bool{}, unchecked: map[deadKey]bool{}}
-	for _, m := range msgs {
-		d.idAt[m.Seq] = m.ID
-	}
-	return d
-}
-
-// add files one dead letter of the stream and scope, counting it in r if it
-// stands for a stream message that was read.
-func (d *deadLetters) add(r *Report, m Message) {
-	seq, err := strconv.ParseUint(m.Header[jsinbox.HeaderStreamSeq], 10, 64)
-	id, hasID := m.Header[jsinbox.HeaderMessageID]
-	if err != nil || !hasID {
-		r.DeadMismatched++
-		r.example("dead letter %d of %s names no stream sequence or message ID: it settles nothing", m.Seq, d.stream)
-		return
-	}
-	k := deadKey{seq, id}
-	if d.ok[k] || d.unchecked[k] {
-		return // the same message dead-lettered again
-	}
-	sid, read := d.idAt[seq]
-	switch {
-	case !read:
-		d.unchecked[k] = true
-	case sid != id:
-		r.DeadMismatched++
-		r.example("dead letter %d names stream seq %d with id %q, but that message's id is %q: it settles nothing", m.Seq, seq, id, sid)
-	default:
-		d.ok[k] = true
-		r.DeadLettered++
-		r.DeadByStatus[m.Header[jsinbox.HeaderStatus]]++
-	}
-}
-
-// at reports whether the stream message at seq with this ID was
-// dead-lettered. A dead letter for a sequence that was not read is checked
-// against the stream message now; one whose message is gone from the stream
-// (aged out) is taken on its headers.
-func (d *deadLetters) at(seq uint64, id string) bool {
-	k := deadKey{seq, id}
-	if d.ok[k] {
-		return true
-	}
-	if !d.unchecked[k] {
-		return false
-	}
-	delete(d.unchecked, k)
-	s, err := d.js.Stream(d.ctx, d.stream)
-	if err != nil {
-		return false
-	}
-	raw, err := s.GetMsg(d.ctx, seq)
-	switch {
-	case errors.Is(err, jetstream.ErrMsgNotFound):
-		d.ok[k] = true
-	case err == nil && raw.Header.Get(jetstream.MsgIDHeader) == id:
-		d.ok[k] = true
-	}
-	return d.ok[k]
-}
-
-// Scopes returns up to limit scopes that have inbox rows, in order, with an
-// index skip scan over the primary key: cheap on a large inbox.
-func Scopes(ctx context.Context, pool *pgxpool.Pool, limit int) ([]string, error) {
-	rows, err := pool.Query(ctx, `WITH RECURSIVE s(scope) AS (
-	(SELECT scope FROM inbox ORDER BY scope LIMIT 1)
-	UNION ALL
-	SELECT (SELECT i.scope FROM inbox i WHERE i.scope > s.scope ORDER BY i.scope LIMIT 1) FROM s WHERE s.scope IS NOT NULL
-)
-SELECT scope FROM s WHERE scope IS NOT NULL LIMIT $1`, limit)
-	if err != nil {
-		return nil, fmt.Errorf("verify: inbox scopes: %w", err)
-	}
-	scopes, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("verify: inbox scopes: %w", err)
-	}
-	return scopes, nil
-}
-
-// NoRowsWarning says that scope has no inbox rows at all while the stream
-// has n messages to judge, and names the scopes that do have rows.
-func NoRowsWarning(scope string, n int, scopes []string) string {
-	if len(scopes) == 0 {
-		return fmt.Sprintf("the inbox has no rows at all, yet the stream has %d messages here: nothing consumed them into this database (is DATABASE_URL the consumer's?)", n)
-	}
-	q := make([]string, len(scopes))
-	for i, s := range scopes {
-		q[i] = strconv.Quote(s)
-	}
-	return fmt.Sprintf("scope %q has no inbox rows at all, yet the stream has %d messages here: -scope (JETINBOX_SCOPE) is likely wrong; scopes with rows: %s",
-		scope, n, strings.Join(q, ", "))
 }

@@ -138,37 +138,6 @@ func TestVerifyRange(t *testing.T) {
 	}
 }
 
-func TestCheckHorizons(t *testing.T) {
-	t.Parallel()
-	stream := jetstream.StreamConfig{Name: "INTENTS", MaxAge: 7 * 24 * time.Hour, Duplicates: 2 * time.Minute}
-	cons := &jetstream.ConsumerConfig{Durable: "ledger", MaxDeliver: 20, AckWait: 30 * time.Second}
-	cases := []struct {
-		name   string
-		stream jetstream.StreamConfig
-		cons   *jetstream.ConsumerConfig
-		h      verify.HorizonOptions
-		want   string
-	}{
-		{"safe", stream, cons, verify.HorizonOptions{Retention: 30 * 24 * time.Hour}, ""},
-		{"never pruned", stream, cons, verify.HorizonOptions{}, ""},
-		{"retention below MaxAge", stream, cons, verify.HorizonOptions{Retention: 24 * time.Hour}, "MaxAge 168h0m0s is longer than the inbox retention"},
-		{"unlimited MaxAge", jetstream.StreamConfig{Duplicates: 2 * time.Minute}, cons, verify.HorizonOptions{Retention: time.Hour}, "keeps messages forever"},
-		{"unlimited MaxDeliver", stream, &jetstream.ConsumerConfig{Durable: "x", MaxDeliver: -1}, verify.HorizonOptions{}, "unlimited MaxDeliver"},
-		{"redelivery past retention", jetstream.StreamConfig{MaxAge: time.Minute, Duplicates: 2 * time.Minute}, &jetstream.ConsumerConfig{MaxDeliver: 100, AckWait: time.Minute}, verify.HorizonOptions{Retention: time.Hour}, "longer than the inbox retention 1h0m0s"},
-		{"short duplicate window", jetstream.StreamConfig{MaxAge: time.Hour, Duplicates: 10 * time.Second}, cons, verify.HorizonOptions{}, "duplicate window 10s is shorter"},
-		// The horizon prune computes: 2m late copies + 7d, plus a 1h margin.
-		{"retention at the horizon", stream, cons, verify.HorizonOptions{Retention: 7*24*time.Hour + 2*time.Minute + time.Hour}, "is not longer than the horizon 168h2m0s + margin 1h0m0s"},
-		{"retention past the horizon", stream, cons, verify.HorizonOptions{Retention: 7*24*time.Hour + 2*time.Minute + time.Hour + time.Second}, ""},
-		{"re-drives count", stream, cons, verify.HorizonOptions{Retention: 30 * 24 * time.Hour, DeadLetters: &jetstream.StreamConfig{Name: "INTENTS_DLQ", MaxAge: 30 * 24 * time.Hour}}, "re-drives"},
-	}
-	for _, c := range cases {
-		got := strings.Join(verify.CheckHorizons(c.stream, c.cons, c.h), "\n")
-		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
-			t.Errorf("%s: got %q, want %q", c.name, got, c.want)
-		}
-	}
-}
-
 // consumeSettled runs a jetinbox consumer on durable "ledger" until it has
 // settled the stream, then stops it.
 func consumeSettled(t *testing.T, js jetstream.JetStream, pool *pgxpool.Pool) {

@@ -1,0 +1,117 @@
+// The report: what verify found, and the table people read.
+
+package verify
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+)
+
+// Report is what verify found. Duplicate deliveries are expected and not
+// counted here; duplicate effects are violations.
+type Report struct {
+	StreamMessages int `json:"stream_messages"`
+	DistinctIDs    int `json:"distinct_ids"`
+	AppliedOnce    int `json:"applied_once"`
+	// Duplicated: IDs with more than one ledger entry.
+	Duplicated int `json:"duplicated"`
+	// Lost: stream messages neither applied (or duplicate of applied) nor
+	// dead-lettered.
+	Lost int `json:"lost"`
+	// Unexpected: effects or inbox rows with no message in the stream.
+	Unexpected int `json:"unexpected"`
+	// EffectWithoutRow and RowWithoutEffect break effect ⇔ inbox row.
+	EffectWithoutRow int `json:"effect_without_row"`
+	RowWithoutEffect int `json:"row_without_effect"`
+	// Rejected inbox rows, conflicts recorded, dead letters by status.
+	// A dead letter counts only when its headers name this stream and
+	// scope and a stream sequence whose message carries the dead letter's
+	// message ID (Jetinbox-Message-Id).
+	Rejected     int            `json:"rejected"`
+	Conflicts    int            `json:"conflicts"`
+	DeadLettered int            `json:"dead_lettered"`
+	DeadByStatus map[string]int `json:"dead_by_status"`
+	// DeadMismatched: dead letters of this stream and scope whose message
+	// ID is not the ID of the stream message at their sequence. They
+	// settle nothing.
+	DeadMismatched int `json:"dead_mismatched,omitempty"`
+	// BalanceMismatches: accounts whose balance differs from the sum of
+	// the applied intents.
+	BalanceMismatches int `json:"balance_mismatches"`
+	// Pending: messages the durable has not settled yet (not a violation).
+	Pending uint64 `json:"pending"`
+	// RejectedByReason counts rejected inbox rows by reason.
+	RejectedByReason map[string]int `json:"rejected_by_reason,omitempty"`
+	// Horizons names settings that would let a duplicate through or lose
+	// track of a message: warnings, not violations of the invariants.
+	Horizons []string `json:"horizons,omitempty"`
+	// Warnings name the likely cause of what follows (a scope with no
+	// inbox rows at all, dead letters that match nothing). Printed first.
+	Warnings []string `json:"warnings,omitempty"`
+	// Partial is true when only a range of the stream was checked.
+	Partial bool `json:"partial,omitempty"`
+	// Examples of violations, for people.
+	Examples []string `json:"examples,omitempty"`
+}
+
+// Clean reports whether no invariant is broken.
+func (r *Report) Clean() bool {
+	return r.Duplicated == 0 && r.Lost == 0 && r.Unexpected == 0 && r.EffectWithoutRow == 0 &&
+		r.RowWithoutEffect == 0 && r.BalanceMismatches == 0
+}
+
+func (r *Report) example(format string, args ...any) {
+	if len(r.Examples) < 10 {
+		r.Examples = append(r.Examples, fmt.Sprintf(format, args...))
+	}
+}
+
+// WriteTable prints the report for people.
+func (r *Report) WriteTable(w io.Writer) {
+	for _, warn := range r.Warnings {
+		fmt.Fprintln(w, "WARNING:", warn)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	row := func(name string, v any, note string) { fmt.Fprintf(tw, "%s\t%v\t  %s\n", name, v, note) }
+	row("stream messages", r.StreamMessages, "")
+	row("distinct IDs", r.DistinctIDs, "")
+	row("applied once", r.AppliedOnce, "")
+	row("duplicated", r.Duplicated, Mark(r.Duplicated == 0))
+	row("lost", r.Lost, Mark(r.Lost == 0))
+	row("unexpected", r.Unexpected, Mark(r.Unexpected == 0))
+	row("effect without row", r.EffectWithoutRow, Mark(r.EffectWithoutRow == 0))
+	row("row without effect", r.RowWithoutEffect, Mark(r.RowWithoutEffect == 0))
+	row("balance mismatches", r.BalanceMismatches, Mark(r.BalanceMismatches == 0))
+	row("rejected (inbox)", r.Rejected, "")
+	row("conflicts", r.Conflicts, "")
+	row("dead-lettered", r.DeadLettered, "")
+	if r.DeadMismatched > 0 {
+		row("dead letters matching nothing", r.DeadMismatched, "")
+	}
+	row("still pending", r.Pending, "")
+	tw.Flush()
+	if r.Partial {
+		fmt.Fprintln(w, "   (a range of the stream: rows and effects of other IDs, and balances, were not judged)")
+	}
+	for status, n := range r.DeadByStatus {
+		fmt.Fprintf(w, "   dead letters %-10s %d\n", status+":", n)
+	}
+	for reason, n := range r.RejectedByReason {
+		fmt.Fprintf(w, "   rejected %5d  %s\n", n, reason)
+	}
+	for _, h := range r.Horizons {
+		fmt.Fprintln(w, "   horizon:", h)
+	}
+	for _, e := range r.Examples {
+		fmt.Fprintln(w, "  ", e)
+	}
+}
+
+// Mark is "ok" or "VIOLATION", for report tables.
+func Mark(ok bool) string {
+	if ok {
+		return "ok"
+	}
+	return "VIOLATION"
+}
