@@ -10,13 +10,13 @@ package metrics
 import (
 	"context"
 	"errors"
-	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/version"
 )
 
 const ns = "jetinbox"
@@ -211,12 +211,9 @@ func (m *Publisher) Collect(ch chan<- prometheus.Metric) {
 
 // buildInfo is jetinbox_build_info{version, goversion} = 1.
 func buildInfo() prometheus.Collector {
-	version, goVersion := "(devel)", "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		version, goVersion = bi.Main.Version, bi.GoVersion
-	}
+	v, goVersion := version.String(), version.Go()
 	g := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "build_info",
-		Help: "Build information; always 1.", ConstLabels: prometheus.Labels{"version": version, "goversion": goVersion}})
+		Help: "Build information; always 1.", ConstLabels: prometheus.Labels{"version": v, "goversion": goVersion}})
 	g.Set(1)
 	return g
 }

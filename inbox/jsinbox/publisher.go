@@ -60,8 +60,9 @@ type PublisherConfig struct {
 	AckTimeout time.Duration
 	// Retry times the retries of one intent (same ID every time) and bounds
 	// them: when its budget is spent the intent is reported as failed.
-	// Default: jitter.Default(), which gives up after 10 retries (72 s at
-	// most), inside JetStream's default 2-minute duplicate window.
+	// Default: jitter.Default() (10 retries, 72 s of delays at most) given
+	// up after 100 s in all, PubAck waits included, so that the last retry
+	// stays inside JetStream's default 2-minute duplicate window.
 	Retry jitter.Policy
 	// Logger receives a line per failed intent. Default: discard.
 	Logger *slog.Logger
@@ -101,6 +102,7 @@ func (c PublisherConfig) WithDefaults() PublisherConfig {
 	}
 	if r := c.Retry; r.Kind == 0 && r.Base == 0 && r.Cap == 0 && r.MaxAttempts == 0 && r.MaxElapsed == 0 {
 		c.Retry = jitter.Default()
+		c.Retry.MaxElapsed = 100 * time.Second
 	}
 	c.Retry = c.Retry.WithDefaults()
 	if c.Logger == nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 )
@@ -290,7 +291,7 @@ func redriveAll(ctx context.Context, w io.Writer, js jetstream.JetStream, pool *
 // with its original ID. It returns "" when published, "applied" when the
 // ID is applied (nothing published), or why it skipped the dead letter.
 func redrive(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, stream, scope string, d deadLetter) (string, error) {
-	if d.status == "conflict" {
+	if d.status == inbox.StatusConflict.String() {
 		return "a conflict: the ID is applied with another payload; publish the intent under a new ID instead", nil
 	}
 	if d.id == "" || d.subject == "" {
@@ -303,7 +304,7 @@ func redrive(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, st
 	if err != nil {
 		return "", fmt.Errorf("inbox: %w", err)
 	}
-	if status == "applied" {
+	if inbox.RowStatus(status) == inbox.RowApplied {
 		return "applied", nil
 	}
 	h := nats.Header{}

@@ -51,6 +51,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		batch     = fs.Int("batch", 0, "intents per JetStream atomic batch, at most 1000: one fsync and one PubAck per batch, for servers with sync_interval: always; 0 publishes each intent on its own")
 		ackTO     = fs.Duration("ack-timeout", 5*time.Second, "wait for one PubAck before retrying")
 		attempts  = fs.Int("retry-attempts", 10, "retries per intent before it is reported as failed")
+		retryFor  = fs.Duration("retry-for", 100*time.Second, "give an intent up after this long in all, PubAck waits included: keep it inside the stream's duplicate window (2 minutes by default), or a late retry of a publish that did land is stored twice")
 		replicas  = fs.Int("replicas", 1, "stream replicas when creating it")
 		window    = fs.Duration("duplicate-window", jsinbox.DefaultDuplicateWindow, "stream duplicate window when creating it; must cover the retry horizon")
 		logFormat = fs.String("log-format", env.Or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto")
@@ -66,6 +67,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	w = w.resolved()
 	retry := w.publish
 	retry.MaxAttempts = *attempts
+	retry.MaxElapsed = *retryFor
 	if err := nf.Validate(); err != nil {
 		return UsageError{Err: err}
 	}

@@ -17,6 +17,13 @@ func TestProducerWarnsOnlyAboutItself(t *testing.T) {
 	t.Parallel()
 	srv := testenv.NewNATS(t, testenv.NATSOptions{})
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL()})
+	// The defaults fit the default window: no warning at all.
+	fresh := mapEnv(map[string]string{"NATS_URL": testenv.NewNATS(t, testenv.NATSOptions{}).URL()})
+	var errOut bytes.Buffer
+	if err := Producer(context.Background(), []string{"-count", "3", "-log-format", "text"}, fresh, nil, io.Discard, &errOut); err != nil ||
+		strings.Contains(errOut.String(), "WARN") {
+		t.Errorf("the producer's defaults: %v\n%s", err, errOut.String())
+	}
 	produce := func(args ...string) string {
 		t.Helper()
 		var errOut bytes.Buffer
@@ -33,11 +40,11 @@ func TestProducerWarnsOnlyAboutItself(t *testing.T) {
 	// asking for the default 2 minutes comes along: 20 retries of up to
 	// 10 s with a 5 s PubAck timeout each (4m32s) fit in it.
 	produce("-duplicate-window", "10m")
-	if got := produce("-retry-attempts", "20"); strings.Contains(got, "duplicate window") {
+	if got := produce("-retry-attempts", "20", "-retry-for", "0"); strings.Contains(got, "duplicate window") {
 		t.Errorf("warned against the asked window, not the stream's 10 minutes:\n%s", got)
 	}
 	// 100 retries (25 minutes) do not.
-	if got := produce("-retry-attempts", "100"); !strings.Contains(got, "longer than the 10m0s duplicate window") {
+	if got := produce("-retry-attempts", "100", "-retry-for", "0"); !strings.Contains(got, "longer than the 10m0s duplicate window") {
 		t.Errorf("no warning about retries outlasting the duplicate window:\n%s", got)
 	}
 }
