@@ -14,7 +14,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { testenv.MainNoLeaks(m) }
 
 const accounts = 1024
 

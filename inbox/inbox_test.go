@@ -274,9 +274,9 @@ func TestConcurrentClaimWaits(t *testing.T) {
 	}
 }
 
-// TestCrashBeforeCommit is the seed's atomic_dedupe.py on PostgreSQL: a crash
-// before COMMIT leaves neither the inbox row nor the effect; the retry applies
-// once; a duplicate changes nothing.
+// TestCrashBeforeCommit: a crash between the claim and COMMIT leaves neither
+// the inbox row nor the effect; the retry applies once; a duplicate changes
+// nothing (docs/design.md, "Crash points").
 func TestCrashBeforeCommit(t *testing.T) {
 	t.Parallel()
 	pool := newDB(t)

@@ -227,7 +227,10 @@ func TestNATSRestart(t *testing.T) {
 		p, err := jsinbox.NewPublisher(e.js, jsinbox.PublisherConfig{AckTimeout: time.Second, MaxInFlight: 256})
 		if err != nil {
 			t.Error(err)
+			done <- jsinbox.PublisherStats{}
+			return
 		}
+		defer p.Close()
 		for _, in := range intents {
 			if err := p.Publish(ctx, in); err != nil {
 				t.Error(err)

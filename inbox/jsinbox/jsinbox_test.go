@@ -19,7 +19,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { testenv.MainNoLeaks(m) }
 
 const accounts = 64
 

@@ -27,6 +27,7 @@ func TestTraceContextCarried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer pub.Close()
 	for _, in := range load(20, "tr") {
 		if err := pub.Publish(ctx, in); err != nil {
 			t.Fatal(err)

@@ -24,9 +24,9 @@ type series struct {
 	counts []int
 }
 
-// WriteChart draws requests per bucket over time, one panel per policy: the seed experiment's
+// WriteChart draws requests per bucket over time, one panel per policy: the retry storm's
 // rows on the left, the overloaded server's on the right, the same policy side by side (the
-// last seed row, backoff/v4, beside the last overloaded row). Time runs on a log scale, so that
+// last storm row, backoff/v4, beside the last overloaded row). Time runs on a log scale, so that
 // no jitter's spikes and the jittered kinds' first second both show; each panel scales its own
 // y axis. The format follows path's extension: ".png" for PNG, anything else SVG.
 func WriteChart(path string, c Config, rows []Row, results []Result) error {
@@ -39,7 +39,7 @@ func WriteChart(path string, c Config, rows []Row, results []Result) error {
 		if i == len(rows)-1 {
 			at = n - 1
 		}
-		left[at] = series{fmt.Sprintf("seed: %s, peak %d", r.Name, r.Peak), r.First, r.Buckets}
+		left[at] = series{fmt.Sprintf("storm: %s, peak %d", r.Name, r.Peak), r.First, r.Buckets}
 	}
 	for i, r := range results {
 		right[i] = series{fmt.Sprintf("overloaded: %s, peak %d, done %.2f s", r.Name, r.Peak, r.Done.Seconds()), 0, r.Buckets}

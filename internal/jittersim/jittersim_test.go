@@ -15,8 +15,8 @@ import (
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
-// TestMulberry32 pins the port against the first outputs of jitter.mjs's rng(42), computed with
-// node: rng(42)() × 2³².
+// TestMulberry32 pins the generator against the first outputs of mulberry32 seeded with 42, as
+// its JavaScript form (quoted on Mulberry32.Float64) computes them, times 2³².
 func TestMulberry32(t *testing.T) {
 	t.Parallel()
 	m := jittersim.NewMulberry32(42)
@@ -27,11 +27,11 @@ func TestMulberry32(t *testing.T) {
 	}
 }
 
-// TestSeedTable reproduces the seed's printed result: peak retries in one 10 ms bucket of 5000
-// = 1000 / 157 / 214 / 73.
-func TestSeedTable(t *testing.T) {
+// TestStormTable pins the retry storm's table at the defaults, the one the README quotes: peak
+// retries in one 10 ms bucket of 5000 = 1000 / 157 / 214 / 73.
+func TestStormTable(t *testing.T) {
 	t.Parallel()
-	rows := jittersim.SeedExperiment(jittersim.DefaultConfig())
+	rows := jittersim.Storm(jittersim.DefaultConfig())
 	want := []struct {
 		name string
 		peak int
@@ -56,13 +56,13 @@ func TestSameSeedSameNumbers(t *testing.T) {
 	t.Parallel()
 	c := jittersim.DefaultConfig()
 	c.Seed = 7
-	a, b := jittersim.SeedExperiment(c), jittersim.SeedExperiment(c)
+	a, b := jittersim.Storm(c), jittersim.Storm(c)
 	for i := range a {
 		if a[i].Varies {
 			continue
 		}
 		if a[i].Peak != b[i].Peak || !slices.Equal(a[i].Buckets, b[i].Buckets) {
-			t.Errorf("seed experiment %s differs between runs with seed 7", a[i].Name)
+			t.Errorf("storm %s differs between runs with seed 7", a[i].Name)
 		}
 	}
 	x, y := jittersim.Overload(c), jittersim.Overload(c)
@@ -128,7 +128,7 @@ func TestChart(t *testing.T) {
 		c    jittersim.Config
 	}{{"jitter.svg", jittersim.DefaultConfig()}, {"jitter.png", small}} {
 		path := filepath.Join(t.TempDir(), tt.name)
-		if err := jittersim.WriteChart(path, tt.c, jittersim.SeedExperiment(tt.c), jittersim.Overload(tt.c)); err != nil {
+		if err := jittersim.WriteChart(path, tt.c, jittersim.Storm(tt.c), jittersim.Overload(tt.c)); err != nil {
 			t.Fatal(err)
 		}
 		b, err := os.ReadFile(path)
@@ -140,7 +140,7 @@ func TestChart(t *testing.T) {
 		}
 	}
 	if err := jittersim.WriteChart(filepath.Join(t.TempDir(), "missing", "x.svg"), small,
-		jittersim.SeedExperiment(small), jittersim.Overload(small)); err == nil {
+		jittersim.Storm(small), jittersim.Overload(small)); err == nil {
 		t.Error("WriteChart into a missing directory: no error")
 	}
 }
@@ -168,7 +168,7 @@ func TestMainOutput(t *testing.T) {
 		}
 	}
 	if !strings.HasPrefix(out, "no jitter ") {
-		t.Errorf("output does not start with the seed table:\n%s", out)
+		t.Errorf("output does not start with the storm table:\n%s", out)
 	}
 	if fi, err := os.Stat(chart); err != nil || fi.Size() == 0 {
 		t.Errorf("chart: %v, %v", fi, err)

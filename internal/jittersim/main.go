@@ -1,7 +1,10 @@
-// Package jittersim is the experiment behind package jitter: the seed's jitter.mjs ported to
-// Go to the digit, cenkalti/backoff's own randomization beside it, and an overloaded server
-// that shows what the delays cost when failed retries retry again. Its results chose
-// jitter.Default. Main is the `jitter` command.
+// Package jittersim is the experiment behind package jitter. First a retry storm: clients that
+// all fail at the same instant and retry, every retry failing again, so that only where the
+// retries land is measured, under each jitter formula and cenkalti/backoff's own randomization.
+// It draws from a mulberry32 generator, so its table is the same on every machine and every
+// run (TestStormTable pins it). Then an overloaded server that shows what the delays cost when
+// failed retries retry again. Its results chose jitter.Default. Main is the `jitter` command.
+// docs/design.md says where retry timing sits in the design.
 package jittersim
 
 import (
@@ -17,12 +20,13 @@ import (
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
-// Config holds the simulation parameters; DefaultConfig returns the seed's.
+// Config holds the simulation parameters; DefaultConfig returns the ones the README's table
+// was computed with.
 type Config struct {
 	Clients  int           // clients that fail at the same instant
 	Base     time.Duration // base delay
 	Cap      time.Duration // largest delay
-	Attempts int           // retries per client in the seed experiment
+	Attempts int           // retries per client in the retry storm
 	Bucket   time.Duration // width of a counting bucket (and, overloaded, of a capacity slot)
 	Seed     uint32        // mulberry32 seed
 
@@ -30,8 +34,9 @@ type Config struct {
 	OverloadAttempts int // overloaded: retries a client makes before it gives up
 }
 
-// DefaultConfig returns jitter.mjs's parameters (1000 clients, base 100 ms, cap 10 s, 5 retries,
-// 10 ms buckets, seed 42) and, for the overloaded server, 50 requests per bucket and 50 retries.
+// DefaultConfig returns the retry storm's parameters (1000 clients, base 100 ms, cap 10 s, 5
+// retries, 10 ms buckets, seed 42) and, for the overloaded server, 50 requests per bucket and 50
+// retries.
 func DefaultConfig() Config {
 	return Config{
 		Clients: 1000, Base: 100 * time.Millisecond, Cap: 10 * time.Second, Attempts: 5,
@@ -65,7 +70,7 @@ func (c Config) validate() error {
 	return errors.Join(errs...)
 }
 
-// Main runs the `jitter` command: it parses args (without the command name), prints the seed
+// Main runs the `jitter` command: it parses args (without the command name), prints the storm
 // table and the overloaded-server table to stdout and writes the chart. With -h it prints the
 // usage to stderr and returns flag.ErrHelp.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -77,16 +82,16 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), "Usage: jitter [flags]\n\n"+
 			"Simulates clients that all fail at once and retry with no, full, equal and decorrelated\n"+
-			"jitter (and cenkalti/backoff's own randomization): first the seed experiment (every retry\n"+
+			"jitter (and cenkalti/backoff's own randomization): first a retry storm (every retry\n"+
 			"fails; where do they land?), then a server that serves -capacity requests per bucket.\n\n")
 		fs.PrintDefaults()
 	}
 	fs.IntVar(&c.Clients, "clients", c.Clients, "clients that fail at the same instant")
 	fs.DurationVar(&c.Base, "base", c.Base, "base delay")
 	fs.DurationVar(&c.Cap, "cap", c.Cap, "largest delay")
-	fs.IntVar(&c.Attempts, "attempts", c.Attempts, "retries per client in the seed experiment")
+	fs.IntVar(&c.Attempts, "attempts", c.Attempts, "retries per client in the retry storm")
 	fs.DurationVar(&c.Bucket, "bucket", c.Bucket, "width of a counting bucket")
-	fs.Uint64Var(&seed, "seed", uint64(c.Seed), "mulberry32 seed (taken modulo 2^32, like JavaScript's |0)")
+	fs.Uint64Var(&seed, "seed", uint64(c.Seed), "mulberry32 seed (taken modulo 2^32)")
 	fs.IntVar(&c.Capacity, "capacity", c.Capacity, "overloaded server: requests served per bucket")
 	fs.IntVar(&c.OverloadAttempts, "overload-attempts", c.OverloadAttempts, "overloaded server: retries before a client gives up")
 	fs.StringVar(&chart, "chart", chart, "chart file, SVG (or PNG for a .png name); empty: none")
@@ -101,7 +106,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("jitter: %w", err)
 	}
 
-	rows := SeedExperiment(c)
+	rows := Storm(c)
 	if err := ctx.Err(); err != nil {
 		return err
 	}

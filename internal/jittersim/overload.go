@@ -32,7 +32,7 @@ type Result struct {
 	Failed int
 	// Buckets holds the requests that arrived per bucket, Buckets[i] for bucket i.
 	Buckets []int
-	// Varies reports that the result draws from a source the seed does not control.
+	// Varies reports that the result draws from a source c.Seed does not control.
 	Varies bool
 }
 

@@ -1,12 +1,13 @@
 package jittersim
 
-// Mulberry32 is the PRNG of jitter.mjs, ported bit for bit: JavaScript's `|0`, `>>>` and
-// Math.imul are 32-bit two's-complement operations, which uint32 arithmetic reproduces (a
-// product or sum that wraps in uint32 has the same low 32 bits as its int32 counterpart).
+// Mulberry32 is the mulberry32 generator, bit for bit as its usual JavaScript form (quoted on
+// Float64) computes it, so that the retry storm's table can be checked with any implementation:
+// that form's `|0`, `>>>` and Math.imul are 32-bit two's-complement operations, which uint32
+// arithmetic reproduces (a product or sum that wraps in uint32 has the same low 32 bits as its
+// int32 counterpart).
 type Mulberry32 struct{ a uint32 }
 
-// NewMulberry32 returns the generator that jitter.mjs's rng(seed) returns. The seed is taken
-// modulo 2³², as JavaScript's `|0` does.
+// NewMulberry32 returns the generator seeded with seed.
 func NewMulberry32(seed uint32) *Mulberry32 { return &Mulberry32{a: seed} }
 
 // Float64 returns the next number in [0, 1), as the JavaScript closure does:

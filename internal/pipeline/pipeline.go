@@ -18,7 +18,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 )
 
-// Setup migrates the inbox and ledger schemas, seeds accounts 1..accounts and
+// Setup migrates the inbox and ledger schemas, creates accounts 1..accounts and
 // makes sure the intents stream and its dead-letter stream exist.
 func Setup(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, stream jsinbox.StreamConfig, accounts int) error {
 	if _, err := inbox.Migrate(ctx, pool); err != nil {

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 var (
@@ -23,14 +25,45 @@ var (
 // was started, when they finish. Call it from TestMain:
 //
 //	func TestMain(m *testing.M) { testenv.Main(m) }
-func Main(m *testing.M) {
+func Main(m *testing.M) { os.Exit(run(m)) }
+
+// MainNoLeaks is Main for packages whose code starts goroutines: once the
+// tests passed and the shared cluster is stopped, it fails the run if any
+// goroutine is left that the tests started and did not end, as
+// goleak.VerifyTestMain does. opts ignore more goroutines than
+// [KnownGoroutines]:
+//
+//	func TestMain(m *testing.M) { testenv.MainNoLeaks(m) }
+func MainNoLeaks(m *testing.M, opts ...goleak.Option) {
+	code := run(m)
+	if code == 0 {
+		if err := goleak.Find(append(KnownGoroutines(), opts...)...); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: goroutines left after the tests passed: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// KnownGoroutines are the goroutines a test binary may still run after its
+// tests without any test having leaked them: nats.go's Fetch leaves one that
+// waits out the pull request's expiry (FetchMaxWait plus a second) even
+// after its connection closed, and ends then.
+func KnownGoroutines() []goleak.Option {
+	return []goleak.Option{
+		goleak.IgnoreTopFunction("github.com/nats-io/nats.go/jetstream.(*pullConsumer).fetch.func1"),
+	}
+}
+
+// run runs the tests, then stops the shared cluster.
+func run(m *testing.M) int {
 	code := m.Run()
 	sharedMu.Lock()
 	if sharedPG != nil {
 		_ = sharedPG.Close()
 	}
 	sharedMu.Unlock()
-	os.Exit(code)
+	return code
 }
 
 // SharedPostgres returns the test binary's one PostgreSQL cluster, starting it

@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-func TestMain(m *testing.M) { Main(m) }
+func TestMain(m *testing.M) { MainNoLeaks(m) }
 
 func TestPostgresRestart(t *testing.T) {
 	ctx := context.Background()

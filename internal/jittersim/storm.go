@@ -9,7 +9,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 )
 
-// Row is one strategy's result in the seed experiment.
+// Row is one strategy's result in the retry storm.
 type Row struct {
 	Name string
 	// Peak is the largest number of retries that landed in one bucket.
@@ -19,23 +19,25 @@ type Row struct {
 	// Buckets holds the retries per bucket, Buckets[i] for bucket First+i.
 	Buckets []int
 	First   int64
-	// Varies reports that the row draws from a source the seed does not control, so it changes
+	// Varies reports that the row draws from a source c.Seed does not control, so it changes
 	// from run to run.
 	Varies bool
 }
 
-// SeedExperiment runs jitter.mjs: c.Clients clients fail at the same instant, and each retries
+// Storm runs the retry storm: c.Clients clients fail at the same instant, and each retries
 // c.Attempts times, every retry failing again, so only the scheduling is measured. It returns the
 // rows "no jitter", "full jitter", "equal jitter", "decorrelated", computed in float64
-// milliseconds in the order and with the operations of the JavaScript, drawing from one
-// mulberry32(c.Seed) shared by the four in that order, and then a row "backoff/v4" for
+// milliseconds with every operation rounded on its own, drawing from one mulberry32(c.Seed)
+// shared by the four in that order, so that the table is the same on every machine (TestStormTable
+// pins it at the defaults); and then a row "backoff/v4" for
 // cenkalti/backoff's own ExponentialBackOff (RandomizationFactor 0.5, Multiplier 2), which
 // draws from math/rand's global source and so varies from run to run.
-func SeedExperiment(c Config) []Row {
+func Storm(c Config) []Row {
 	rand := NewMulberry32(c.Seed).Float64
 	base, capMs := ms(c.Base), ms(c.Cap)
 	// Explicit float64 conversions keep Go from fusing a multiply and an add into one FMA
-	// instruction (allowed by the spec, done on arm64): JavaScript rounds each step.
+	// instruction (allowed by the spec, done on arm64), which rounds once instead of twice and
+	// would change the table on such machines.
 	strategies := []struct {
 		name  string
 		delay func(n int, prev float64) float64
@@ -76,12 +78,13 @@ func SeedExperiment(c Config) []Row {
 	return append(rows, row)
 }
 
-// schedule is the loop of jitter.mjs for one strategy.
+// schedule is the storm's loop for one strategy: every client retries c.Attempts times, and
+// each retry is counted in the bucket it lands in.
 func schedule(c Config, name string, delay func(n int, prev float64) float64) Row {
 	bucket := ms(c.Bucket)
 	buckets := map[int64]int{}
 	for range c.Clients {
-		var t, prev float64 = 0, ms(c.Base) // prev ?? BASE
+		var t, prev float64 = 0, ms(c.Base) // decorrelated grows from Base
 		for n := range c.Attempts {
 			prev = delay(n, prev)
 			t += prev

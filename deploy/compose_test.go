@@ -1,0 +1,234 @@
+package deploy_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/compose-spec/compose-go/v2/loader"
+	composetypes "github.com/compose-spec/compose-go/v2/types"
+)
+
+func loadCompose(fsys files) (*composetypes.Project, error) {
+	b, err := fsys.get("compose.yaml")
+	if err != nil {
+		return nil, err
+	}
+	wd, err := filepath.Abs(".")
+	if err != nil {
+		return nil, err
+	}
+	details := composetypes.ConfigDetails{
+		WorkingDir:  wd,
+		ConfigFiles: []composetypes.ConfigFile{{Filename: filepath.Join(wd, "compose.yaml"), Content: b}},
+		Environment: composetypes.Mapping{},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return loader.LoadWithContext(ctx, details, func(o *loader.Options) {
+		o.SetProjectName("jetinbox", true)
+		o.Profiles = []string{"*"}
+		o.ResolvePaths = true
+	})
+}
+
+func validateCompose(fsys files, fx *secretsFixture) error {
+	p, err := loadCompose(fsys)
+	if err != nil {
+		return err
+	}
+	js, err := loadJetStream(fsys)
+	if err != nil {
+		return err
+	}
+	wd, _ := filepath.Abs(".")
+	secretsDir := filepath.Join(wd, "secrets")
+	generated := map[string]bool{}
+	for _, f := range fx.files {
+		generated[filepath.Join(secretsDir, filepath.FromSlash(f))] = true
+		for d := filepath.Dir(f); d != "."; d = filepath.Dir(d) {
+			generated[filepath.Join(secretsDir, d)] = true
+		}
+	}
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("compose.yaml: "+format, args...))
+		}
+	}
+	// A path in the stack either exists in the repository or is one that
+	// `go run ./cmd/devsecrets` writes.
+	checkPath := func(what, p string) {
+		if strings.HasPrefix(p, secretsDir+string(filepath.Separator)) {
+			check(generated[p], "%s %s is not written by cmd/devsecrets", what, p)
+			return
+		}
+		rel, err := filepath.Rel(wd, p)
+		if err == nil && !strings.HasPrefix(rel, "..") {
+			_, ok := fsys[filepath.ToSlash(rel)]
+			if !ok {
+				// A directory of the deploy tree.
+				for name := range fsys {
+					if strings.HasPrefix(name, filepath.ToSlash(rel)+"/") {
+						ok = true
+						break
+					}
+				}
+			}
+			check(ok, "%s %s does not exist", what, p)
+			return
+		}
+		_, err = os.Stat(p)
+		check(err == nil, "%s %s does not exist", what, p)
+	}
+
+	want := []string{"consumer", "db-grants", "migrate", "nats-1", "nats-2", "nats-3", "nats-setup", "postgres", "producer", "prometheus"}
+	got := slices.Sorted(maps.Keys(p.Services))
+	check(slices.Equal(got, want), "services %v, want %v", got, want)
+
+	for name, s := range p.Services {
+		for _, v := range s.Volumes {
+			if v.Type == composetypes.VolumeTypeBind {
+				checkPath("service "+name+" bind mount", v.Source)
+			}
+		}
+		if s.Build != nil {
+			checkPath("service "+name+" build context", s.Build.Context)
+			checkPath("service "+name+" dockerfile", filepath.Join(s.Build.Context, s.Build.Dockerfile))
+		}
+		attached := map[string]bool{}
+		for _, sec := range s.Secrets {
+			_, ok := p.Secrets[sec.Source]
+			check(ok, "service %s uses undefined secret %s", name, sec.Source)
+			attached["/run/secrets/"+sec.Source] = true
+		}
+		// Every environment value naming a secret file names an attached one.
+		for k, v := range s.Environment {
+			if v == nil {
+				check(false, "service %s: %s has no value", name, k)
+				continue
+			}
+			for _, m := range regexp.MustCompile(`/run/secrets/[A-Za-z0-9_.-]+`).FindAllString(*v, -1) {
+				check(attached[m], "service %s: %s refers to %s, which is not attached", name, k, m)
+			}
+		}
+	}
+	for name, sec := range p.Secrets {
+		checkPath("secret "+name, sec.File)
+	}
+
+	// NATS: three servers of one version, 2.12.3 or later, each with its own
+	// config and the shared ones at the paths the configs include.
+	for _, n := range natsNodes {
+		s, ok := p.Services[n]
+		if !ok {
+			continue
+		}
+		check(imageAtLeast(s.Image, "nats", [3]int{2, 12, 3}), "%s image %q, want nats 2.12.3 or later", n, s.Image)
+		mounts := map[string]string{}
+		for _, v := range s.Volumes {
+			mounts[v.Target] = v.Source
+		}
+		check(mounts["/etc/nats/nats.conf"] == filepath.Join(wd, "nats", n+".conf"), "%s does not mount nats/%s.conf at /etc/nats/nats.conf", n, n)
+		check(mounts["/etc/nats/common.conf"] == filepath.Join(wd, "nats", "common.conf"), "%s does not mount nats/common.conf", n)
+		check(mounts["/etc/nats/auth.conf"] != "", "%s does not mount an auth.conf", n)
+		check(mounts["/etc/nats/tls"] != "", "%s does not mount the TLS directory at /etc/nats/tls", n)
+		check(mounts["/data"] != "", "%s does not keep /data (the JetStream store) in a volume", n)
+		check(slices.Equal(s.Command, composetypes.ShellCommand{"--config", "/etc/nats/nats.conf"}), "%s command %v", n, s.Command)
+		check(s.StopGracePeriod != nil && time.Duration(*s.StopGracePeriod) > 30*time.Second, "%s stop_grace_period must exceed lame_duck_duration (30s)", n)
+		check(s.HealthCheck != nil && !s.HealthCheck.Disable, "%s has no healthcheck", n)
+	}
+
+	if s, ok := p.Services["postgres"]; ok {
+		check(strings.HasPrefix(s.Image, "postgres:15"), "postgres image %q, want postgres:15", s.Image)
+		check(s.HealthCheck != nil, "postgres has no healthcheck")
+	}
+
+	if s, ok := p.Services["nats-setup"]; ok {
+		script := strings.Join(s.Command, " ")
+		for _, f := range []string{"advisories-stream.json", "ledger-rescue-consumer.json", "intents-stream.json", "dlq-stream.json", "ledger-consumer.json"} {
+			check(strings.Contains(script, "/jetstream/"+f), "nats-setup does not apply jetstream/%s", f)
+		}
+		check(strings.Contains(script, fmt.Sprintf("nats consumer add %s %s --config /jetstream/ledger-rescue-consumer.json", js.advisories.Name, js.rescue.Durable)),
+			"nats-setup does not add the rescue consumer %s on %s", js.rescue.Durable, js.advisories.Name)
+		check(applyOrder(script, "/jetstream/"), "nats-setup must create the advisory stream and the rescue consumer before the intents stream")
+	}
+
+	binaries := dockerfileBinaries(fsys)
+	env := func(svc, k string) string {
+		s := p.Services[svc]
+		if v := s.Environment[k]; v != nil {
+			return *v
+		}
+		return ""
+	}
+	for _, svc := range []string{"consumer", "producer", "migrate"} {
+		s, ok := p.Services[svc]
+		if !ok {
+			continue
+		}
+		check(s.Build != nil, "%s is not built from deploy/Dockerfile", svc)
+		check(len(s.Entrypoint) > 0 && binaries[s.Entrypoint[0]], "%s entrypoint %v is not a binary deploy/Dockerfile installs (%v)", svc, s.Entrypoint, slices.Sorted(maps.Keys(binaries)))
+		check(s.ReadOnly, "%s must run with a read-only root filesystem", svc)
+		check(s.User != "" && !strings.HasPrefix(s.User, "0"), "%s must run as a non-root user", svc)
+	}
+	for _, svc := range []string{"consumer", "producer"} {
+		for _, k := range []string{"NATS_URL", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY", "JETINBOX_STREAM"} {
+			check(env(svc, k) != "", "%s: %s is not set", svc, k)
+		}
+		check(env(svc, "JETINBOX_STREAM") == js.intents.Name, "%s: JETINBOX_STREAM %q, the stream is %q", svc, env(svc, "JETINBOX_STREAM"), js.intents.Name)
+		for _, u := range strings.Split(env(svc, "NATS_URL"), ",") {
+			pu, err := url.Parse(u)
+			check(err == nil && pu.Scheme == "tls" && slices.Contains(natsNodes, pu.Hostname()), "%s: NATS_URL entry %q is not tls:// to a cluster node", svc, u)
+		}
+	}
+	// The scope is set explicitly: it is the effect's identity and must not
+	// drift with a default or with the durable's name.
+	for _, k := range []string{"DATABASE_URL", "JETINBOX_SCOPE", "JETINBOX_DURABLE", "JETINBOX_DRAIN_TIMEOUT", "JETINBOX_HTTP_ADDR"} {
+		check(env("consumer", k) != "", "consumer: %s is not set", k)
+	}
+	check(env("consumer", "JETINBOX_DURABLE") == js.ledger.Durable, "consumer: JETINBOX_DURABLE %q, the durable is %q", env("consumer", "JETINBOX_DURABLE"), js.ledger.Durable)
+	for _, svc := range []string{"consumer", "migrate"} {
+		check(strings.Contains(env(svc, "DATABASE_URL"), "sslmode=verify-full"), "%s: DATABASE_URL must use sslmode=verify-full", svc)
+	}
+	check(strings.Contains(env("consumer", "DATABASE_URL"), "jetinbox_consumer@"), "consumer must connect as jetinbox_consumer")
+	check(strings.Contains(env("migrate", "DATABASE_URL"), "jetinbox_migrator@"), "migrate must connect as jetinbox_migrator")
+	if c, ok := p.Services["consumer"]; ok {
+		drain, err := time.ParseDuration(env("consumer", "JETINBOX_DRAIN_TIMEOUT"))
+		check(err == nil, "consumer: JETINBOX_DRAIN_TIMEOUT: %v", err)
+		check(c.StopGracePeriod != nil && time.Duration(*c.StopGracePeriod) > drain, "consumer: stop_grace_period must exceed JETINBOX_DRAIN_TIMEOUT %v", drain)
+		check(c.DependsOn["nats-setup"].Condition == composetypes.ServiceConditionCompletedSuccessfully, "consumer must wait for nats-setup to complete")
+		check(c.DependsOn["db-grants"].Condition == composetypes.ServiceConditionCompletedSuccessfully, "consumer must wait for db-grants to complete")
+	}
+	if m, ok := p.Services["migrate"]; ok {
+		check(slices.Equal(m.Command, composetypes.ShellCommand{"migrate"}), "migrate command %v, want [migrate]", m.Command)
+		check(m.DependsOn["postgres"].Condition == composetypes.ServiceConditionHealthy, "migrate must wait for a healthy postgres")
+	}
+	if g, ok := p.Services["db-grants"]; ok {
+		check(g.DependsOn["migrate"].Condition == composetypes.ServiceConditionCompletedSuccessfully, "db-grants must run after migrate")
+	}
+	if s, ok := p.Services["prometheus"]; ok {
+		targets := map[string]bool{}
+		for _, v := range s.Volumes {
+			targets[v.Target] = true
+		}
+		check(targets["/etc/prometheus/prometheus.yml"] && targets["/etc/prometheus/alerts.yml"], "prometheus does not mount prometheus.yml and alerts.yml")
+	}
+	return errors.Join(errs...)
+}
+
+func TestCompose(t *testing.T) {
+	fsys := loadFiles(t)
+	if err := validateCompose(fsys, fixture(t)); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,278 @@
+package deploy_test
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// decodeK8s strictly decodes one YAML document: unknown or duplicate fields
+// are errors, as with `kubectl apply --validate=strict`.
+func decodeK8s(fsys files, name string, v any) error {
+	b, err := fsys.get(name)
+	if err != nil {
+		return err
+	}
+	if err := yaml.UnmarshalStrict(b, v); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+func splitYAML(b []byte) [][]byte {
+	var docs [][]byte
+	for _, d := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(b), -1) {
+		if strings.TrimSpace(regexp.MustCompile(`(?m)^\s*#.*$`).ReplaceAllString(d, "")) != "" {
+			docs = append(docs, []byte(d))
+		}
+	}
+	return docs
+}
+
+type k8sSet struct {
+	deploy  appsv1.Deployment
+	svc     corev1.Service
+	pdb     policyv1.PodDisruptionBudget
+	job     batchv1.Job
+	secrets map[string]corev1.Secret
+}
+
+func loadK8s(fsys files) (*k8sSet, error) {
+	var k k8sSet
+	for name, v := range map[string]any{
+		"kubernetes/consumer-deployment.yaml": &k.deploy,
+		"kubernetes/consumer-service.yaml":    &k.svc,
+		"kubernetes/consumer-pdb.yaml":        &k.pdb,
+		"kubernetes/migrate-job.yaml":         &k.job,
+	} {
+		if err := decodeK8s(fsys, name, v); err != nil {
+			return nil, err
+		}
+	}
+	b, err := fsys.get("kubernetes/secrets.template.yaml")
+	if err != nil {
+		return nil, err
+	}
+	k.secrets = map[string]corev1.Secret{}
+	for i, doc := range splitYAML(b) {
+		var s corev1.Secret
+		if err := yaml.UnmarshalStrict(doc, &s); err != nil {
+			return nil, fmt.Errorf("kubernetes/secrets.template.yaml document %d: %w", i+1, err)
+		}
+		k.secrets[s.Name] = s
+	}
+	return &k, nil
+}
+
+func envOf(c corev1.Container) map[string]corev1.EnvVar {
+	m := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		m[e.Name] = e
+	}
+	return m
+}
+
+func findContainer(cs []corev1.Container, name string) (corev1.Container, bool) {
+	for _, c := range cs {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return corev1.Container{}, false
+}
+
+func validateK8s(fsys files) error {
+	k, err := loadK8s(fsys)
+	if err != nil {
+		return err
+	}
+	js, err := loadJetStream(fsys)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("kubernetes: "+format, args...))
+		}
+	}
+	typeMeta := func(name, apiVersion, kind, gotAPI, gotKind string) {
+		check(gotAPI == apiVersion && gotKind == kind, "%s is %s %s, want %s %s", name, gotAPI, gotKind, apiVersion, kind)
+	}
+	typeMeta("consumer-deployment.yaml", "apps/v1", "Deployment", k.deploy.APIVersion, k.deploy.Kind)
+	typeMeta("consumer-service.yaml", "v1", "Service", k.svc.APIVersion, k.svc.Kind)
+	typeMeta("consumer-pdb.yaml", "policy/v1", "PodDisruptionBudget", k.pdb.APIVersion, k.pdb.Kind)
+	typeMeta("migrate-job.yaml", "batch/v1", "Job", k.job.APIVersion, k.job.Kind)
+
+	// The Secrets template: names and keys, never values.
+	secretKeys := map[string]map[string]bool{}
+	for name, s := range k.secrets {
+		typeMeta("secrets.template.yaml "+name, "v1", "Secret", s.APIVersion, s.Kind)
+		check(len(s.Data) == 0, "secrets.template.yaml %s has data: values must never be committed", name)
+		secretKeys[name] = map[string]bool{}
+		for key, v := range s.StringData {
+			check(v == "", "secrets.template.yaml %s key %s has a value: values must never be committed", name, key)
+			secretKeys[name][key] = true
+		}
+	}
+	// Volumes and env of a pod must use only the Secrets and keys above.
+	checkPodSecrets := func(what string, spec corev1.PodSpec) map[string]string {
+		mounted := map[string]string{} // volume name -> secret name
+		for _, v := range spec.Volumes {
+			if v.Secret != nil {
+				_, ok := secretKeys[v.Secret.SecretName]
+				check(ok, "%s mounts Secret %s, which secrets.template.yaml does not describe", what, v.Secret.SecretName)
+				mounted[v.Name] = v.Secret.SecretName
+				check(v.Secret.DefaultMode != nil && *v.Secret.DefaultMode&0o007 == 0, "%s: Secret volume %s must not be world-readable", what, v.Name)
+			}
+		}
+		for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+			paths := map[string]string{} // mount path -> secret
+			for _, m := range c.VolumeMounts {
+				if s, ok := mounted[m.Name]; ok {
+					paths[m.MountPath] = s
+					check(m.ReadOnly, "%s/%s: Secret mount %s must be read-only", what, c.Name, m.MountPath)
+				}
+			}
+			for _, e := range c.Env {
+				if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+					r := e.ValueFrom.SecretKeyRef
+					check(secretKeys[r.Name][r.Key], "%s/%s: %s reads Secret %s key %s, which secrets.template.yaml does not describe", what, c.Name, e.Name, r.Name, r.Key)
+				}
+				// An env value that is a file in a mounted Secret names a key of it.
+				for dir, s := range paths {
+					for _, m := range regexp.MustCompile(regexp.QuoteMeta(dir)+`/([A-Za-z0-9_.-]+)`).FindAllStringSubmatch(e.Value, -1) {
+						check(secretKeys[s][m[1]], "%s/%s: %s refers to %s/%s, but Secret %s has no key %s", what, c.Name, e.Name, dir, m[1], s, m[1])
+					}
+				}
+			}
+		}
+		return mounted
+	}
+
+	// The consumer Deployment.
+	d := k.deploy
+	spec := d.Spec.Template.Spec
+	check(d.Spec.Replicas != nil && *d.Spec.Replicas >= 2, "consumer replicas must be 2 or more")
+	check(d.Spec.Selector != nil && labelsMatch(d.Spec.Selector.MatchLabels, d.Spec.Template.Labels), "Deployment selector does not match its pod labels")
+	c, ok := findContainer(spec.Containers, "consumer")
+	check(ok, "Deployment has no container named consumer")
+	env := envOf(c)
+	for _, name := range []string{"NATS_URL", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY", "DATABASE_URL", "JETINBOX_STREAM", "JETINBOX_SCOPE", "JETINBOX_DURABLE", "JETINBOX_HTTP_ADDR", "JETINBOX_DRAIN_TIMEOUT"} {
+		check(env[name].Value != "", "consumer env %s is not set", name)
+	}
+	check(env["JETINBOX_STREAM"].Value == js.intents.Name, "consumer JETINBOX_STREAM %q, the stream is %q", env["JETINBOX_STREAM"].Value, js.intents.Name)
+	check(env["JETINBOX_DURABLE"].Value == js.ledger.Durable, "consumer JETINBOX_DURABLE %q, the durable is %q", env["JETINBOX_DURABLE"].Value, js.ledger.Durable)
+	check(strings.HasPrefix(env["NATS_URL"].Value, "tls://"), "consumer NATS_URL must be tls://")
+	check(strings.Contains(env["DATABASE_URL"].Value, "sslmode=verify-full"), "consumer DATABASE_URL must use sslmode=verify-full")
+	check(!regexp.MustCompile(`://[^/@]*:[^/@]*@`).MatchString(env["DATABASE_URL"].Value), "consumer DATABASE_URL must not carry a password")
+	drain, err := time.ParseDuration(env["JETINBOX_DRAIN_TIMEOUT"].Value)
+	check(err == nil && drain >= 30*time.Second, "consumer JETINBOX_DRAIN_TIMEOUT %q", env["JETINBOX_DRAIN_TIMEOUT"].Value)
+	check(spec.TerminationGracePeriodSeconds != nil && time.Duration(*spec.TerminationGracePeriodSeconds)*time.Second > drain,
+		"terminationGracePeriodSeconds must exceed the drain timeout %v", drain)
+	_, portStr, _ := strings.Cut(env["JETINBOX_HTTP_ADDR"].Value, ":")
+	port, _ := strconv.Atoi(portStr)
+	var httpPort int32
+	for _, p := range c.Ports {
+		if p.Name == "http" {
+			httpPort = p.ContainerPort
+		}
+	}
+	check(httpPort != 0 && int(httpPort) == port, "container port http %d does not match JETINBOX_HTTP_ADDR %q", httpPort, env["JETINBOX_HTTP_ADDR"].Value)
+	probe := func(name string, p *corev1.Probe, path string) {
+		check(p != nil && p.HTTPGet != nil && p.HTTPGet.Path == path && p.HTTPGet.Port.String() == "http",
+			"consumer %s must be an HTTP GET of %s on port http", name, path)
+	}
+	probe("livenessProbe", c.LivenessProbe, "/healthz")
+	probe("readinessProbe", c.ReadinessProbe, "/readyz")
+	check(c.Resources.Requests.Cpu().Sign() > 0 && c.Resources.Requests.Memory().Sign() > 0, "consumer needs cpu and memory requests")
+	check(c.Resources.Limits.Memory().Sign() > 0, "consumer needs a memory limit")
+	checkSecure := func(what string, ps *corev1.PodSecurityContext, sc *corev1.SecurityContext) {
+		nonRoot := (ps != nil && ps.RunAsNonRoot != nil && *ps.RunAsNonRoot) || (sc != nil && sc.RunAsNonRoot != nil && *sc.RunAsNonRoot)
+		check(nonRoot, "%s must set runAsNonRoot", what)
+		check(sc != nil && sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem, "%s must have a read-only root filesystem", what)
+		check(sc != nil && sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation, "%s must set allowPrivilegeEscalation: false", what)
+		check(sc != nil && sc.Capabilities != nil && slices.Contains(sc.Capabilities.Drop, "ALL"), "%s must drop ALL capabilities", what)
+	}
+	checkSecure("consumer", spec.SecurityContext, c.SecurityContext)
+	checkPodSecrets("consumer Deployment", spec)
+
+	// Service and PDB select the consumer pods.
+	check(labelsMatch(k.svc.Spec.Selector, d.Spec.Template.Labels) && len(k.svc.Spec.Selector) > 0, "Service selector does not select the consumer pods")
+	check(len(k.svc.Spec.Ports) == 1 && k.svc.Spec.Ports[0].TargetPort.String() == "http", "Service must target port http")
+	check(k.pdb.Spec.Selector != nil && labelsMatch(k.pdb.Spec.Selector.MatchLabels, d.Spec.Template.Labels), "PDB selector does not select the consumer pods")
+	check(k.pdb.Spec.MinAvailable != nil && d.Spec.Replicas != nil && k.pdb.Spec.MinAvailable.IntValue() < int(*d.Spec.Replicas),
+		"PDB minAvailable must be below the replica count, or no node can ever be drained")
+
+	// The migrate Job.
+	j := k.job
+	jspec := j.Spec.Template.Spec
+	check(jspec.RestartPolicy == corev1.RestartPolicyNever || jspec.RestartPolicy == corev1.RestartPolicyOnFailure, "Job restartPolicy %q", jspec.RestartPolicy)
+	check(j.Spec.BackoffLimit != nil && *j.Spec.BackoffLimit > 0, "Job needs a backoffLimit")
+	check(j.Spec.ActiveDeadlineSeconds != nil, "Job needs an activeDeadlineSeconds")
+	m, ok := findContainer(jspec.InitContainers, "migrate")
+	check(ok && slices.Equal(m.Command, []string{"/usr/local/bin/jetinbox", "migrate"}), "Job needs an init container migrate running `jetinbox migrate`")
+	check(strings.Contains(envOf(m)["DATABASE_URL"].Value, "jetinbox_migrator@") && strings.Contains(envOf(m)["DATABASE_URL"].Value, "sslmode=verify-full"),
+		"migrate must connect as jetinbox_migrator with sslmode=verify-full")
+	g, ok := findContainer(jspec.Containers, "grants")
+	check(ok && slices.Contains(g.Command, "/etc/jetinbox/sql/grants.sql"), "Job needs a container grants running grants.sql")
+	check(envOf(g)["PGSSLMODE"].Value == "verify-full", "grants must use PGSSLMODE=verify-full")
+	for _, c := range slices.Concat(jspec.InitContainers, jspec.Containers) {
+		checkSecure("Job container "+c.Name, jspec.SecurityContext, c.SecurityContext)
+	}
+	var grantsCM bool
+	for _, v := range jspec.Volumes {
+		if v.ConfigMap != nil && v.ConfigMap.Name == "jetinbox-grants" {
+			grantsCM = true
+		}
+	}
+	check(grantsCM, "Job must mount the ConfigMap jetinbox-grants (made from postgres/grants.sql)")
+	checkPodSecrets("migrate Job", jspec)
+
+	// The kustomization lists existing files.
+	var kust struct {
+		APIVersion string   `json:"apiVersion"`
+		Kind       string   `json:"kind"`
+		Resources  []string `json:"resources"`
+		Images     []struct {
+			Name    string `json:"name"`
+			NewName string `json:"newName,omitempty"`
+			NewTag  string `json:"newTag,omitempty"`
+		} `json:"images"`
+	}
+	if err := decodeK8s(fsys, "kubernetes/kustomization.yaml", &kust); err != nil {
+		errs = append(errs, err)
+	}
+	check(kust.Kind == "Kustomization", "kustomization.yaml kind %q", kust.Kind)
+	for _, r := range kust.Resources {
+		_, ok := fsys["kubernetes/"+r]
+		check(ok, "kustomization.yaml lists %s, which does not exist", r)
+	}
+	return errors.Join(errs...)
+}
+
+func labelsMatch(selector, labels map[string]string) bool {
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestKubernetesManifests(t *testing.T) {
+	if err := validateK8s(loadFiles(t)); err != nil {
+		t.Fatal(err)
+	}
+}

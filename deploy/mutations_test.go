@@ -1,0 +1,138 @@
+package deploy_test
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestMutationsAreRejected: each validator must reject a broken copy of its
+// file.
+func TestMutationsAreRejected(t *testing.T) {
+	fsys := loadFiles(t)
+	fx := fixture(t)
+	tlsDir := filepath.Join(fx.dir, "tls")
+	nats := func(f files) error { return validateNATS(f, t.TempDir(), tlsDir) }
+	compose := func(f files) error { return validateCompose(f, fx) }
+	helm := func(f files) error { return validateHelmValues(f, tlsDir) }
+	pgconf := func(f files) error { return validatePostgresConf(f, pgKnownSettings(t)) }
+
+	tests := []struct {
+		name          string
+		file, old, nu string
+		validate      func(files) error
+	}{
+		// NATS: the server's parser rejects an unknown key; our checks reject
+		// a parsable but unsafe value.
+		{"nats key typo", "nats/common.conf", "sync_interval: always", "sync_intervall: always", nats},
+		{"nats default sync", "nats/common.conf", "sync_interval: always", "sync_interval: 2m", nats},
+		{"nats route typo", "nats/nats-2.conf", "nats-route://nats-3:6222", "nats-route://nats-4:6222", nats},
+		{"nats routes key typo", "nats/nats-1.conf", "routes: [", "route: [", nats},
+		{"nats permission widened", "nats/auth.conf", `"intents.>",`, `"intents.>", "dlq.intents.>",`, nats},
+		{"nats consumer permission typo", "nats/auth.conf", `"$JS.API.CONSUMER.MSG.NEXT.INTENTS.ledger"`, `"$JS.API.CONSUMER.MSG.NEXT.INTENTS.ledgr"`, nats},
+		{"nats bad public key", "nats/auth.conf", `UAQLRUVIJSGQ5VXZOBPCQCCR5M256I7PZXZYQXBTFGMRA55WWBK7YM7M`, `UAQLRUVIJSGQ5VXZOBPCQCCR5M256I7PZXZYQXBTFGMRA55WWBK7YM7N`, nats},
+		{"nats tls verify off", "nats/common.conf", "  verify: true", "  verify: false", nats},
+		{"nats consumer cannot drain advisories", "nats/auth.conf", `      "$JS.API.CONSUMER.MSG.NEXT.INTENTS_ADVISORIES.ledger",` + "\n", "", nats},
+		{"nats consumer acks other advisories", "nats/auth.conf", `"$JS.ACK.INTENTS_ADVISORIES.ledger.>"`, `"$JS.ACK.INTENTS_ADVISORIES.>"`, nats},
+		{"nats producer cannot check streams", "nats/auth.conf", `      "$JS.API.STREAM.INFO.INTENTS_DLQ",` + "\n", "", nats},
+		{"nats advisories on core nats", "nats/auth.conf", `allow: ["_INBOX.>"]`, `allow: ["_INBOX.>", "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.INTENTS.ledger"]`, nats},
+
+		{"stream unknown field", "jetstream/intents-stream.json", `"deny_delete"`, `"deny_delet"`, validateJetStream},
+		{"stream discard old", "jetstream/intents-stream.json", `"discard": "new"`, `"discard": "old"`, validateJetStream},
+		{"stream replicas", "jetstream/dlq-stream.json", `"num_replicas": 3`, `"num_replicas": 1`, validateJetStream},
+		{"stream memory", "jetstream/intents-stream.json", `"storage": "file"`, `"storage": "memory"`, validateJetStream},
+		{"consumer infinite deliveries", "jetstream/ledger-consumer.json", `"max_deliver": 20`, `"max_deliver": -1`, validateJetStream},
+		{"consumer ack none", "jetstream/ledger-consumer.json", `"ack_policy": "explicit"`, `"ack_policy": "none"`, validateJetStream},
+		{"advisories subject typo", "jetstream/advisories-stream.json", `MAX_DELIVERIES.INTENTS.*`, `MAX_DELIVERY.INTENTS.*`, validateJetStream},
+		{"advisories kept shorter", "jetstream/advisories-stream.json", `"max_age": 604800000000000`, `"max_age": 86400000000000`, validateJetStream},
+		{"advisories deletable", "jetstream/advisories-stream.json", `"deny_delete": true`, `"deny_delete": false`, validateJetStream},
+		{"advisories memory", "jetstream/advisories-stream.json", `"storage": "file"`, `"storage": "memory"`, validateJetStream},
+		{"advisories replicas", "jetstream/advisories-stream.json", `"num_replicas": 3`, `"num_replicas": 1`, validateJetStream},
+		{"rescue every durable", "jetstream/ledger-rescue-consumer.json", `MAX_DELIVERIES.INTENTS.ledger"`, `MAX_DELIVERIES.INTENTS.*"`, validateJetStream},
+		{"rescue gives up", "jetstream/ledger-rescue-consumer.json", `"max_deliver": -1`, `"max_deliver": 20`, validateJetStream},
+		{"rescue ack wait", "jetstream/ledger-rescue-consumer.json", `"ack_wait": 30000000000`, `"ack_wait": 5000000000`, validateJetStream},
+		{"rescue other name", "jetstream/ledger-rescue-consumer.json", `"durable_name": "ledger"`, `"durable_name": "ledger-rescue"`, validateJetStream},
+
+		{"compose key typo", "compose.yaml", "    environment:\n      <<: *nats-env\n      NATS_NKEY: /run/secrets/consumer_nkey", "    enviroment:\n      <<: *nats-env\n      NATS_NKEY: /run/secrets/consumer_nkey", compose},
+		{"compose missing NATS_URL", "compose.yaml", "  NATS_URL: tls://nats-1:4222,tls://nats-2:4222,tls://nats-3:4222\n", "", compose},
+		{"compose old nats", "compose.yaml", "image: nats:2.15.2-alpine", "image: nats:2.12.1-alpine", compose},
+		{"compose path typo", "compose.yaml", "./nats/nats-2.conf:", "./nats/nats2.conf:", compose},
+		{"compose secret typo", "compose.yaml", "file: ./secrets/nkeys/consumer.nk", "file: ./secrets/nkeys/consumer.key", compose},
+		{"compose interpolation typo", "compose.yaml", "${JETINBOX_IMAGE:-jetinbox:dev}", "${JETINBOX_IMAGE:-jetinbox:dev", compose},
+		{"compose short grace", "compose.yaml", "    stop_grace_period: 45s\n    depends_on:\n      nats-setup", "    stop_grace_period: 10s\n    depends_on:\n      nats-setup", compose},
+		{"compose durable mismatch", "compose.yaml", "JETINBOX_DURABLE: ledger", "JETINBOX_DURABLE: ledgr", compose},
+		{"compose advisories after intents", "compose.yaml",
+			"        nats stream info INTENTS_ADVISORIES >/dev/null 2>&1 || nats stream add INTENTS_ADVISORIES --config /jetstream/advisories-stream.json\n" +
+				"        nats consumer info INTENTS_ADVISORIES ledger >/dev/null 2>&1 || nats consumer add INTENTS_ADVISORIES ledger --config /jetstream/ledger-rescue-consumer.json\n" +
+				"        nats stream info INTENTS >/dev/null 2>&1 || nats stream add INTENTS --config /jetstream/intents-stream.json\n",
+			"        nats stream info INTENTS >/dev/null 2>&1 || nats stream add INTENTS --config /jetstream/intents-stream.json\n" +
+				"        nats stream info INTENTS_ADVISORIES >/dev/null 2>&1 || nats stream add INTENTS_ADVISORIES --config /jetstream/advisories-stream.json\n" +
+				"        nats consumer info INTENTS_ADVISORIES ledger >/dev/null 2>&1 || nats consumer add INTENTS_ADVISORIES ledger --config /jetstream/ledger-rescue-consumer.json\n", compose},
+		{"compose rescue consumer on intents", "compose.yaml", "nats consumer add INTENTS_ADVISORIES ledger --config /jetstream/ledger-rescue-consumer.json",
+			"nats consumer add INTENTS ledger --config /jetstream/ledger-rescue-consumer.json", compose},
+		{"compose unattached secret", "compose.yaml", "secrets: [ca, consumer_nkey, consumer_cert, consumer_key, jetinbox_consumer_pgpass]", "secrets: [ca, consumer_nkey, consumer_cert, consumer_key]", compose},
+
+		{"readme advisories after intents", "README.md", readmeAdvisories + readmeRescue + readmeIntents, readmeIntents + readmeAdvisories + readmeRescue, validateReadme},
+		{"readme rescue consumer missing", "README.md", "< deploy/jetstream/ledger-rescue-consumer.json\n", "\n", validateReadme},
+
+		{"dockerfile missing binary", "Dockerfile", "/out/producer /out/jetinbox", "/out/producer", validateDockerfile},
+
+		{"deployment field typo", "kubernetes/consumer-deployment.yaml", "readinessProbe:", "readynessProbe:", validateK8s},
+		{"deployment short grace", "kubernetes/consumer-deployment.yaml", "terminationGracePeriodSeconds: 45", "terminationGracePeriodSeconds: 20", validateK8s},
+		{"deployment wrong probe path", "kubernetes/consumer-deployment.yaml", "path: /readyz", "path: /ready", validateK8s},
+		{"deployment writable root", "kubernetes/consumer-deployment.yaml", "readOnlyRootFilesystem: true", "readOnlyRootFilesystem: false", validateK8s},
+		{"deployment unknown secret key", "kubernetes/consumer-deployment.yaml", "value: /etc/jetinbox/nats/nkey", "value: /etc/jetinbox/nats/seed", validateK8s},
+		{"pdb selector typo", "kubernetes/consumer-pdb.yaml", "      app.kubernetes.io/component: consumer", "      app.kubernetes.io/component: consumr", validateK8s},
+		{"job field typo", "kubernetes/migrate-job.yaml", "backoffLimit: 4", "backofLimit: 4", validateK8s},
+		{"secret value committed", "kubernetes/secrets.template.yaml", `nkey: ""`, `nkey: "SUAEXAMPLE"`, validateK8s},
+
+		{"helm key typo", "kubernetes/nats-values.yaml", "  jetstream:\n    enabled: true", "  jetstrem:\n    enabled: true", helm},
+		{"helm sync default", "kubernetes/nats-values.yaml", "sync_interval: always", "sync_interval: 2m", helm},
+		{"helm bad merge key", "kubernetes/nats-values.yaml", "verify_cert_and_check_known_urls: true", "verify_cert_and_check_known_url: true", helm},
+		{"helm include path", "kubernetes/nats-values.yaml", "zz$include: ../nats-auth/auth.conf", "zz$include: ./nats-auth/auth.conf", helm},
+
+		{"alerts key typo", "prometheus/alerts.yml", "expr: max by (job) (jetinbox_verify_violations) > 0", "exp: max by (job) (jetinbox_verify_violations) > 0", validateAlerts},
+		{"alerts promql typo", "prometheus/alerts.yml", "sum by (job) (increase(jetinbox_dead_letters_total[15m])) > 0", "sum by (job) (increse(jetinbox_dead_letters_total[15m])) > 0", validateAlerts},
+		{"alerts stale threshold", "prometheus/alerts.yml", "(jetinbox_consumer_ack_pending_messages) > 3600", "(jetinbox_consumer_ack_pending_messages) > 900", validateAlerts},
+		{"alerts metric typo", "prometheus/alerts.yml", "increase(jetinbox_conflicts_total[15m])", "increase(jetinbox_conflict_total[15m])", validateAlerts},
+		{"prometheus key typo", "prometheus/prometheus.yml", "scrape_configs:", "scrape_config:", validatePrometheusConfig},
+		{"prometheus target", "prometheus/prometheus.yml", `"consumer:8080"`, `"consumer:9090"`, validatePrometheusConfig},
+
+		{"dashboard key typo", "grafana/jetinbox-dashboard.json", `"targets"`, `"target"`, validateDashboard},
+		{"dashboard promql typo", "grafana/jetinbox-dashboard.json", `histogram_quantile(0.99, sum by (le) (rate(jetinbox_publish_to_commit_seconds_bucket`, `histogram_quantile(0.99, sum by (le) (rate(jetinbox_publish_to_commit_seconds_bucket[`, validateDashboard},
+
+		{"pg setting typo", "postgres/postgresql.conf.snippet", "idle_in_transaction_session_timeout = '60s'", "idle_in_transaction_timeout = '60s'", pgconf},
+		{"pg fsync off", "postgres/postgresql.conf.snippet", "fsync = on", "fsync = off", pgconf},
+	}
+	// A mutation only proves something if the unmutated files pass.
+	baseline := map[string]error{}
+	for _, tt := range tests {
+		if _, done := baseline[tt.file]; !done {
+			baseline[tt.file] = tt.validate(fsys)
+		}
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := baseline[tt.file]; err != nil {
+				t.Fatalf("the unmutated files fail already: %v", err)
+			}
+			err := tt.validate(fsys.with(t, tt.file, tt.old, tt.nu))
+			if err == nil {
+				t.Fatalf("%s with %q -> %q was accepted", tt.file, tt.old, tt.nu)
+			}
+			t.Logf("rejected: %v", firstLine(err.Error()))
+		})
+	}
+}
+
+// The Kubernetes steps' stream and consumer lines, for mutations.
+const (
+	readmeAdvisories = "kubectl -n nats exec -i deploy/nats-box -- nats stream add INTENTS_ADVISORIES --config /dev/stdin < deploy/jetstream/advisories-stream.json\n"
+	readmeRescue     = "kubectl -n nats exec -i deploy/nats-box -- nats consumer add INTENTS_ADVISORIES ledger --config /dev/stdin < deploy/jetstream/ledger-rescue-consumer.json\n"
+	readmeIntents    = "kubectl -n nats exec -i deploy/nats-box -- nats stream add INTENTS --config /dev/stdin < deploy/jetstream/intents-stream.json\n"
+)
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	return s
+}

@@ -1,0 +1,194 @@
+package deploy_test
+
+import (
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+)
+
+var natsNodes = []string{"nats-1", "nats-2", "nats-3"}
+
+// Permissions the configs must grant, exactly: a change here is a change of
+// the security policy and must be deliberate. TestProjectUnderShippedRoles
+// runs jetinbox's own producer and consumer under them and checks that they
+// use each of these (but $JS.API.INFO) and are refused nothing.
+var (
+	producerPublish = []string{
+		"intents.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.STREAM.MSG.GET.INTENTS",
+		// jsinbox.EnsureStream, which the producer runs at start, looks up
+		// the dead-letter and advisory streams too.
+		"$JS.API.STREAM.INFO.INTENTS_DLQ", "$JS.API.STREAM.INFO.INTENTS_ADVISORIES",
+	}
+	consumerPublish = []string{
+		"$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.CONSUMER.INFO.INTENTS.ledger", "$JS.API.CONSUMER.MSG.NEXT.INTENTS.ledger",
+		"$JS.ACK.INTENTS.ledger.>", "dlq.intents.>", "$JS.API.STREAM.MSG.GET.INTENTS",
+		// The ledger durable's max-deliveries advisories, drained from the
+		// stream that keeps them: messages the server gave up on are read
+		// back with STREAM.MSG.GET and rescued.
+		"$JS.API.STREAM.INFO.INTENTS_ADVISORIES", "$JS.API.CONSUMER.INFO.INTENTS_ADVISORIES.ledger",
+		"$JS.API.CONSUMER.MSG.NEXT.INTENTS_ADVISORIES.ledger", "$JS.ACK.INTENTS_ADVISORIES.ledger.>",
+	}
+	clientsSubscribe = []string{"_INBOX.>"}
+)
+
+// stageNATS writes the nats/*.conf files of fsys into dir, with the TLS paths
+// moved from /etc/nats/tls to tlsDir and, if auth is not nil, auth.conf
+// replaced by it. It returns the paths of the node files.
+func stageNATS(fsys files, dir, tlsDir string, auth []byte) (map[string]string, error) {
+	for name, b := range fsys {
+		if !strings.HasPrefix(name, "nats/") || !strings.HasSuffix(name, ".conf") {
+			continue
+		}
+		base := strings.TrimPrefix(name, "nats/")
+		if base == "auth.conf" && auth != nil {
+			b = auth
+		}
+		b = bytes.ReplaceAll(b, []byte("/etc/nats/tls/"), []byte(filepath.ToSlash(tlsDir)+"/"))
+		if err := os.WriteFile(filepath.Join(dir, base), b, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	nodes := map[string]string{}
+	for _, n := range natsNodes {
+		p := filepath.Join(dir, n+".conf")
+		if _, err := os.Stat(p); err != nil {
+			return nil, fmt.Errorf("nats/%s.conf: %w", n, err)
+		}
+		nodes[n] = p
+	}
+	return nodes, nil
+}
+
+// validateNATSNode parses one node's config with the server's own parser and
+// checks what jetinbox depends on.
+func validateNATSNode(path, node string) (*server.Options, error) {
+	opts, err := server.ProcessConfigFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("%s: "+format, append([]any{node}, args...)...))
+		}
+	}
+	check(opts.ServerName == node, "server_name is %q", opts.ServerName)
+	check(opts.JetStream, "jetstream is not enabled")
+	check(opts.SyncAlways, "jetstream sync_interval is not \"always\" (a power loss can lose acknowledged publishes)")
+	check(opts.StoreDir == "/data", "jetstream store_dir %q, want /data (the volume compose and the chart mount)", opts.StoreDir)
+	check(opts.JetStreamMaxStore > 0, "jetstream max_file_store is not set")
+	check(opts.TLSConfig != nil && opts.TLSConfig.ClientAuth == tls.RequireAndVerifyClientCert, "client TLS with verify: true is not configured")
+	check(opts.MaxPayload > 0 && opts.MaxPayload <= 1<<20, "max_payload %d, want 1MB at most", opts.MaxPayload)
+	check(opts.LameDuckDuration > 0, "lame_duck_duration is not set")
+	check(opts.HTTPPort > 0, "monitoring port (for /healthz) is not set")
+
+	check(opts.Cluster.Name == "jetinbox", "cluster name is %q", opts.Cluster.Name)
+	check(opts.Cluster.Port == 6222, "cluster port is %d", opts.Cluster.Port)
+	check(opts.Cluster.TLSConfig != nil && opts.Cluster.TLSConfig.ClientAuth == tls.RequireAndVerifyClientCert && opts.Cluster.TLSCheckKnownURLs,
+		"cluster TLS with verify_cert_and_check_known_urls is not configured")
+	var routes []string
+	for _, r := range opts.Routes {
+		routes = append(routes, r.Hostname())
+		check(r.Port() == "6222", "route %s is not on port 6222", r)
+	}
+	slices.Sort(routes)
+	want := slices.DeleteFunc(slices.Clone(natsNodes), func(s string) bool { return s == node })
+	check(slices.Equal(routes, want), "routes go to %v, want the other two nodes %v", routes, want)
+
+	check(opts.SystemAccount == "SYS", "system_account is %q", opts.SystemAccount)
+	for _, u := range opts.Nkeys {
+		check(nkeys.IsValidPublicUserKey(u.Nkey), "user key %q is not a public user nkey", u.Nkey)
+	}
+	check(len(opts.Users) == 0, "password users are configured; only nkeys are allowed")
+	check(len(opts.Nkeys) == 4, "%d nkey users, want producer, consumer, admin, sys", len(opts.Nkeys))
+	var producer, consumer int
+	for _, u := range opts.Nkeys {
+		acc := ""
+		if u.Account != nil {
+			acc = u.Account.Name
+		}
+		if u.Permissions == nil {
+			check(acc == "JETINBOX" || acc == "SYS", "user %s without permissions in account %q", u.Nkey, acc)
+			continue
+		}
+		check(acc == "JETINBOX", "user %s is in account %q", u.Nkey, acc)
+		p := u.Permissions
+		check(p.Publish != nil && p.Subscribe != nil, "user %s lacks publish or subscribe permissions", u.Nkey)
+		if p.Publish == nil || p.Subscribe == nil {
+			continue
+		}
+		check(len(p.Publish.Deny) == 0 && len(p.Subscribe.Deny) == 0, "user %s: use allow lists only", u.Nkey)
+		check(sameSet(p.Subscribe.Allow, clientsSubscribe), "user %s may subscribe to %v, want %v", u.Nkey, p.Subscribe.Allow, clientsSubscribe)
+		switch {
+		case slices.Contains(p.Publish.Allow, "intents.>"):
+			producer++
+			check(sameSet(p.Publish.Allow, producerPublish), "producer may publish to %v, want %v", p.Publish.Allow, producerPublish)
+		case slices.Contains(p.Publish.Allow, "dlq.intents.>"):
+			consumer++
+			check(sameSet(p.Publish.Allow, consumerPublish), "consumer may publish to %v, want %v", p.Publish.Allow, consumerPublish)
+		default:
+			check(false, "user %s has permissions that are neither the producer's nor the consumer's: %v", u.Nkey, p.Publish.Allow)
+		}
+	}
+	check(producer == 1 && consumer == 1, "found %d producer and %d consumer users, want one each", producer, consumer)
+	return opts, errors.Join(errs...)
+}
+
+func sameSet(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
+
+func validateNATS(fsys files, dir, tlsDir string) error {
+	nodes, err := stageNATS(fsys, dir, tlsDir, nil)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, n := range natsNodes {
+		if _, err := validateNATSNode(nodes[n], n); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func TestNATSConfig(t *testing.T) {
+	fsys := loadFiles(t)
+	fx := fixture(t)
+	if err := validateNATS(fsys, t.TempDir(), filepath.Join(fx.dir, "tls")); err != nil {
+		t.Fatal(err)
+	}
+	// The explanation must stay next to the setting.
+	common := string(fsys["nats/common.conf"])
+	for _, s := range []string{"sync_interval: always", "Jepsen", "2.12.1", "2 minutes"} {
+		if !strings.Contains(common, s) {
+			t.Errorf("nats/common.conf: the sync_interval comment lost %q", s)
+		}
+	}
+}
+
+// The template's placeholder keys are real public keys and nothing in the
+// deploy tree is a seed.
+func TestNoSeedCommitted(t *testing.T) {
+	seed := regexp.MustCompile(`\bS[UACON][A-Z2-7]{56}\b`)
+	for name, b := range loadFiles(t) {
+		if m := seed.Find(b); m != nil {
+			if _, err := nkeys.FromSeed(m); err == nil {
+				t.Errorf("%s contains an nkey seed", name)
+			}
+		}
+	}
+}
