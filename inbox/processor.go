@@ -63,11 +63,12 @@ func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, msgs []Message, errs
 
 // Config configures a [Processor].
 type Config struct {
-	// Scope names the consuming worker: the inbox key is (Scope, message
-	// ID), so two workers with different scopes each apply a message once.
-	// The scope is the identity of the effect, not of the subscription:
-	// keep it when a durable is renamed or re-created, or the stream is
-	// applied again. Handlers read it with [ScopeFromContext]. Required.
+	// Scope names the effect: the inbox key is (Scope, message ID), so an
+	// ID is applied at most once per scope, and two effects with different
+	// scopes each apply a message once. It is the identity of the effect,
+	// not of the subscription: keep it when a durable is renamed or
+	// re-created, or the stream is applied again. Handlers read it with
+	// [ScopeFromContext]. Required.
 	Scope string
 	// Handler applies the effects. Required.
 	Handler Handler

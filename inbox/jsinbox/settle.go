@@ -17,8 +17,6 @@ import (
 	"github.com/jetinbox/jetinbox/internal/hook"
 )
 
-// processBatch runs one batch through the inbox and settles every message
-// with JetStream. It returns an error only for a simulated crash.
 // MessageOf converts a JetStream delivery to the inbox's [inbox.Message]:
 // the ID from its Nats-Msg-Id header, the payload and subject and, from its
 // metadata, the stream sequence, the delivery count and when the stream
@@ -31,6 +29,8 @@ func MessageOf(m jetstream.Msg) inbox.Message {
 	return im
 }
 
+// processBatch runs one batch through the inbox and settles every message
+// with JetStream. It returns an error only for a simulated crash.
 func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetchStart time.Time) error {
 	if c.cfg.TracerProvider != nil {
 		links := make([]trace.Link, 0, min(len(batch), 64))

@@ -25,7 +25,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { testenv.MainNoLeaks(m) }
 
 func mapEnv(m map[string]string) cli.Env { return func(k string) string { return m[k] } }
 
@@ -457,6 +457,7 @@ func TestReplayChangesNothingByDefault(t *testing.T) {
 		t.Fatal(err)
 	}
 	pub, _ := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
+	defer pub.Close()
 	intents := pipeline.Generate(pipeline.Load{Count: 100, Accounts: 16, Prefix: "rd"})
 	intents = append(intents, jsinbox.Intent{ID: "rd-bad-1", Subject: "intents.x", Payload: []byte(`{"account":1,`)},
 		jsinbox.Intent{ID: "rd-bad-2", Subject: "intents.x", Payload: []byte(`{"account":99999,"amount":5}`)})

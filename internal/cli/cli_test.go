@@ -26,7 +26,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { testenv.MainNoLeaks(m) }
 
 func mapEnv(m map[string]string) Env { return func(k string) string { return m[k] } }
 

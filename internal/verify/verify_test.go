@@ -18,7 +18,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { testenv.MainNoLeaks(m) }
 
 // settledPipeline publishes n intents and consumes them all.
 func settledPipeline(t *testing.T, n int) (jetstream.JetStream, *pgxpool.Pool) {
@@ -40,6 +40,7 @@ func settledPipeline(t *testing.T, n int) (jetstream.JetStream, *pgxpool.Pool) {
 		t.Fatal(err)
 	}
 	pub, _ := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
+	defer pub.Close()
 	for _, in := range pipeline.Generate(pipeline.Load{Count: n, Accounts: 16, Prefix: "v"}) {
 		if err := pub.Publish(ctx, in); err != nil {
 			t.Fatal(err)
@@ -186,6 +187,7 @@ func TestVerifyTrustsDeadLettersByHeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	pub, _ := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
+	defer pub.Close()
 	publish := func(ins ...jsinbox.Intent) {
 		t.Helper()
 		for _, in := range ins {
