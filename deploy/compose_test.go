@@ -91,9 +91,21 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		check(err == nil, "%s %s does not exist", what, p)
 	}
 
-	want := []string{"consumer", "db-grants", "migrate", "nats-1", "nats-2", "nats-3", "nats-setup", "postgres", "producer", "prometheus"}
+	want := []string{"accounts", "consumer", "db-grants", "migrate", "nats-1", "nats-2", "nats-3", "nats-setup", "postgres", "producer", "prometheus"}
 	got := slices.Sorted(maps.Keys(p.Services))
 	check(slices.Equal(got, want), "services %v, want %v", got, want)
+
+	// The ledger credits only accounts that exist: they are opened after
+	// the migration and before the consumer starts.
+	if acc, ok := p.Services["accounts"]; !ok {
+		check(false, "no accounts service")
+	} else {
+		check(len(acc.Command) > 1 && acc.Command[0] == "accounts" && acc.Command[1] == "-open", "accounts service runs %v, want `jetinbox accounts -open …`", acc.Command)
+		_, afterMigrate := acc.DependsOn["migrate"]
+		check(afterMigrate, "accounts must wait for migrate")
+		_, beforeConsumer := p.Services["consumer"].DependsOn["accounts"]
+		check(beforeConsumer, "the consumer must wait for the accounts")
+	}
 
 	for name, s := range p.Services {
 		for _, v := range s.Volumes {

@@ -87,7 +87,7 @@ func validateJetStream(fsys files) error {
 	check(c.AckPolicy == jetstream.AckExplicitPolicy, "ack_policy %v, want explicit", c.AckPolicy)
 	check(c.AckWait == 30*time.Second, "ack_wait %v, want 30s", c.AckWait)
 	check(c.MaxDeliver > 0 && c.MaxDeliver == 20, "max_deliver %d, want 20 (finite)", c.MaxDeliver)
-	check(c.MaxAckPending == 4000, "max_ack_pending %d, want 4000 (bounded)", c.MaxAckPending)
+	check(c.MaxAckPending == 24000, "max_ack_pending %d, want 24000 (bounded; two replicas of 6000 × 2 in flight)", c.MaxAckPending)
 	check(c.MaxWaiting == 64, "max_waiting %d, want 64", c.MaxWaiting)
 	check(c.DeliverPolicy == jetstream.DeliverAllPolicy, "deliver_policy %v, want all", c.DeliverPolicy)
 	check(c.FilterSubject == "intents.>" && len(c.FilterSubjects) == 0, "filter_subject %q, want intents.>", c.FilterSubject)

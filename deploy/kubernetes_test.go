@@ -225,6 +225,12 @@ func validateK8s(fsys files) error {
 	check(ok && slices.Equal(m.Command, []string{"/usr/local/bin/jetinbox", "migrate"}), "Job needs an init container migrate running `jetinbox migrate`")
 	check(strings.Contains(envOf(m)["DATABASE_URL"].Value, "jetinbox_migrator@") && strings.Contains(envOf(m)["DATABASE_URL"].Value, "sslmode=verify-full"),
 		"migrate must connect as jetinbox_migrator with sslmode=verify-full")
+	// The ledger credits only accounts that exist: the Job opens them
+	// after migrating, as the schema owner.
+	a, ok := findContainer(jspec.InitContainers, "accounts")
+	check(ok && len(a.Command) > 2 && a.Command[1] == "accounts" && a.Command[2] == "-open", "Job needs an init container accounts running `jetinbox accounts -open …`")
+	check(ok && slices.IndexFunc(jspec.InitContainers, func(c corev1.Container) bool { return c.Name == "accounts" }) >
+		slices.IndexFunc(jspec.InitContainers, func(c corev1.Container) bool { return c.Name == "migrate" }), "accounts must run after migrate")
 	g, ok := findContainer(jspec.Containers, "grants")
 	check(ok && slices.Contains(g.Command, "/etc/jetinbox/sql/grants.sql"), "Job needs a container grants running grants.sql")
 	check(envOf(g)["PGSSLMODE"].Value == "verify-full", "grants must use PGSSLMODE=verify-full")

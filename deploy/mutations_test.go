@@ -93,7 +93,7 @@ func TestMutationsAreRejected(t *testing.T) {
 
 		{"alerts key typo", "prometheus/alerts.yml", "expr: max by (job) (jetinbox_verify_violations) > 0", "exp: max by (job) (jetinbox_verify_violations) > 0", validateAlerts},
 		{"alerts promql typo", "prometheus/alerts.yml", "sum by (job) (increase(jetinbox_dead_letters_total[15m])) > 0", "sum by (job) (increse(jetinbox_dead_letters_total[15m])) > 0", validateAlerts},
-		{"alerts stale threshold", "prometheus/alerts.yml", "(jetinbox_consumer_ack_pending_messages) > 3600", "(jetinbox_consumer_ack_pending_messages) > 900", validateAlerts},
+		{"alerts stale threshold", "prometheus/alerts.yml", "(jetinbox_consumer_ack_pending_messages) > 21600", "(jetinbox_consumer_ack_pending_messages) > 900", validateAlerts},
 		{"alerts metric typo", "prometheus/alerts.yml", "increase(jetinbox_conflicts_total[15m])", "increase(jetinbox_conflict_total[15m])", validateAlerts},
 		{"prometheus key typo", "prometheus/prometheus.yml", "scrape_configs:", "scrape_config:", validatePrometheusConfig},
 		{"prometheus target", "prometheus/prometheus.yml", `"consumer:8080"`, `"consumer:9090"`, validatePrometheusConfig},
