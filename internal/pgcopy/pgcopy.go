@@ -2,6 +2,11 @@
 // reusable buffer and sends them with pgconn's CopyFrom: no describe round
 // trip, no []any per row, no boxing. It covers the few types the inbox and
 // the ledger write (text, bytea, bigint).
+//
+// It stays because it measures clearly faster than pgx's CopyFrom, which
+// caches the statement description since pgx 5.12: BenchmarkCopy, 6,000
+// inbox rows a copy, took 6.4-9.4 ms and 16 allocations against 10-12 ms
+// and 17,797 allocations (580 KB) for CopyFrom on a 2-core machine.
 package pgcopy
 
 import (

@@ -98,3 +98,81 @@ func TestFieldCountEnforced(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkCopy compares the hand-written binary COPY buffer with pgx's
+// CopyFrom (which caches the statement description since 5.12) on what
+// the inbox writes per batch: 6,000 rows of scope, ID, fingerprint,
+// sequence and subject, in a transaction rolled back each time.
+//
+//	go test -run '^$' -bench Copy -benchmem -count 5 ./internal/pgcopy
+func BenchmarkCopy(b *testing.B) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testenv.NewDatabase(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `CREATE TABLE inbox_like (scope text, message_id text, fingerprint bytea, stream_seq bigint, subject text)`); err != nil {
+		b.Fatal(err)
+	}
+	const n = 6000
+	ids := make([]string, n)
+	fps := make([][]byte, n)
+	for i := range ids {
+		ids[i] = "bench-" + strings.Repeat("x", 10) + string(rune('a'+i%26)) + strings.Repeat("0", i%7)
+		fps[i] = make([]byte, 32)
+		fps[i][0] = byte(i)
+	}
+	copyOnce := func(b *testing.B, f func(tx pgx.Tx) error) {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := f(tx); err != nil {
+			b.Fatal(err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("pgcopy", func(b *testing.B) {
+		w := pgcopy.New(5, n, 96)
+		b.ReportAllocs()
+		for b.Loop() {
+			copyOnce(b, func(tx pgx.Tx) error {
+				w.Reset(5)
+				for i := range n {
+					w.Row()
+					w.Text("ledger")
+					w.Text(ids[i])
+					w.Bytea(fps[i])
+					w.Int8(int64(i))
+					w.Text("intents.1")
+				}
+				_, err := w.CopyTo(ctx, tx, "inbox_like", "scope, message_id, fingerprint, stream_seq, subject")
+				return err
+			})
+		}
+	})
+	b.Run("pgx.CopyFrom", func(b *testing.B) {
+		cols := []string{"scope", "message_id", "fingerprint", "stream_seq", "subject"}
+		b.ReportAllocs()
+		for b.Loop() {
+			copyOnce(b, func(tx pgx.Tx) error {
+				_, err := tx.CopyFrom(ctx, pgx.Identifier{"inbox_like"}, cols, pgx.CopyFromFunc(func() func() ([]any, error) {
+					i := 0
+					row := make([]any, 5)
+					return func() ([]any, error) {
+						if i == n {
+							return nil, nil
+						}
+						row[0], row[1], row[2], row[3], row[4] = "ledger", ids[i], fps[i], int64(i), "intents.1"
+						i++
+						return row, nil
+					}
+				}()))
+				return err
+			})
+		}
+	})
+}
