@@ -152,7 +152,7 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	pubFP := failpoint.New()
 	pubFP.EnableEvery(failpoint.LosePubAck, 40, -1)
 	pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{
-		MaxInFlight: 1024, AckTimeout: time.Second,
+		Stream: streamOpts.Name, MaxInFlight: 1024, AckTimeout: time.Second,
 		Retry: jitter.Policy{Kind: jitter.Full, Base: 20 * time.Millisecond, Cap: 250 * time.Millisecond, MaxAttempts: 8},
 	})
 	if err != nil {
