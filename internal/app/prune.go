@@ -37,7 +37,7 @@ func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout,
 		margin    = fs.Duration("margin", inbox.DefaultPruneMargin, "how much longer than the horizon -older-than must be (clock skew between NATS and PostgreSQL, batches in flight)")
 		batch     = fs.Int("batch", 10000, "rows per DELETE")
 	)
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if err := nf.Validate(); err != nil {

@@ -47,7 +47,7 @@ func Replay(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 		batch    = fs.Int("batch", 500, "most messages per transaction")
 		timeout  = fs.Duration("timeout", 10*time.Minute, "give up after this long")
 	)
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	seqSet := false

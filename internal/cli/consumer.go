@@ -45,7 +45,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	w.register(fs)
 	fs.DurationVar(&w.nak.Base, "nak-base", w.nak.Base, "base delay of a nak (NakWithDelay by delivery count)")
 	fs.DurationVar(&w.nak.Cap, "nak-cap", w.nak.Cap, "longest nak delay")
-	if err := fs.Parse(args); err != nil {
+	if err := Parse(fs, args); err != nil {
 		return err
 	}
 	w = w.resolved()

@@ -29,6 +29,7 @@ func NewFlagSet(name, summary string, stderr io.Writer) *flag.FlagSet {
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "%s\n\nUsage of %s:\n", summary, name)
 		fs.PrintDefaults()
+		fmt.Fprintf(stderr, "\n%s\n", ExitCodes)
 	}
 	return fs
 }

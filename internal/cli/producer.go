@@ -61,7 +61,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	w.register(fs)
 	fs.DurationVar(&w.publish.Base, "retry-base", w.publish.Base, "base delay of a publish retry")
 	fs.DurationVar(&w.publish.Cap, "retry-cap", w.publish.Cap, "longest delay between publish retries")
-	if err := fs.Parse(args); err != nil {
+	if err := Parse(fs, args); err != nil {
 		return err
 	}
 	w = w.resolved()
