@@ -18,7 +18,9 @@ func TestExitCodeTable(t *testing.T) {
 	t.Parallel()
 	env := mapEnv(map[string]string{"DATABASE_URL": "postgres://x", "NATS_URL": "nats://127.0.0.1:1"})
 	run := map[string]func(args []string, stderr io.Writer) error{
-		"consumer": func(args []string, w io.Writer) error { return Consumer(context.Background(), args, env, io.Discard, w) },
+		"consumer": func(args []string, w io.Writer) error {
+			return Consumer(context.Background(), args, env, io.Discard, w)
+		},
 		"producer": func(args []string, w io.Writer) error {
 			return Producer(context.Background(), args, env, strings.NewReader(""), io.Discard, w)
 		},
