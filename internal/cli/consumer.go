@@ -65,6 +65,20 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	if *maxDeliver < 1 {
 		return UsageError{Err: errors.New("-max-deliver must be at least 1: unlimited deliveries never dead-letter a failing message")}
 	}
+	var bad checks
+	bad.atLeast("batch", *batch, 1)
+	bad.atLeast("inflight", *inflight, 1)
+	bad.positive("ack-wait", *ackWait)
+	bad.atLeast("max-ack-pending", *maxAck, 0)
+	bad.atLeast("db-conns", *dbConns, 0)
+	bad.positive("drain-timeout", *drainTimeout)
+	bad.positive("nak-base", w.nak.Base)
+	bad.positive("nak-cap", w.nak.Cap)
+	bad.add(CheckLogFormat(*logFormat))
+	bad.add(CheckListenAddr("http", *httpAddr))
+	if err := bad.err(); err != nil {
+		return err
+	}
 	if *dbConns == 0 {
 		*dbConns = *inflight + 2
 	}

@@ -80,6 +80,21 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	if *dupFrac < 0 || *dupFrac > 1 {
 		return UsageError{Err: errors.New("-dup-fraction must be within [0, 1]")}
 	}
+	var bad checks
+	bad.atLeast("count", *count, 1)
+	bad.atLeast("rate", *rate, 0)
+	bad.atLeast("accounts", *accounts, 1)
+	bad.atLeast("max-inflight", *inFlight, 1)
+	bad.positive("ack-timeout", *ackTO)
+	bad.atLeast("retry-attempts", *attempts, 0)
+	bad.positive("retry-for", *retryFor)
+	bad.within("replicas", *replicas, 1, 5)
+	bad.positive("duplicate-window", *window)
+	bad.add(CheckLogFormat(*logFormat))
+	bad.add(CheckListenAddr("http", *httpAddr))
+	if err := bad.err(); err != nil {
+		return err
+	}
 	log := NewLogger(stderr, *logFormat, slog.LevelInfo)
 
 	nc, js, err := nf.Connect("jetinbox-producer", w.natsReconnect, log)
