@@ -148,8 +148,12 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		select {
 		case err = <-done:
 		case <-time.After(*drainTimeout):
-			return fmt.Errorf("consumer: in-flight batches did not finish within %v; unacked messages will be redelivered", *drainTimeout)
+			return fmt.Errorf("in-flight batches did not finish within %v; unacked messages will be redelivered", *drainTimeout)
 		}
+	}
+	var setup *jsinbox.SetupError
+	if errors.As(err, &setup) {
+		return UsageError{Err: err}
 	}
 	if err != nil {
 		return err
