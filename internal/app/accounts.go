@@ -44,7 +44,7 @@ func Accounts(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdo
 	if err := cli.RequireDatabase(*dbURL); err != nil {
 		return err
 	}
-	pool, err := cli.OpenDB(ctx, *dbURL, 2, slog.New(slog.NewTextHandler(stderr, nil)))
+	pool, err := cli.OpenDB(ctx, *dbURL, 2, cli.EnvLogger(stderr, env, slog.LevelInfo))
 	if err != nil {
 		return err
 	}

@@ -62,7 +62,7 @@ func DLQ(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, s
 	if err := cli.CheckScope(*scope); err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
+	log := cli.EnvLogger(stderr, env, slog.LevelInfo)
 	nc, js, err := nf.Connect("jetinbox-dlq", cli.DefaultReconnect(), log)
 	if err != nil {
 		return cli.UsageError{Err: err}

@@ -52,7 +52,7 @@ func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout,
 	if *margin <= 0 {
 		return cli.UsageError{Err: errors.New("-margin must be positive")}
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
+	log := cli.EnvLogger(stderr, env, slog.LevelInfo)
 	nc, js, err := nf.Connect("jetinbox-prune", cli.DefaultReconnect(), log)
 	if err != nil {
 		return cli.UsageError{Err: err}

@@ -81,7 +81,7 @@ func Replay(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	if err := cli.RequireDatabase(*dbURL); err != nil {
 		return err
 	}
-	log := cli.NewLogger(stderr, "text", slog.LevelWarn)
+	log := cli.EnvLogger(stderr, env, slog.LevelWarn)
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	pool, err := cli.OpenDB(ctx, *dbURL, 2, log)

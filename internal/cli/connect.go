@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/term"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -288,23 +289,43 @@ func isLocal(host string) bool {
 	return host == "" || host == "localhost" || strings.HasPrefix(host, "127.") || host == "::1" || strings.HasPrefix(host, "/")
 }
 
-// NewLogger returns JSON logs in production and text on a terminal.
+// NewLogger returns JSON logs in production and text on a terminal:
+// format is json, text, or auto (or empty): text when w is a terminal.
+// Durations are rendered as strings ("1.5s"), in JSON too.
 func NewLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: level}
-	if format == "auto" || format == "" {
-		format = "json"
-		if f, ok := w.(*os.File); ok && IsTerminal(f) {
-			format = "text"
-		}
-	}
-	if format == "text" {
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: durationsAsStrings}
+	if logFormat(w, format) == "text" {
 		return slog.New(slog.NewTextHandler(w, opts))
 	}
 	return slog.New(slog.NewJSONHandler(w, opts))
 }
 
-// IsTerminal reports whether f is a terminal.
-func IsTerminal(f *os.File) bool {
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+// EnvLogger is the logger of the operator commands: JETINBOX_LOG_FORMAT
+// (json, text, auto), text when it is unset.
+func EnvLogger(w io.Writer, env Env, level slog.Level) *slog.Logger {
+	return NewLogger(w, env.Or("JETINBOX_LOG_FORMAT", "text"), level)
 }
+
+// logFormat resolves auto to json or text for w.
+func logFormat(w io.Writer, format string) string {
+	if format == "auto" || format == "" {
+		if f, ok := w.(*os.File); ok && IsTerminal(f) {
+			return "text"
+		}
+		return "json"
+	}
+	return format
+}
+
+// durationsAsStrings renders time.Duration values with String(): slog's
+// JSON handler would write nanoseconds.
+func durationsAsStrings(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
+}
+
+// IsTerminal reports whether f is a terminal (not merely a character
+// device such as /dev/null).
+func IsTerminal(f *os.File) bool { return term.IsTerminal(int(f.Fd())) }

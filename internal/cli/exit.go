@@ -3,6 +3,9 @@ package cli
 import (
 	"errors"
 	"flag"
+	"fmt"
+	"io"
+	"log/slog"
 	"strings"
 )
 
@@ -70,4 +73,56 @@ func ExitCode(err error) int {
 		return 2
 	}
 	return 1
+}
+
+// ReportError writes a command's final error to stderr, once: a JSON log
+// line when the command logs JSON (-log-format in args, else
+// JETINBOX_LOG_FORMAT, else def; auto is JSON unless stderr is a
+// terminal), else "name: message". Nothing for nil or -h. A prefix the
+// message already has is not repeated ("consumer: consumer: ...").
+func ReportError(stderr io.Writer, name string, args []string, env Env, def string, err error) {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	msg := dedupPrefixes(strings.TrimPrefix(err.Error(), name+": "))
+	format := logFormatArg(args)
+	if format == "" {
+		format = env.Or("JETINBOX_LOG_FORMAT", def)
+	}
+	if logFormat(stderr, format) == "json" {
+		NewLogger(stderr, "json", slog.LevelError).Error(name+": exiting", "err", msg, "exit_code", ExitCode(err))
+		return
+	}
+	fmt.Fprintf(stderr, "%s: %s\n", name, msg)
+}
+
+// logFormatArg finds -log-format (or --log-format) in args, as the flag
+// package would parse it; "" if absent.
+func logFormatArg(args []string) string {
+	for i, a := range args {
+		if a == "--" {
+			break
+		}
+		a = strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
+		if v, ok := strings.CutPrefix(a, "log-format="); ok {
+			return v
+		}
+		if a == "log-format" && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
+}
+
+// dedupPrefixes collapses a repeated "word: word: " into one.
+func dedupPrefixes(msg string) string {
+	parts := strings.Split(msg, ": ")
+	out := parts[:1]
+	for _, p := range parts[1:] {
+		if p == out[len(out)-1] && !strings.ContainsAny(p, " \t") {
+			continue
+		}
+		out = append(out, p)
+	}
+	return strings.Join(out, ": ")
 }

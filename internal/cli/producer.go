@@ -163,7 +163,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		}
 	}
 	if err := pub.Flush(ctx); err != nil {
-		return fmt.Errorf("producer: interrupted before every PubAck arrived: %w", err)
+		return fmt.Errorf("interrupted before every PubAck arrived: %w", err)
 	}
 	s := pub.Stats()
 	elapsed := time.Since(start)
@@ -186,7 +186,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		problems = append(problems, fmt.Sprintf("%d input lines rejected (see above); the good lines were published", badLines))
 	}
 	if len(problems) > 0 {
-		return fmt.Errorf("producer: %s", strings.Join(problems, "; "))
+		return fmt.Errorf("%s", strings.Join(problems, "; "))
 	}
 	return nil
 }
