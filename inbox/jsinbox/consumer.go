@@ -164,6 +164,9 @@ type Consumer struct {
 	redeliveries, naks, deadLettered, batches, failedBatches atomic.Int64
 	inFlight, rescued, rejectedRepeats, deadLettersHeld      atomic.Int64
 
+	// dlLog samples the dead-letter warnings.
+	dlLog dlSampler
+
 	// stopping is closed when Run's context ends: held dead letters let go.
 	stopping <-chan struct{}
 
@@ -238,6 +241,7 @@ func (c *Consumer) DurableConfig() jetstream.ConsumerConfig {
 // flight (their commits and acks are not cut short), hands back what it held
 // but had not started, and returns nil.
 func (c *Consumer) Run(ctx context.Context) error {
+	defer c.dlLog.flush(c.cfg.Logger)
 	cons, err := c.bind(ctx)
 	if err != nil {
 		return err
