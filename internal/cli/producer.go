@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -139,6 +140,24 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 
 	start := time.Now()
 	var badLines int
+	summary := func(prefix string) {
+		s := pub.Stats()
+		elapsed := time.Since(start)
+		fmt.Fprintf(stdout, "%spublished %d (%.0f/s)  server-side duplicates %d  conflicts %d  retries %d  failed %d  bad input lines %d",
+			prefix, s.Published, float64(s.Published)/elapsed.Seconds(), s.Duplicates, s.Conflicts, s.Retries, s.Failed, badLines)
+		if *batch > 1 {
+			fmt.Fprintf(stdout, "  atomic batches %d (refused and published one by one %d)", s.Batches, s.BatchFallbacks)
+		}
+		fmt.Fprintln(stdout)
+	}
+	// interrupted reports the counts so far when a signal (ctx) ends the run.
+	interrupted := func(err error) error {
+		if ctx.Err() == nil {
+			return err
+		}
+		summary("interrupted: ")
+		return fmt.Errorf("interrupted before every intent was published and acknowledged (counts so far above): %w", err)
+	}
 	if *input != "" {
 		r := stdin
 		if *input != "-" {
@@ -151,7 +170,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		}
 		badLines, err = publishJSONL(ctx, pub, r, *subject, stderr)
 		if err != nil {
-			return err
+			return interrupted(err)
 		}
 	} else {
 		if *prefix == "" {
@@ -159,20 +178,14 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		}
 		intents := pipeline.Generate(pipeline.Load{Count: *count, Accounts: *accounts, HotAccount: *hot, Prefix: *prefix, Subject: *subject, Seed: rand.Uint64()})
 		if err := publishGenerated(ctx, pub, intents, *rate, *dupFrac); err != nil {
-			return err
+			return interrupted(err)
 		}
 	}
 	if err := pub.Flush(ctx); err != nil {
-		return fmt.Errorf("interrupted before every PubAck arrived: %w", err)
+		return interrupted(fmt.Errorf("waiting for the PubAcks: %w", err))
 	}
+	summary("")
 	s := pub.Stats()
-	elapsed := time.Since(start)
-	fmt.Fprintf(stdout, "published %d (%.0f/s)  server-side duplicates %d  conflicts %d  retries %d  failed %d  bad input lines %d",
-		s.Published, float64(s.Published)/elapsed.Seconds(), s.Duplicates, s.Conflicts, s.Retries, s.Failed, badLines)
-	if *batch > 1 {
-		fmt.Fprintf(stdout, "  atomic batches %d (refused and published one by one %d)", s.Batches, s.BatchFallbacks)
-	}
-	fmt.Fprintln(stdout)
 	var problems []string
 	if f := pub.Failures(); len(f) > 0 {
 		reportFailures(stderr, f)
@@ -247,34 +260,103 @@ type jsonlLine struct {
 	Payload json.RawMessage `json:"payload"`
 }
 
+// maxLine is the longest JSONL line the producer reads; a longer one is
+// reported with its number and skipped.
+const maxLine = 1 << 20
+
+// utf8BOM may start a file saved by some editors; it is skipped.
+var utf8BOM = []byte{0xEF, 0xBB, 0xBF}
+
 func publishJSONL(ctx context.Context, pub *jsinbox.Publisher, r io.Reader, subject string, stderr io.Writer) (bad int, err error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	// Lines are read in a goroutine, so that a signal ends a run waiting
+	// on a quiet stdin.
+	type read struct {
+		raw     []byte
+		tooLong bool
+		err     error
+	}
+	lines := make(chan read)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		br := bufio.NewReaderSize(r, 64<<10)
+		for {
+			raw, tooLong, err := readLine(br, maxLine)
+			select {
+			case lines <- read{raw, tooLong, err}:
+			case <-done:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
 	n := 0
-	for sc.Scan() {
-		n++
-		line := bytes.TrimSpace(sc.Bytes())
-		if len(line) == 0 {
-			continue
+	for {
+		var l read
+		select {
+		case l = <-lines:
+		case <-ctx.Done():
+			return bad, ctx.Err()
 		}
-		in, err := parseLine(line, subject)
-		if err != nil {
-			bad++
-			fmt.Fprintf(stderr, "line %d: %v\n", n, err)
-			continue
+		if len(l.raw) > 0 || l.tooLong || l.err == nil {
+			n++
+			if n == 1 {
+				l.raw = bytes.TrimPrefix(l.raw, utf8BOM)
+			}
+			if l.tooLong {
+				bad++
+				fmt.Fprintf(stderr, "line %d: longer than %d bytes; skipped\n", n, maxLine)
+			} else if line := bytes.TrimSpace(l.raw); len(line) > 0 {
+				in, err := parseLine(line, subject)
+				if err != nil {
+					bad++
+					fmt.Fprintf(stderr, "line %d: %v\n", n, err)
+				} else {
+					in.Ref = n // failures are reported by line
+					if err := pub.Publish(ctx, in); err != nil {
+						return bad, err
+					}
+				}
+			}
 		}
-		in.Ref = n // failures are reported by line
-		if err := pub.Publish(ctx, in); err != nil {
-			return bad, err
+		if l.err != nil {
+			if errors.Is(l.err, io.EOF) {
+				return bad, nil
+			}
+			return bad, fmt.Errorf("line %d: %w", n+1, l.err)
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return bad, fmt.Errorf("line %d: %w", n+1, err)
+}
+
+// readLine returns the next line without its newline; one longer than max
+// is read to its end and dropped (tooLong). err is io.EOF after the last
+// line, with or without a final newline.
+func readLine(br *bufio.Reader, max int) (line []byte, tooLong bool, err error) {
+	var buf []byte
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if !tooLong {
+			if len(buf)+len(chunk) > max+1 { // +1: the newline
+				tooLong, buf = true, nil
+			} else {
+				buf = append(buf, chunk...)
+			}
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		return bytes.TrimSuffix(buf, []byte("\n")), tooLong, err
 	}
-	return bad, nil
 }
 
 func parseLine(line []byte, subject string) (jsinbox.Intent, error) {
+	// JSON decoding would turn invalid UTF-8, and escapes of lone
+	// surrogates, into U+FFFD: an ID other than the one the line holds.
+	if !utf8.Valid(line) {
+		return jsinbox.Intent{}, errors.New("not valid UTF-8")
+	}
 	var l jsonlLine
 	dec := json.NewDecoder(bytes.NewReader(line))
 	dec.DisallowUnknownFields()
@@ -283,6 +365,9 @@ func parseLine(line []byte, subject string) (jsinbox.Intent, error) {
 	}
 	if dec.More() {
 		return jsinbox.Intent{}, errors.New("trailing data after the JSON object")
+	}
+	if strings.ContainsRune(l.ID, utf8.RuneError) && !bytes.Contains(line, []byte("\uFFFD")) && !bytes.Contains(bytes.ToLower(line), []byte(`\ufffd`)) {
+		return jsinbox.Intent{}, errors.New("id: an escape that is not a valid UTF-16 character (the producer never rewrites IDs)")
 	}
 	if err := inbox.ValidateID(l.ID); err != nil {
 		return jsinbox.Intent{}, fmt.Errorf("id: %w (the producer never invents IDs)", err)
