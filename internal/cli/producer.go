@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -58,12 +59,22 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		logFormat = fs.String("log-format", env.Or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto")
 		httpAddr  = fs.String("http", env("JETINBOX_PRODUCER_HTTP_ADDR"), "address for /metrics while publishing (env JETINBOX_PRODUCER_HTTP_ADDR); empty disables")
 	)
+	var envErrs []error
+	maxBytes, dlqBytes := envSize(env, "JETINBOX_STREAM_MAX_BYTES", &envErrs), envSize(env, "JETINBOX_DLQ_MAX_BYTES", &envErrs)
+	fs.Var(&maxBytes, "stream-max-bytes", "intents stream MaxBytes when creating it, e.g. 16GiB or plain bytes; 0: 16GiB (env JETINBOX_STREAM_MAX_BYTES)")
+	fs.Var(&dlqBytes, "dlq-max-bytes", "dead-letter stream MaxBytes when creating it, e.g. 1GiB; 0: 1GiB (env JETINBOX_DLQ_MAX_BYTES)")
+	maxMsgs := fs.Int64("stream-max-msgs", envInt64(env, "JETINBOX_STREAM_MAX_MSGS", &envErrs), "intents stream MaxMsgs when creating it; 0: 50 million (env JETINBOX_STREAM_MAX_MSGS)")
+	maxAge := fs.Duration("stream-max-age", envDuration(env, "JETINBOX_STREAM_MAX_AGE", 0, &envErrs),
+		"intents stream MaxAge when creating it, part of the replay horizon; 0: 168h (env JETINBOX_STREAM_MAX_AGE)")
 	w := defaultWaits()
 	w.register(fs)
 	fs.DurationVar(&w.publish.Base, "retry-base", w.publish.Base, "base delay of a publish retry")
 	fs.DurationVar(&w.publish.Cap, "retry-cap", w.publish.Cap, "longest delay between publish retries")
 	if err := Parse(fs, args); err != nil {
 		return err
+	}
+	if len(envErrs) > 0 {
+		return UsageError{Err: errors.Join(envErrs...)}
 	}
 	w = w.resolved()
 	retry := w.publish
@@ -91,6 +102,10 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	bad.positive("retry-for", *retryFor)
 	bad.within("replicas", *replicas, 1, 5)
 	bad.positive("duplicate-window", *window)
+	bad.atLeast("stream-max-msgs", int(min(*maxMsgs, math.MaxInt)), 0)
+	if *maxAge < 0 {
+		bad.positive("stream-max-age", *maxAge)
+	}
 	bad.add(CheckLogFormat(*logFormat))
 	bad.add(CheckListenAddr("http", *httpAddr))
 	if err := bad.err(); err != nil {
@@ -105,6 +120,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	defer nc.Close()
 	st, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{
 		Name: *stream, Subjects: []string{*subject + ".>"}, Replicas: *replicas, DuplicateWindow: *window,
+		MaxBytes: int64(maxBytes), MaxMsgs: *maxMsgs, MaxAge: *maxAge, DeadLetterMaxBytes: int64(dlqBytes),
 	})
 	if err != nil {
 		return err
