@@ -93,13 +93,15 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		return UsageError{Err: errors.New("-dup-fraction must be within [0, 1]")}
 	}
 	var bad checks
-	bad.atLeast("count", *count, 1)
+	bad.atLeast("count", *count, 0) // 0 creates the streams and publishes nothing
 	bad.atLeast("rate", *rate, 0)
 	bad.atLeast("accounts", *accounts, 1)
 	bad.atLeast("max-inflight", *inFlight, 1)
 	bad.positive("ack-timeout", *ackTO)
 	bad.atLeast("retry-attempts", *attempts, 0)
-	bad.positive("retry-for", *retryFor)
+	if *retryFor < 0 { // 0: no limit but -retry-attempts
+		bad.positive("retry-for", *retryFor)
+	}
 	bad.within("replicas", *replicas, 1, 5)
 	bad.positive("duplicate-window", *window)
 	bad.atLeast("stream-max-msgs", int(min(*maxMsgs, math.MaxInt)), 0)
