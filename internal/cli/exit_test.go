@@ -47,7 +47,7 @@ func TestExitCodeTable(t *testing.T) {
 		{"consumer", []string{"-nats-url", "nats://[::1"}, "bad NATS URL"},
 		{"producer", []string{"-count", "-5"}, "-count -5"},
 		{"producer", []string{"-max-inflight", "0"}, "-max-inflight"},
-		{"producer", []string{"-retry-for", "-1s"}, "retry"},
+		{"producer", []string{"-retry-for", "-1s"}, "MaxElapsed -1s"},
 		{"producer", []string{"-rate", "-1"}, "-rate"},
 		{"producer", []string{"-accounts", "0"}, "-accounts"},
 		{"producer", []string{"-ack-timeout", "0s"}, "-ack-timeout"},
