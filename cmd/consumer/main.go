@@ -3,8 +3,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -22,8 +20,6 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := cli.Consumer(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(os.Stderr, "consumer:", err)
-	}
+	cli.ReportError(os.Stderr, "consumer", os.Args[1:], os.Getenv, "auto", err)
 	os.Exit(cli.ExitCode(err))
 }

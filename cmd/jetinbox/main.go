@@ -3,8 +3,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -23,8 +21,6 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := app.Jetinbox(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(os.Stderr, "jetinbox:", err)
-	}
+	cli.ReportError(os.Stderr, "jetinbox", os.Args[1:], os.Getenv, "text", err)
 	os.Exit(cli.ExitCode(err))
 }

@@ -3,8 +3,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -22,8 +20,6 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := cli.Producer(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(os.Stderr, "producer:", err)
-	}
+	cli.ReportError(os.Stderr, "producer", os.Args[1:], os.Getenv, "auto", err)
 	os.Exit(cli.ExitCode(err))
 }

@@ -164,6 +164,9 @@ type Consumer struct {
 	redeliveries, naks, deadLettered, batches, failedBatches atomic.Int64
 	inFlight, rescued, rejectedRepeats, deadLettersHeld      atomic.Int64
 
+	// dlLog samples the dead-letter warnings.
+	dlLog dlSampler
+
 	// stopping is closed when Run's context ends: held dead letters let go.
 	stopping <-chan struct{}
 
@@ -238,6 +241,7 @@ func (c *Consumer) DurableConfig() jetstream.ConsumerConfig {
 // flight (their commits and acks are not cut short), hands back what it held
 // but had not started, and returns nil.
 func (c *Consumer) Run(ctx context.Context) error {
+	defer c.dlLog.flush(c.cfg.Logger)
 	cons, err := c.bind(ctx)
 	if err != nil {
 		return err
@@ -357,12 +361,17 @@ func (c *Consumer) bind(ctx context.Context) (jetstream.Consumer, error) {
 			cons, err = c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Durable)
 		}
 	}
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, streamNotFound(c.cfg.Stream, err)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("jsinbox: consumer %s on %s: %w", c.cfg.Durable, c.cfg.Stream, err)
+		return nil, setupError(fmt.Errorf("jsinbox: durable %s on %s (refused by the server: check the account's permissions and the durable's settings, "+
+			"or create it with nats consumer add %s --config deploy/jetstream/ledger-consumer.json): %w", c.cfg.Durable, c.cfg.Stream, c.cfg.Stream, err))
 	}
 	info := cons.CachedInfo().Config
 	if problems := CheckConsumer(info); len(problems) > 0 {
-		return nil, fmt.Errorf("jsinbox: durable %s on %s is unsafe: %s", c.cfg.Durable, c.cfg.Stream, strings.Join(problems, "; "))
+		return nil, &SetupError{Err: fmt.Errorf("jsinbox: durable %s on %s is unsafe: %s; fix it, or delete it (nats consumer rm %s %s) for the consumer to create a safe one",
+			c.cfg.Durable, c.cfg.Stream, strings.Join(problems, "; "), c.cfg.Stream, c.cfg.Durable)}
 	}
 	if info.AckWait != c.cfg.AckWait {
 		if c.cfg.KeepAlive == c.cfg.AckWait/2 {

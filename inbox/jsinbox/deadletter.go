@@ -114,7 +114,7 @@ func (c *Consumer) deadLetter(ctx context.Context, m settleable, im *inbox.Messa
 		return false
 	}
 	c.deadLettered.Add(1)
-	c.cfg.Logger.Warn("jsinbox: dead-lettered", "id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "status", status, "reason", reason)
+	c.dlLog.warn(c.cfg.Logger, reason, "id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "status", status)
 	if len(reason) > 256 {
 		reason = reason[:256]
 	}

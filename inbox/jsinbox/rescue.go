@@ -81,10 +81,11 @@ func (c *Consumer) bindRescue(ctx context.Context) (jetstream.Consumer, error) {
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("jsinbox: advisory stream %s, which keeps the max-deliveries advisories a consumer rescues messages from (EnsureStream or deploy/jetstream/advisories-stream.json create it): %w", name, err)
+		return nil, setupError(fmt.Errorf("jsinbox: advisory stream %s, which keeps the max-deliveries advisories a consumer rescues messages from, could not be found or created: "+
+			"create it with jetinbox's producer (EnsureStream), or nats stream add %s --config deploy/jetstream/advisories-stream.json: %w", name, name, err))
 	}
 	if problems := checkAdvisory(s.CachedInfo().Config); len(problems) > 0 {
-		return nil, fmt.Errorf("jsinbox: existing stream %s is unsafe: %v", name, problems)
+		return nil, &SetupError{Err: fmt.Errorf("jsinbox: existing stream %s is unsafe: %v", name, problems)}
 	}
 	cons, err := s.Consumer(ctx, c.cfg.Durable)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -101,7 +102,8 @@ func (c *Consumer) bindRescue(ctx context.Context) (jetstream.Consumer, error) {
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("jsinbox: rescue consumer %s on %s: %w", c.cfg.Durable, name, err)
+		return nil, setupError(fmt.Errorf("jsinbox: rescue consumer %s on %s (refused by the server: check the account's permissions, "+
+			"or create it with nats consumer add %s --config deploy/jetstream/ledger-rescue-consumer.json): %w", c.cfg.Durable, name, name, err))
 	}
 	return cons, nil
 }

@@ -25,7 +25,7 @@ func Accounts(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdo
 	dbURL := cli.DatabaseFlag(fs, env, cli.DatabaseUsage)
 	open := fs.String("open", "", "accounts to open, by ID: a list of IDs and ranges such as 1-1024 or 7,9,20-30; accounts that exist are left as they are")
 	list := fs.Bool("list", false, "print every account and its balance")
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -44,7 +44,7 @@ func Accounts(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdo
 	if err := cli.RequireDatabase(*dbURL); err != nil {
 		return err
 	}
-	pool, err := cli.OpenDB(ctx, *dbURL, 2, slog.New(slog.NewTextHandler(stderr, nil)))
+	pool, err := cli.OpenDB(ctx, *dbURL, 2, cli.EnvLogger(stderr, env, slog.LevelInfo))
 	if err != nil {
 		return err
 	}

@@ -46,7 +46,7 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 		scope      = cli.ScopeFlag(fs, env)
 		durable    = cli.DurableFlag(fs, env)
 	)
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *n < 10 || *consumers < 1 {
@@ -60,7 +60,7 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	if *verbose {
 		level = slog.LevelInfo
 	}
-	log := cli.NewLogger(stderr, "text", level)
+	log := cli.EnvLogger(stderr, env, level)
 	say := func(format string, a ...any) {
 		fmt.Fprintf(stderr, "%6.1fs  %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
 	}

@@ -43,7 +43,7 @@ func DLQ(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, s
 	ids := fs.String("id", "", "select by original message ID (comma-separated)")
 	seqs := fs.String("seq", "", "select by dead-letter stream sequence (comma-separated)")
 	reason := fs.String("reason", "", "select the dead letters whose reason contains this text")
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -62,7 +62,7 @@ func DLQ(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, s
 	if err := cli.CheckScope(*scope); err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
+	log := cli.EnvLogger(stderr, env, slog.LevelInfo)
 	nc, js, err := nf.Connect("jetinbox-dlq", cli.DefaultReconnect(), log)
 	if err != nil {
 		return cli.UsageError{Err: err}

@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -73,7 +74,7 @@ func Jetinbox(ctx context.Context, args []string, env cli.Env, stdin io.Reader, 
 		for _, n := range names {
 			fmt.Fprintf(stderr, "  %-8s %s\n", n, cmds[n].summary)
 		}
-		fmt.Fprintln(stderr, "\nRun `jetinbox <command> -h` for a command's flags.")
+		fmt.Fprintln(stderr, "\nRun `jetinbox <command> -h` for a command's flags.\n\n"+cli.ExitCodes)
 	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage()
@@ -87,8 +88,16 @@ func Jetinbox(ctx context.Context, args []string, env cli.Env, stdin io.Reader, 
 		usage()
 		return cli.UsageError{Err: fmt.Errorf("unknown command %q", args[0])}
 	}
-	return c.run(ctx, args[1:], env, stdin, stdout, stderr)
+	err := c.run(ctx, args[1:], env, stdin, stdout, stderr)
+	if errors.Is(err, flag.ErrHelp) && !ownUsage[args[0]] {
+		fmt.Fprintf(stderr, "\n%s\n", cli.ExitCodes)
+	}
+	return err
 }
+
+// ownUsage names the commands whose usage text (cli.NewFlagSet) already
+// ends with the exit-code convention; the dispatcher adds it to the others'.
+var ownUsage = map[string]bool{"demo": true, "accounts": true, "dlq": true, "migrate": true, "verify": true, "consumer": true, "replay": true, "prune": true}
 
 // Migrate applies the schemas, or prints them.
 func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
@@ -96,7 +105,7 @@ func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdou
 	dbURL := cli.DatabaseFlag(fs, env, cli.DatabaseUsage)
 	print := fs.Bool("print", false, "print the SQL for your own migration tool instead of applying it")
 	status := fs.Bool("status", false, "list each migration as applied, pending, edited (applied with other SQL: exit 1) or unknown (from a newer release); apply nothing")
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *print {
@@ -106,7 +115,7 @@ func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdou
 	if err := cli.RequireDatabase(*dbURL); err != nil {
 		return err
 	}
-	pool, err := cli.OpenDB(ctx, *dbURL, 2, slog.New(slog.NewTextHandler(stderr, nil)))
+	pool, err := cli.OpenDB(ctx, *dbURL, 2, cli.EnvLogger(stderr, env, slog.LevelInfo))
 	if err != nil {
 		return err
 	}

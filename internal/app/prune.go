@@ -37,7 +37,7 @@ func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout,
 		margin    = fs.Duration("margin", inbox.DefaultPruneMargin, "how much longer than the horizon -older-than must be (clock skew between NATS and PostgreSQL, batches in flight)")
 		batch     = fs.Int("batch", 10000, "rows per DELETE")
 	)
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if err := nf.Validate(); err != nil {
@@ -52,7 +52,7 @@ func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout,
 	if *margin <= 0 {
 		return cli.UsageError{Err: errors.New("-margin must be positive")}
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
+	log := cli.EnvLogger(stderr, env, slog.LevelInfo)
 	nc, js, err := nf.Connect("jetinbox-prune", cli.DefaultReconnect(), log)
 	if err != nil {
 		return cli.UsageError{Err: err}

@@ -47,7 +47,7 @@ func Replay(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 		batch    = fs.Int("batch", 500, "most messages per transaction")
 		timeout  = fs.Duration("timeout", 10*time.Minute, "give up after this long")
 	)
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	seqSet := false
@@ -81,7 +81,7 @@ func Replay(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	if err := cli.RequireDatabase(*dbURL); err != nil {
 		return err
 	}
-	log := cli.NewLogger(stderr, "text", slog.LevelWarn)
+	log := cli.EnvLogger(stderr, env, slog.LevelWarn)
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	pool, err := cli.OpenDB(ctx, *dbURL, 2, log)

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/term"
 
 	"github.com/jetinbox/jetinbox/jitter"
 )
@@ -69,37 +70,119 @@ func (e Env) Or(name, def string) string {
 	return def
 }
 
-// NATSFlags are the connection settings the nats CLI also reads.
+// NATSFlags are the connection settings the nats CLI also reads, with its
+// flag names, environment variables and contexts. Explicit flags win over
+// the environment, the environment over the context.
 type NATSFlags struct {
-	url, creds, nkey, ca, cert, key string
+	url, creds, nkey, ca, cert, key, user, password, token, context string
+
+	env      Env
+	ctxName  string // the context in use, if any
+	resolved bool
 }
 
-// Register adds the -nats-* flags to fs, with defaults from env.
+// Register adds the connection flags to fs: -s (also -server, -nats-url),
+// -creds, -nkey, -tlscert, -tlskey, -tlsca, -user, -password, -token and
+// -context, and the older -nats-creds, -nats-nkey, -nats-ca, -nats-cert,
+// -nats-key. Their defaults come from env after parsing (see Validate), so
+// no secret from the environment is ever shown by -h.
 func (n *NATSFlags) Register(fs FlagSet, env Env) {
-	fs.StringVar(&n.url, "nats-url", env.Or("NATS_URL", nats.DefaultURL), "NATS server URL(s), comma separated (env NATS_URL)")
-	fs.StringVar(&n.creds, "nats-creds", env("NATS_CREDS"), "NATS credentials file (env NATS_CREDS)")
-	fs.StringVar(&n.nkey, "nats-nkey", env("NATS_NKEY"), "NATS nkey seed file (env NATS_NKEY)")
-	fs.StringVar(&n.ca, "nats-ca", env("NATS_CA"), "CA certificate to verify the NATS server (env NATS_CA)")
-	fs.StringVar(&n.cert, "nats-cert", env("NATS_CERT"), "client certificate for NATS TLS (env NATS_CERT)")
-	fs.StringVar(&n.key, "nats-key", env("NATS_KEY"), "client key for NATS TLS (env NATS_KEY)")
+	n.env = env
+	urlUsage := "NATS server URL(s), comma separated (env NATS_URL; else the context's; else " + nats.DefaultURL + ")"
+	for _, name := range []string{"s", "server", "nats-url"} {
+		fs.StringVar(&n.url, name, "", urlUsage)
+	}
+	for _, f := range []struct {
+		p           *string
+		names       []string
+		envVar, use string
+	}{
+		{&n.creds, []string{"creds", "nats-creds"}, "NATS_CREDS", "NATS credentials file"},
+		{&n.nkey, []string{"nkey", "nats-nkey"}, "NATS_NKEY", "NATS nkey seed file"},
+		{&n.ca, []string{"tlsca", "nats-ca"}, "NATS_CA", "CA certificate to verify the NATS server"},
+		{&n.cert, []string{"tlscert", "nats-cert"}, "NATS_CERT", "client certificate for NATS TLS"},
+		{&n.key, []string{"tlskey", "nats-key"}, "NATS_KEY", "client key for NATS TLS"},
+		{&n.user, []string{"user"}, "NATS_USER", "NATS user name"},
+		{&n.password, []string{"password"}, "NATS_PASSWORD", "NATS password (prefer the environment: flags show in ps)"},
+		{&n.token, []string{"token"}, "NATS_TOKEN", "NATS authentication token (prefer the environment: flags show in ps)"},
+	} {
+		for _, name := range f.names {
+			fs.StringVar(f.p, name, "", f.use+" (env "+f.envVar+")")
+		}
+	}
+	fs.StringVar(&n.context, "context", "", "nats CLI context to take unset connection settings from: a name in ~/.config/nats/context, or a file path "+
+		"(env NATS_CONTEXT; else the context the nats CLI has selected)")
 }
 
-// Validate checks the settings before any connection is tried: a usable
-// URL, a certificate with its key, one kind of credentials, files that exist.
-func (n *NATSFlags) Validate() error {
+// resolve fills what no flag set from the environment, then from the nats
+// context, then the default URL.
+func (n *NATSFlags) resolve() error {
+	if n.resolved {
+		return nil
+	}
+	n.resolved = true
+	env := n.env
+	if env == nil {
+		env = func(string) string { return "" }
+	}
+	for _, f := range []struct {
+		p      *string
+		envVar string
+	}{{&n.url, "NATS_URL"}, {&n.creds, "NATS_CREDS"}, {&n.nkey, "NATS_NKEY"}, {&n.ca, "NATS_CA"}, {&n.cert, "NATS_CERT"}, {&n.key, "NATS_KEY"},
+		{&n.user, "NATS_USER"}, {&n.password, "NATS_PASSWORD"}, {&n.token, "NATS_TOKEN"}, {&n.context, "NATS_CONTEXT"}} {
+		if *f.p == "" {
+			*f.p = env(f.envVar)
+		}
+	}
+	c, name, err := loadNATSContext(env, n.context)
+	if err != nil {
+		return err
+	}
+	n.ctxName = name
+	for _, f := range []struct {
+		dst *string
+		v   string
+	}{{&n.url, c.URL}, {&n.creds, c.Creds}, {&n.nkey, c.NKey}, {&n.ca, c.CA}, {&n.cert, c.Cert}, {&n.key, c.Key},
+		{&n.user, c.User}, {&n.password, c.Password}, {&n.token, c.Token}} {
+		if *f.dst == "" {
+			*f.dst = f.v
+		}
+	}
 	if n.url == "" {
-		return errors.New("no NATS URL: set -nats-url or NATS_URL")
+		n.url = nats.DefaultURL
+	}
+	return nil
+}
+
+// Validate resolves the settings (flags, then environment, then nats
+// context) and checks them before any connection is tried: a usable URL,
+// a certificate with its key, one kind of credentials, files that exist.
+func (n *NATSFlags) Validate() error {
+	if err := n.resolve(); err != nil {
+		return err
 	}
 	for _, u := range strings.Split(n.url, ",") {
 		if _, err := url.Parse(strings.TrimSpace(u)); err != nil {
-			return fmt.Errorf("bad NATS URL %q: %w", u, err)
+			if i := strings.LastIndex(u, "@"); i >= 0 {
+				u = "…" + u[i:] // never echo a password
+			}
+			return fmt.Errorf("bad NATS URL %q: %w", u, errors.Unwrap(err))
 		}
 	}
 	if (n.cert == "") != (n.key == "") {
-		return errors.New("NATS TLS needs both -nats-cert and -nats-key (NATS_CERT, NATS_KEY)")
+		return errors.New("NATS TLS needs both -nats-cert and -nats-key (-tlscert, -tlskey; NATS_CERT, NATS_KEY)")
 	}
-	if n.creds != "" && n.nkey != "" {
-		return errors.New("set either NATS_CREDS or NATS_NKEY, not both")
+	kinds := 0
+	for _, set := range []bool{n.creds != "", n.nkey != "", n.token != "", n.user != "" || n.password != ""} {
+		if set {
+			kinds++
+		}
+	}
+	if kinds > 1 {
+		return errors.New("set one kind of NATS credentials: a creds file (NATS_CREDS), an nkey (NATS_NKEY), a token (NATS_TOKEN) or a user and password (NATS_USER, NATS_PASSWORD)")
+	}
+	if n.password != "" && n.user == "" {
+		return errors.New("a NATS password (-password, NATS_PASSWORD) needs a user (-user, NATS_USER)")
 	}
 	for _, f := range []struct{ name, path string }{{"NATS_CREDS", n.creds}, {"NATS_NKEY", n.nkey}, {"NATS_CA", n.ca}, {"NATS_CERT", n.cert}, {"NATS_KEY", n.key}} {
 		if f.path == "" {
@@ -129,8 +212,17 @@ func (n *NATSFlags) Connect(name string, reconnect jitter.Policy, log *slog.Logg
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats: reconnected", "url", c.ConnectedUrlRedacted()) }),
 	}
+	if err := n.resolve(); err != nil {
+		return nil, nil, err
+	}
 	if n.creds != "" {
 		opts = append(opts, nats.UserCredentials(n.creds))
+	}
+	if n.user != "" {
+		opts = append(opts, nats.UserInfo(n.user, n.password))
+	}
+	if n.token != "" {
+		opts = append(opts, nats.Token(n.token))
 	}
 	if n.nkey != "" {
 		o, err := nats.NkeyOptionFromSeed(n.nkey)
@@ -197,23 +289,43 @@ func isLocal(host string) bool {
 	return host == "" || host == "localhost" || strings.HasPrefix(host, "127.") || host == "::1" || strings.HasPrefix(host, "/")
 }
 
-// NewLogger returns JSON logs in production and text on a terminal.
+// NewLogger returns JSON logs in production and text on a terminal:
+// format is json, text, or auto (or empty): text when w is a terminal.
+// Durations are rendered as strings ("1.5s"), in JSON too.
 func NewLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: level}
-	if format == "auto" || format == "" {
-		format = "json"
-		if f, ok := w.(*os.File); ok && IsTerminal(f) {
-			format = "text"
-		}
-	}
-	if format == "text" {
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: durationsAsStrings}
+	if logFormat(w, format) == "text" {
 		return slog.New(slog.NewTextHandler(w, opts))
 	}
 	return slog.New(slog.NewJSONHandler(w, opts))
 }
 
-// IsTerminal reports whether f is a terminal.
-func IsTerminal(f *os.File) bool {
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+// EnvLogger is the logger of the operator commands: JETINBOX_LOG_FORMAT
+// (json, text, auto), text when it is unset.
+func EnvLogger(w io.Writer, env Env, level slog.Level) *slog.Logger {
+	return NewLogger(w, env.Or("JETINBOX_LOG_FORMAT", "text"), level)
 }
+
+// logFormat resolves auto to json or text for w.
+func logFormat(w io.Writer, format string) string {
+	if format == "auto" || format == "" {
+		if f, ok := w.(*os.File); ok && IsTerminal(f) {
+			return "text"
+		}
+		return "json"
+	}
+	return format
+}
+
+// durationsAsStrings renders time.Duration values with String(): slog's
+// JSON handler would write nanoseconds.
+func durationsAsStrings(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
+}
+
+// IsTerminal reports whether f is a terminal (not merely a character
+// device such as /dev/null).
+func IsTerminal(f *os.File) bool { return term.IsTerminal(int(f.Fd())) }

@@ -45,7 +45,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	w.register(fs)
 	fs.DurationVar(&w.nak.Base, "nak-base", w.nak.Base, "base delay of a nak (NakWithDelay by delivery count)")
 	fs.DurationVar(&w.nak.Cap, "nak-cap", w.nak.Cap, "longest nak delay")
-	if err := fs.Parse(args); err != nil {
+	if err := Parse(fs, args); err != nil {
 		return err
 	}
 	w = w.resolved()
@@ -64,6 +64,20 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	}
 	if *maxDeliver < 1 {
 		return UsageError{Err: errors.New("-max-deliver must be at least 1: unlimited deliveries never dead-letter a failing message")}
+	}
+	var bad checks
+	bad.atLeast("batch", *batch, 1)
+	bad.atLeast("inflight", *inflight, 1)
+	bad.positive("ack-wait", *ackWait)
+	bad.atLeast("max-ack-pending", *maxAck, 0)
+	bad.atLeast("db-conns", *dbConns, 0)
+	bad.positive("drain-timeout", *drainTimeout)
+	bad.positive("nak-base", w.nak.Base)
+	bad.positive("nak-cap", w.nak.Cap)
+	bad.add(CheckLogFormat(*logFormat))
+	bad.add(CheckListenAddr("http", *httpAddr))
+	if err := bad.err(); err != nil {
+		return err
 	}
 	if *dbConns == 0 {
 		*dbConns = *inflight + 2
@@ -134,8 +148,12 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		select {
 		case err = <-done:
 		case <-time.After(*drainTimeout):
-			return fmt.Errorf("consumer: in-flight batches did not finish within %v; unacked messages will be redelivered", *drainTimeout)
+			return fmt.Errorf("in-flight batches did not finish within %v; unacked messages will be redelivered", *drainTimeout)
 		}
+	}
+	var setup *jsinbox.SetupError
+	if errors.As(err, &setup) {
+		return UsageError{Err: err}
 	}
 	if err != nil {
 		return err

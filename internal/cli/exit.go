@@ -3,9 +3,20 @@ package cli
 import (
 	"errors"
 	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
 )
 
-// UsageError marks errors in flags or environment: exit code 2.
+// ExitCodes is the exit-code convention of every command (consumer,
+// producer and each jetinbox subcommand); every usage text ends with it.
+const ExitCodes = "Exit status: 0 ok; 1 failure (verify: violations found); " +
+	"2 usage or configuration error (unknown flag, bad value, bad URL or address, missing stream, refused durable)."
+
+// UsageError marks errors in flags, environment or the servers'
+// configuration that the operator must fix before a retry can help: exit
+// code 2.
 type UsageError struct{ Err error }
 
 // Error returns the wrapped error's message.
@@ -14,8 +25,43 @@ func (u UsageError) Error() string { return u.Err.Error() }
 // Unwrap returns the wrapped error.
 func (u UsageError) Unwrap() error { return u.Err }
 
-// ExitCode maps a command's error to a process exit code: 0 success, 2 for
-// usage and configuration errors (and -h), 1 otherwise.
+// Parse parses args with fs and reports a parse error (unknown flag, bad
+// value, missing argument) as a UsageError; -h stays flag.ErrHelp.
+func Parse(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return UsageError{Err: err}
+}
+
+// flagErrorPrefixes are how the standard flag package words its parse
+// errors, for the commands whose flag sets are parsed outside this package.
+var flagErrorPrefixes = []string{
+	"flag provided but not defined: ",
+	"invalid value ",
+	"invalid boolean value ",
+	"invalid boolean flag ",
+	"bad flag syntax: ",
+	"flag needs an argument: ",
+}
+
+// IsFlagError reports whether err is, or wraps, a parse error of the
+// standard flag package.
+func IsFlagError(err error) bool {
+	for ; err != nil; err = errors.Unwrap(err) {
+		for _, p := range flagErrorPrefixes {
+			if strings.HasPrefix(err.Error(), p) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ExitCode maps a command's error to a process exit code: 0 success and
+// -h, 2 usage and configuration errors (a UsageError or a flag parse
+// error), 1 otherwise.
 func ExitCode(err error) int {
 	var u UsageError
 	switch {
@@ -23,8 +69,60 @@ func ExitCode(err error) int {
 		return 0
 	case errors.Is(err, flag.ErrHelp):
 		return 0
-	case errors.As(err, &u):
+	case errors.As(err, &u), IsFlagError(err):
 		return 2
 	}
 	return 1
+}
+
+// ReportError writes a command's final error to stderr, once: a JSON log
+// line when the command logs JSON (-log-format in args, else
+// JETINBOX_LOG_FORMAT, else def; auto is JSON unless stderr is a
+// terminal), else "name: message". Nothing for nil or -h. A prefix the
+// message already has is not repeated ("consumer: consumer: ...").
+func ReportError(stderr io.Writer, name string, args []string, env Env, def string, err error) {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	msg := dedupPrefixes(strings.TrimPrefix(err.Error(), name+": "))
+	format := logFormatArg(args)
+	if format == "" {
+		format = env.Or("JETINBOX_LOG_FORMAT", def)
+	}
+	if logFormat(stderr, format) == "json" {
+		NewLogger(stderr, "json", slog.LevelError).Error(name+": exiting", "err", msg, "exit_code", ExitCode(err))
+		return
+	}
+	fmt.Fprintf(stderr, "%s: %s\n", name, msg)
+}
+
+// logFormatArg finds -log-format (or --log-format) in args, as the flag
+// package would parse it; "" if absent.
+func logFormatArg(args []string) string {
+	for i, a := range args {
+		if a == "--" {
+			break
+		}
+		a = strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
+		if v, ok := strings.CutPrefix(a, "log-format="); ok {
+			return v
+		}
+		if a == "log-format" && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
+}
+
+// dedupPrefixes collapses a repeated "word: word: " into one.
+func dedupPrefixes(msg string) string {
+	parts := strings.Split(msg, ": ")
+	out := parts[:1]
+	for _, p := range parts[1:] {
+		if p == out[len(out)-1] && !strings.ContainsAny(p, " \t") {
+			continue
+		}
+		out = append(out, p)
+	}
+	return strings.Join(out, ": ")
 }

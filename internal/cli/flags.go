@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"time"
 
 	"github.com/jetinbox/jetinbox/effects"
@@ -29,6 +30,7 @@ func NewFlagSet(name, summary string, stderr io.Writer) *flag.FlagSet {
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "%s\n\nUsage of %s:\n", summary, name)
 		fs.PrintDefaults()
+		fmt.Fprintf(stderr, "\n%s\n", ExitCodes)
 	}
 	return fs
 }
@@ -46,6 +48,20 @@ func envDuration(env Env, name string, def time.Duration, errs *[]error) time.Du
 		return def
 	}
 	return d
+}
+
+// envInt64 reads an integer from the environment for a flag default; a
+// value that does not parse is reported through errs.
+func envInt64(env Env, name string, errs *[]error) int64 {
+	v := env(name)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("%s=%q: %w", name, v, err))
+	}
+	return n
 }
 
 // defaultScope is the inbox scope every command uses unless told otherwise.

@@ -10,12 +10,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -57,12 +59,22 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		logFormat = fs.String("log-format", env.Or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto")
 		httpAddr  = fs.String("http", env("JETINBOX_PRODUCER_HTTP_ADDR"), "address for /metrics while publishing (env JETINBOX_PRODUCER_HTTP_ADDR); empty disables")
 	)
+	var envErrs []error
+	maxBytes, dlqBytes := envSize(env, "JETINBOX_STREAM_MAX_BYTES", &envErrs), envSize(env, "JETINBOX_DLQ_MAX_BYTES", &envErrs)
+	fs.Var(&maxBytes, "stream-max-bytes", "intents stream MaxBytes when creating it, e.g. 16GiB or plain bytes; 0: 16GiB (env JETINBOX_STREAM_MAX_BYTES)")
+	fs.Var(&dlqBytes, "dlq-max-bytes", "dead-letter stream MaxBytes when creating it, e.g. 1GiB; 0: 1GiB (env JETINBOX_DLQ_MAX_BYTES)")
+	maxMsgs := fs.Int64("stream-max-msgs", envInt64(env, "JETINBOX_STREAM_MAX_MSGS", &envErrs), "intents stream MaxMsgs when creating it; 0: 50 million (env JETINBOX_STREAM_MAX_MSGS)")
+	maxAge := fs.Duration("stream-max-age", envDuration(env, "JETINBOX_STREAM_MAX_AGE", 0, &envErrs),
+		"intents stream MaxAge when creating it, part of the replay horizon; 0: 168h (env JETINBOX_STREAM_MAX_AGE)")
 	w := defaultWaits()
 	w.register(fs)
 	fs.DurationVar(&w.publish.Base, "retry-base", w.publish.Base, "base delay of a publish retry")
 	fs.DurationVar(&w.publish.Cap, "retry-cap", w.publish.Cap, "longest delay between publish retries")
-	if err := fs.Parse(args); err != nil {
+	if err := Parse(fs, args); err != nil {
 		return err
+	}
+	if len(envErrs) > 0 {
+		return UsageError{Err: errors.Join(envErrs...)}
 	}
 	w = w.resolved()
 	retry := w.publish
@@ -80,6 +92,27 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	if *dupFrac < 0 || *dupFrac > 1 {
 		return UsageError{Err: errors.New("-dup-fraction must be within [0, 1]")}
 	}
+	var bad checks
+	bad.atLeast("count", *count, 0) // 0 creates the streams and publishes nothing
+	bad.atLeast("rate", *rate, 0)
+	bad.atLeast("accounts", *accounts, 1)
+	bad.atLeast("max-inflight", *inFlight, 1)
+	bad.positive("ack-timeout", *ackTO)
+	bad.atLeast("retry-attempts", *attempts, 0)
+	if *retryFor < 0 { // 0: no limit but -retry-attempts
+		bad.positive("retry-for", *retryFor)
+	}
+	bad.within("replicas", *replicas, 1, 5)
+	bad.positive("duplicate-window", *window)
+	bad.atLeast("stream-max-msgs", int(min(*maxMsgs, math.MaxInt)), 0)
+	if *maxAge < 0 {
+		bad.positive("stream-max-age", *maxAge)
+	}
+	bad.add(CheckLogFormat(*logFormat))
+	bad.add(CheckListenAddr("http", *httpAddr))
+	if err := bad.err(); err != nil {
+		return err
+	}
 	log := NewLogger(stderr, *logFormat, slog.LevelInfo)
 
 	nc, js, err := nf.Connect("jetinbox-producer", w.natsReconnect, log)
@@ -89,6 +122,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	defer nc.Close()
 	st, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{
 		Name: *stream, Subjects: []string{*subject + ".>"}, Replicas: *replicas, DuplicateWindow: *window,
+		MaxBytes: int64(maxBytes), MaxMsgs: *maxMsgs, MaxAge: *maxAge, DeadLetterMaxBytes: int64(dlqBytes),
 	})
 	if err != nil {
 		return err
@@ -124,6 +158,24 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 
 	start := time.Now()
 	var badLines int
+	summary := func(prefix string) {
+		s := pub.Stats()
+		elapsed := time.Since(start)
+		fmt.Fprintf(stdout, "%spublished %d (%.0f/s)  server-side duplicates %d  conflicts %d  retries %d  failed %d  bad input lines %d",
+			prefix, s.Published, float64(s.Published)/elapsed.Seconds(), s.Duplicates, s.Conflicts, s.Retries, s.Failed, badLines)
+		if *batch > 1 {
+			fmt.Fprintf(stdout, "  atomic batches %d (refused and published one by one %d)", s.Batches, s.BatchFallbacks)
+		}
+		fmt.Fprintln(stdout)
+	}
+	// interrupted reports the counts so far when a signal (ctx) ends the run.
+	interrupted := func(err error) error {
+		if ctx.Err() == nil {
+			return err
+		}
+		summary("interrupted: ")
+		return fmt.Errorf("interrupted before every intent was published and acknowledged (counts so far above): %w", err)
+	}
 	if *input != "" {
 		r := stdin
 		if *input != "-" {
@@ -136,7 +188,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		}
 		badLines, err = publishJSONL(ctx, pub, r, *subject, stderr)
 		if err != nil {
-			return err
+			return interrupted(err)
 		}
 	} else {
 		if *prefix == "" {
@@ -144,20 +196,14 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		}
 		intents := pipeline.Generate(pipeline.Load{Count: *count, Accounts: *accounts, HotAccount: *hot, Prefix: *prefix, Subject: *subject, Seed: rand.Uint64()})
 		if err := publishGenerated(ctx, pub, intents, *rate, *dupFrac); err != nil {
-			return err
+			return interrupted(err)
 		}
 	}
 	if err := pub.Flush(ctx); err != nil {
-		return fmt.Errorf("producer: interrupted before every PubAck arrived: %w", err)
+		return interrupted(fmt.Errorf("waiting for the PubAcks: %w", err))
 	}
+	summary("")
 	s := pub.Stats()
-	elapsed := time.Since(start)
-	fmt.Fprintf(stdout, "published %d (%.0f/s)  server-side duplicates %d  conflicts %d  retries %d  failed %d  bad input lines %d",
-		s.Published, float64(s.Published)/elapsed.Seconds(), s.Duplicates, s.Conflicts, s.Retries, s.Failed, badLines)
-	if *batch > 1 {
-		fmt.Fprintf(stdout, "  atomic batches %d (refused and published one by one %d)", s.Batches, s.BatchFallbacks)
-	}
-	fmt.Fprintln(stdout)
 	var problems []string
 	if f := pub.Failures(); len(f) > 0 {
 		reportFailures(stderr, f)
@@ -171,7 +217,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		problems = append(problems, fmt.Sprintf("%d input lines rejected (see above); the good lines were published", badLines))
 	}
 	if len(problems) > 0 {
-		return fmt.Errorf("producer: %s", strings.Join(problems, "; "))
+		return fmt.Errorf("%s", strings.Join(problems, "; "))
 	}
 	return nil
 }
@@ -232,34 +278,103 @@ type jsonlLine struct {
 	Payload json.RawMessage `json:"payload"`
 }
 
+// maxLine is the longest JSONL line the producer reads; a longer one is
+// reported with its number and skipped.
+const maxLine = 1 << 20
+
+// utf8BOM may start a file saved by some editors; it is skipped.
+var utf8BOM = []byte{0xEF, 0xBB, 0xBF}
+
 func publishJSONL(ctx context.Context, pub *jsinbox.Publisher, r io.Reader, subject string, stderr io.Writer) (bad int, err error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	// Lines are read in a goroutine, so that a signal ends a run waiting
+	// on a quiet stdin.
+	type read struct {
+		raw     []byte
+		tooLong bool
+		err     error
+	}
+	lines := make(chan read)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		br := bufio.NewReaderSize(r, 64<<10)
+		for {
+			raw, tooLong, err := readLine(br, maxLine)
+			select {
+			case lines <- read{raw, tooLong, err}:
+			case <-done:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
 	n := 0
-	for sc.Scan() {
-		n++
-		line := bytes.TrimSpace(sc.Bytes())
-		if len(line) == 0 {
-			continue
+	for {
+		var l read
+		select {
+		case l = <-lines:
+		case <-ctx.Done():
+			return bad, ctx.Err()
 		}
-		in, err := parseLine(line, subject)
-		if err != nil {
-			bad++
-			fmt.Fprintf(stderr, "line %d: %v\n", n, err)
-			continue
+		if len(l.raw) > 0 || l.tooLong || l.err == nil {
+			n++
+			if n == 1 {
+				l.raw = bytes.TrimPrefix(l.raw, utf8BOM)
+			}
+			if l.tooLong {
+				bad++
+				fmt.Fprintf(stderr, "line %d: longer than %d bytes; skipped\n", n, maxLine)
+			} else if line := bytes.TrimSpace(l.raw); len(line) > 0 {
+				in, err := parseLine(line, subject)
+				if err != nil {
+					bad++
+					fmt.Fprintf(stderr, "line %d: %v\n", n, err)
+				} else {
+					in.Ref = n // failures are reported by line
+					if err := pub.Publish(ctx, in); err != nil {
+						return bad, err
+					}
+				}
+			}
 		}
-		in.Ref = n // failures are reported by line
-		if err := pub.Publish(ctx, in); err != nil {
-			return bad, err
+		if l.err != nil {
+			if errors.Is(l.err, io.EOF) {
+				return bad, nil
+			}
+			return bad, fmt.Errorf("line %d: %w", n+1, l.err)
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return bad, fmt.Errorf("line %d: %w", n+1, err)
+}
+
+// readLine returns the next line without its newline; one longer than max
+// is read to its end and dropped (tooLong). err is io.EOF after the last
+// line, with or without a final newline.
+func readLine(br *bufio.Reader, max int) (line []byte, tooLong bool, err error) {
+	var buf []byte
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if !tooLong {
+			if len(buf)+len(chunk) > max+1 { // +1: the newline
+				tooLong, buf = true, nil
+			} else {
+				buf = append(buf, chunk...)
+			}
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		return bytes.TrimSuffix(buf, []byte("\n")), tooLong, err
 	}
-	return bad, nil
 }
 
 func parseLine(line []byte, subject string) (jsinbox.Intent, error) {
+	// JSON decoding would turn invalid UTF-8, and escapes of lone
+	// surrogates, into U+FFFD: an ID other than the one the line holds.
+	if !utf8.Valid(line) {
+		return jsinbox.Intent{}, errors.New("not valid UTF-8")
+	}
 	var l jsonlLine
 	dec := json.NewDecoder(bytes.NewReader(line))
 	dec.DisallowUnknownFields()
@@ -268,6 +383,9 @@ func parseLine(line []byte, subject string) (jsinbox.Intent, error) {
 	}
 	if dec.More() {
 		return jsinbox.Intent{}, errors.New("trailing data after the JSON object")
+	}
+	if strings.ContainsRune(l.ID, utf8.RuneError) && !bytes.Contains(line, []byte("\uFFFD")) && !bytes.Contains(bytes.ToLower(line), []byte(`\ufffd`)) {
+		return jsinbox.Intent{}, errors.New("id: an escape that is not a valid UTF-16 character (the producer never rewrites IDs)")
 	}
 	if err := inbox.ValidateID(l.ID); err != nil {
 		return jsinbox.Intent{}, fmt.Errorf("id: %w (the producer never invents IDs)", err)

@@ -1,0 +1,59 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/jetinbox/jetinbox/internal/cli"
+)
+
+// TestExitCodeConvention runs every jetinbox command with an unknown flag
+// and with a value that does not parse: both are usage errors, exit 2, and
+// -h (exit 0) ends with the convention.
+func TestExitCodeConvention(t *testing.T) {
+	t.Parallel()
+	badValue := map[string][]string{
+		"demo":     {"-intents", "many"},
+		"accounts": {"-list=maybe"},
+		"dlq":      {"-show", "x"},
+		"migrate":  {"-print=maybe"},
+		"verify":   {"-from-seq", "-3"},
+		"consumer": {"-batch", "x"},
+		"replay":   {"-batch", "x"},
+		"prune":    {"-margin", "soon"},
+		"bench":    {"-n", "x"},
+		"chaos":    {"-intents", "x"},
+		"jitter":   {"-clients", "x"},
+	}
+	for name := range commands() {
+		bad, ok := badValue[name]
+		if !ok {
+			t.Errorf("no bad-value case for command %s", name)
+			continue
+		}
+		for _, args := range [][]string{{"-no-such-flag"}, bad} {
+			var stderr bytes.Buffer
+			err := Jetinbox(context.Background(), append([]string{name}, args...), mapEnv(nil), nil, io.Discard, &stderr)
+			if got := cli.ExitCode(err); got != 2 {
+				t.Errorf("jetinbox %s %v: exit %d, want 2 (err %v)", name, args, got, err)
+			}
+		}
+		var help bytes.Buffer
+		err := Jetinbox(context.Background(), []string{name, "-h"}, mapEnv(nil), nil, io.Discard, &help)
+		if !errors.Is(err, flag.ErrHelp) || cli.ExitCode(err) != 0 {
+			t.Errorf("jetinbox %s -h: %v", name, err)
+		}
+		if !strings.Contains(help.String(), cli.ExitCodes) {
+			t.Errorf("jetinbox %s -h does not state the exit codes", name)
+		}
+	}
+	var top bytes.Buffer
+	if err := Jetinbox(context.Background(), []string{"-h"}, mapEnv(nil), nil, io.Discard, &top); err != nil || !strings.Contains(top.String(), cli.ExitCodes) {
+		t.Errorf("jetinbox -h: %v, exit codes stated: %v", err, strings.Contains(top.String(), cli.ExitCodes))
+	}
+}
