@@ -54,7 +54,7 @@ func commands() map[string]command {
 		"chaos": {"producer strategies × consumer strategies under faults, on real servers", func(ctx context.Context, args []string, _ cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return chaos.Main(ctx, args, stdout, stderr)
 		}},
-		"jitter": {"a retry storm of 1000 clients under each jitter policy, plus an overloaded server; writes a chart", func(ctx context.Context, args []string, _ cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
+		"jitter": {"a retry storm of 1000 clients under each jitter policy, plus an overloaded server; -chart FILE draws it", func(ctx context.Context, args []string, _ cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return jittersim.Main(ctx, args, stdout, stderr)
 		}},
 	}
