@@ -37,6 +37,10 @@ func (r Range) Validate() error {
 	return nil
 }
 
+// Partial reports whether the range selects a part of the stream rather
+// than all of it.
+func (r Range) Partial() bool { return r.partial() }
+
 func (r Range) partial() bool {
 	return r.FromSeq > 1 || r.ToSeq > 0 || !r.FromTime.IsZero() || !r.ToTime.IsZero()
 }
