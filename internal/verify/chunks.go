@@ -449,4 +449,3 @@ func (c *checker) balances() error {
 	}
 	return nil
 }
-
