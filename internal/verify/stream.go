@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -107,6 +108,15 @@ func walkRange(ctx context.Context, js jetstream.JetStream, stream string, rg Ra
 	if err != nil {
 		return 0, fmt.Errorf("verify: ordered consumer on %s: %w", stream, err)
 	}
+	// One ordered consumer for the whole walk, pulled continuously: a
+	// Fetch per batch would replace (delete and create) the consumer each
+	// time. The server removes it when idle; verify needs no permission
+	// to delete consumers.
+	it, err := oc.Messages(jetstream.PullMaxMessages(min(max(size, 1), 1000)))
+	if err != nil {
+		return 0, fmt.Errorf("verify: ordered consumer on %s: %w", stream, err)
+	}
+	defer it.Stop()
 	size = max(size, 1)
 	chunk := make([]Message, 0, min(size, 1<<16))
 	read := 0
@@ -119,51 +129,45 @@ func walkRange(ctx context.Context, js jetstream.JetStream, stream string, rg Ra
 		return err
 	}
 	for {
-		batch, err := oc.Fetch(min(size, 1000), jetstream.FetchMaxWait(2*time.Second))
+		nctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		m, err := it.Next(jetstream.NextContext(nctx))
+		cancel()
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return 0, ctx.Err()
+		case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout):
+			return 0, fmt.Errorf("verify: read %s: stopped at %d of %d messages", stream, read, info.State.Msgs)
+		case err != nil:
+			return 0, fmt.Errorf("verify: read %s: %w", stream, err)
+		}
+		md, err := m.Metadata()
 		if err != nil {
 			return 0, fmt.Errorf("verify: read %s: %w", stream, err)
 		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			md, err := m.Metadata()
-			if err != nil {
-				return 0, fmt.Errorf("verify: read %s: %w", stream, err)
-			}
-			h := map[string]string{}
-			for k, v := range m.Headers() {
-				if len(v) > 0 {
-					h[k] = v[0]
-				}
-			}
-			if !rg.ToTime.IsZero() && md.Timestamp.After(rg.ToTime) {
-				return last, flush()
-			}
-			chunk = append(chunk, Message{Seq: md.Sequence.Stream, ID: h[jetstream.MsgIDHeader], Payload: m.Data(), Header: h})
-			read++
-			if progress != nil && read%1000 == 0 {
-				progress(md.Sequence.Stream, last)
-			}
-			if md.Sequence.Stream >= last {
-				if progress != nil {
-					progress(last, last)
-				}
-				return last, flush()
-			}
-			if len(chunk) >= size {
-				if err := flush(); err != nil {
-					return 0, err
-				}
+		h := map[string]string{}
+		for k, v := range m.Headers() {
+			if len(v) > 0 {
+				h[k] = v[0]
 			}
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return 0, fmt.Errorf("verify: read %s: %w", stream, err)
+		if !rg.ToTime.IsZero() && md.Timestamp.After(rg.ToTime) {
+			return last, flush()
 		}
-		if n == 0 {
-			return 0, fmt.Errorf("verify: read %s: stopped at %d of %d messages", stream, read, info.State.Msgs)
+		chunk = append(chunk, Message{Seq: md.Sequence.Stream, ID: h[jetstream.MsgIDHeader], Payload: m.Data(), Header: h})
+		read++
+		if progress != nil && read%1000 == 0 {
+			progress(md.Sequence.Stream, last)
 		}
-		if err := ctx.Err(); err != nil {
-			return 0, err
+		if md.Sequence.Stream >= last {
+			if progress != nil {
+				progress(last, last)
+			}
+			return last, flush()
+		}
+		if len(chunk) >= size {
+			if err := flush(); err != nil {
+				return 0, err
+			}
 		}
 	}
 }
