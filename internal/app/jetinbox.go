@@ -152,7 +152,7 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	interval := fs.Duration("interval", 5*time.Minute, "-watch: time between rounds")
 	httpAddr := fs.String("http", ":9091", "-watch: address for /metrics and /healthz; empty disables")
 	checkpoint := fs.String("checkpoint", "", "-watch: keep the checkpoint (last sequence checked, violations so far) in this file across restarts; empty: in memory, a restart checks the stream from its start again")
-	textfile := fs.String("textfile", "", "also write jetinbox_verify_violations to this file in Prometheus text format (node_exporter's textfile collector), for the JetinboxVerifyViolations alert")
+	textfile := fs.String("textfile", "", "also write jetinbox_verify_violations{kind} to this file in Prometheus text format (node_exporter's textfile collector); the JetinboxVerifyViolations alert reads the verify service's job (-watch), so point its job matcher here if you use this instead")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -79,6 +79,9 @@ func watchVerify(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool
 		case err != nil:
 			log.Error("verify: round failed; retrying at the next interval", "err", err)
 		case r != nil:
+			for _, warn := range r.Warnings {
+				log.Warn("verify: " + warn)
+			}
 			cp := w.Checkpoint()
 			lvl := slog.LevelInfo
 			if !r.Clean() {
