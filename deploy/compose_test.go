@@ -91,7 +91,7 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		check(err == nil, "%s %s does not exist", what, p)
 	}
 
-	want := []string{"accounts", "consumer", "db-grants", "migrate", "nats-1", "nats-2", "nats-3", "nats-setup", "postgres", "producer", "prometheus"}
+	want := []string{"accounts", "consumer", "db-grants", "migrate", "nats-1", "nats-2", "nats-3", "nats-setup", "postgres", "producer", "prometheus", "verify"}
 	got := slices.Sorted(maps.Keys(p.Services))
 	check(slices.Equal(got, want), "services %v, want %v", got, want)
 
@@ -183,7 +183,7 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		}
 		return ""
 	}
-	for _, svc := range []string{"consumer", "producer", "migrate"} {
+	for _, svc := range []string{"consumer", "producer", "migrate", "verify"} {
 		s, ok := p.Services[svc]
 		if !ok {
 			continue
@@ -193,7 +193,7 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		check(s.ReadOnly, "%s must run with a read-only root filesystem", svc)
 		check(s.User != "" && !strings.HasPrefix(s.User, "0"), "%s must run as a non-root user", svc)
 	}
-	for _, svc := range []string{"consumer", "producer"} {
+	for _, svc := range []string{"consumer", "producer", "verify"} {
 		for _, k := range []string{"NATS_URL", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY", "JETINBOX_STREAM"} {
 			check(env(svc, k) != "", "%s: %s is not set", svc, k)
 		}
@@ -209,7 +209,7 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		check(env("consumer", k) != "", "consumer: %s is not set", k)
 	}
 	check(env("consumer", "JETINBOX_DURABLE") == js.ledger.Durable, "consumer: JETINBOX_DURABLE %q, the durable is %q", env("consumer", "JETINBOX_DURABLE"), js.ledger.Durable)
-	for _, svc := range []string{"consumer", "migrate"} {
+	for _, svc := range []string{"consumer", "migrate", "verify"} {
 		check(strings.Contains(env(svc, "DATABASE_URL"), "sslmode=verify-full"), "%s: DATABASE_URL must use sslmode=verify-full", svc)
 	}
 	check(strings.Contains(env("consumer", "DATABASE_URL"), "jetinbox_consumer@"), "consumer must connect as jetinbox_consumer")
@@ -220,6 +220,18 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		check(c.StopGracePeriod != nil && time.Duration(*c.StopGracePeriod) > drain, "consumer: stop_grace_period must exceed JETINBOX_DRAIN_TIMEOUT %v", drain)
 		check(c.DependsOn["nats-setup"].Condition == composetypes.ServiceConditionCompletedSuccessfully, "consumer must wait for nats-setup to complete")
 		check(c.DependsOn["db-grants"].Condition == composetypes.ServiceConditionCompletedSuccessfully, "consumer must wait for db-grants to complete")
+	}
+	// The verify service judges the consumer's scope and durable, serves
+	// /metrics where prometheus.yml scrapes it, and uses its own NATS user.
+	if v, ok := p.Services["verify"]; ok {
+		cmd := strings.Join(v.Command, " ")
+		check(strings.HasPrefix(cmd, "verify -watch ") && strings.Contains(cmd, "-http :"+verifyTarget[strings.LastIndex(verifyTarget, ":")+1:]),
+			"verify command %v must be verify -watch serving -http on the port prometheus.yml scrapes (%s)", v.Command, verifyTarget)
+		for _, k := range []string{"JETINBOX_SCOPE", "JETINBOX_DURABLE"} {
+			check(env("verify", k) == env("consumer", k), "verify: %s %q, the consumer's is %q", k, env("verify", k), env("consumer", k))
+		}
+		check(env("verify", "NATS_NKEY") == "/run/secrets/verify_nkey", "verify must connect as the verify NATS user, not %q", env("verify", "NATS_NKEY"))
+		check(v.DependsOn["nats-setup"].Condition == composetypes.ServiceConditionCompletedSuccessfully, "verify must wait for nats-setup to complete")
 	}
 	if m, ok := p.Services["migrate"]; ok {
 		check(slices.Equal(m.Command, composetypes.ShellCommand{"migrate"}), "migrate command %v, want [migrate]", m.Command)

@@ -82,7 +82,7 @@ type panel struct {
 }
 
 // grafanaVars replaces Grafana's macros and variables with what PromQL accepts.
-var grafanaVars = strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$__range", "6h", "$job", ".*")
+var grafanaVars = strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$__range", "6h", "$verify_job", ".*", "$job", ".*")
 
 func validateDashboard(fsys files) error {
 	b, err := fsys.get("grafana/jetinbox-dashboard.json")
@@ -127,6 +127,14 @@ func validateDashboard(fsys files) error {
 				}
 				ms := metricsIn(expr)
 				maps.Copy(covered, ms)
+				// The verify metrics come from the verify service (jetinbox
+				// verify -watch), whose job is not the consumer's.
+				for m := range ms {
+					if strings.HasPrefix(m, "jetinbox_verify_") {
+						check(strings.Contains(t.Expr, `job=~"$verify_job"`) && !strings.Contains(t.Expr, "$job"),
+							"panel %q: %s must select the verify service's job ($verify_job), not the consumer's: %s", p.Title, m, t.Expr)
+					}
+				}
 				if ms["jetinbox_duplicates_total"] && strings.Contains(t.Expr, "by (layer)") {
 					byLayer = true
 				}
@@ -134,6 +142,13 @@ func validateDashboard(fsys files) error {
 		}
 	}
 	walk(d.Panels)
+	verifyVar := false
+	for _, v := range d.Templating.List {
+		if v.Name == "verify_job" {
+			verifyVar = v.Definition == "label_values(jetinbox_verify_violations, job)"
+		}
+	}
+	check(verifyVar, "no variable verify_job from label_values(jetinbox_verify_violations, job)")
 	for _, m := range jetinboxMetrics {
 		check(covered[m], "no panel shows %s", m)
 	}

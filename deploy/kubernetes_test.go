@@ -3,6 +3,7 @@ package deploy_test
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -45,6 +46,8 @@ type k8sSet struct {
 	svc     corev1.Service
 	pdb     policyv1.PodDisruptionBudget
 	job     batchv1.Job
+	verify  appsv1.Deployment
+	vsvc    corev1.Service
 	secrets map[string]corev1.Secret
 }
 
@@ -55,6 +58,8 @@ func loadK8s(fsys files) (*k8sSet, error) {
 		"kubernetes/consumer-service.yaml":    &k.svc,
 		"kubernetes/consumer-pdb.yaml":        &k.pdb,
 		"kubernetes/migrate-job.yaml":         &k.job,
+		"kubernetes/verify-deployment.yaml":   &k.verify,
+		"kubernetes/verify-service.yaml":      &k.vsvc,
 	} {
 		if err := decodeK8s(fsys, name, v); err != nil {
 			return nil, err
@@ -245,6 +250,42 @@ func validateK8s(fsys files) error {
 	}
 	check(grantsCM, "Job must mount the ConfigMap jetinbox-grants (made from postgres/grants.sql)")
 	checkPodSecrets("migrate Job", jspec)
+
+	// The verifier: one replica of `jetinbox verify -watch`, judging the
+	// consumer's scope and durable, with its own NATS Secret, scraped on
+	// the port it serves.
+	typeMeta("verify-deployment.yaml", "apps/v1", "Deployment", k.verify.APIVersion, k.verify.Kind)
+	typeMeta("verify-service.yaml", "v1", "Service", k.vsvc.APIVersion, k.vsvc.Kind)
+	vspec := k.verify.Spec.Template.Spec
+	check(k.verify.Spec.Replicas != nil && *k.verify.Spec.Replicas == 1, "verify: want one replica")
+	check(labelsMatch(k.verify.Spec.Selector.MatchLabels, k.verify.Spec.Template.Labels), "verify: selector does not match the pod labels")
+	check(labelsMatch(k.vsvc.Spec.Selector, k.verify.Spec.Template.Labels) && !labelsMatch(k.vsvc.Spec.Selector, k.deploy.Spec.Template.Labels),
+		"verify Service must select the verify pods and not the consumers")
+	v, ok := findContainer(vspec.Containers, "verify")
+	check(ok, "verify: no container named verify")
+	if ok {
+		args := strings.Join(slices.Concat(v.Command, v.Args), " ")
+		check(strings.Contains(args, "jetinbox verify -watch "), "verify runs %q, want jetinbox verify -watch", args)
+		port := ""
+		if len(v.Ports) > 0 {
+			port = strconv.Itoa(int(v.Ports[0].ContainerPort))
+		}
+		check(port != "" && strings.Contains(args, "-http :"+port), "verify: -http must serve on the container port %s: %q", port, args)
+		check(k.vsvc.Annotations["prometheus.io/port"] == port, "verify Service scrape port %q, the container serves %s", k.vsvc.Annotations["prometheus.io/port"], port)
+		check(v.LivenessProbe != nil && v.LivenessProbe.HTTPGet != nil && v.LivenessProbe.HTTPGet.Path == "/healthz", "verify: liveness must probe /healthz")
+		ve, ce := envOf(v), map[string]corev1.EnvVar{}
+		if c, ok := findContainer(spec.Containers, "consumer"); ok {
+			ce = envOf(c)
+		}
+		for _, key := range []string{"JETINBOX_SCOPE", "JETINBOX_DURABLE", "JETINBOX_STREAM"} {
+			check(ve[key].Value != "" && ve[key].Value == ce[key].Value, "verify: %s %q, the consumer's is %q", key, ve[key].Value, ce[key].Value)
+		}
+		check(strings.Contains(ve["DATABASE_URL"].Value, "sslmode=verify-full"), "verify DATABASE_URL must use sslmode=verify-full")
+		check(v.SecurityContext != nil && v.SecurityContext.ReadOnlyRootFilesystem != nil && *v.SecurityContext.ReadOnlyRootFilesystem, "verify: read-only root filesystem")
+		check(v.Resources.Limits.Memory().Sign() > 0, "verify needs a memory limit")
+	}
+	vmounted := checkPodSecrets("verify Deployment", vspec)
+	check(slices.Contains(slices.Collect(maps.Values(vmounted)), "jetinbox-verify-nats"), "verify must use its own NATS Secret jetinbox-verify-nats, mounts %v", vmounted)
 
 	// The kustomization lists existing files.
 	var kust struct {

@@ -91,7 +91,7 @@ func TestMutationsAreRejected(t *testing.T) {
 		{"helm bad merge key", "kubernetes/nats-values.yaml", "verify_cert_and_check_known_urls: true", "verify_cert_and_check_known_url: true", helm},
 		{"helm include path", "kubernetes/nats-values.yaml", "zz$include: ../nats-auth/auth.conf", "zz$include: ./nats-auth/auth.conf", helm},
 
-		{"alerts key typo", "prometheus/alerts.yml", "expr: max by (job) (jetinbox_verify_violations) > 0", "exp: max by (job) (jetinbox_verify_violations) > 0", validateAlerts},
+		{"alerts key typo", "prometheus/alerts.yml", "expr: max by (job, kind) (jetinbox_verify_violations{job=\"jetinbox-verify\"}) > 0", "exp: max by (job, kind) (jetinbox_verify_violations{job=\"jetinbox-verify\"}) > 0", validateAlerts},
 		{"alerts promql typo", "prometheus/alerts.yml", "sum by (job) (increase(jetinbox_dead_letters_total[15m])) > 0", "sum by (job) (increse(jetinbox_dead_letters_total[15m])) > 0", validateAlerts},
 		{"alerts stale threshold", "prometheus/alerts.yml", "(jetinbox_consumer_ack_pending_messages) > 21600", "(jetinbox_consumer_ack_pending_messages) > 900", validateAlerts},
 		{"alerts metric typo", "prometheus/alerts.yml", "increase(jetinbox_conflicts_total[15m])", "increase(jetinbox_conflict_total[15m])", validateAlerts},

@@ -38,6 +38,16 @@ var (
 		"$JS.API.STREAM.INFO.INTENTS_ADVISORIES", "$JS.API.CONSUMER.INFO.INTENTS_ADVISORIES.ledger",
 		"$JS.API.CONSUMER.MSG.NEXT.INTENTS_ADVISORIES.ledger", "$JS.ACK.INTENTS_ADVISORIES.ledger.>",
 	}
+	// jetinbox verify -watch: ordered consumers on INTENTS and INTENTS_DLQ,
+	// the ledger durable's and the rescue consumer's info, messages by
+	// sequence. No ack, no publish, no delete.
+	verifyPublish = []string{
+		"$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.STREAM.INFO.INTENTS_DLQ",
+		"$JS.API.CONSUMER.INFO.INTENTS.ledger", "$JS.API.CONSUMER.INFO.INTENTS_ADVISORIES.ledger",
+		"$JS.API.CONSUMER.CREATE.INTENTS.*", "$JS.API.CONSUMER.CREATE.INTENTS_DLQ.*",
+		"$JS.API.CONSUMER.MSG.NEXT.INTENTS.*", "$JS.API.CONSUMER.MSG.NEXT.INTENTS_DLQ.*",
+		"$JS.API.STREAM.MSG.GET.INTENTS",
+	}
 	clientsSubscribe = []string{"_INBOX.>"}
 )
 
@@ -110,8 +120,8 @@ func validateNATSNode(path, node string) (*server.Options, error) {
 		check(nkeys.IsValidPublicUserKey(u.Nkey), "user key %q is not a public user nkey", u.Nkey)
 	}
 	check(len(opts.Users) == 0, "password users are configured; only nkeys are allowed")
-	check(len(opts.Nkeys) == 4, "%d nkey users, want producer, consumer, admin, sys", len(opts.Nkeys))
-	var producer, consumer int
+	check(len(opts.Nkeys) == 5, "%d nkey users, want producer, consumer, verify, admin, sys", len(opts.Nkeys))
+	var producer, consumer, verifier int
 	for _, u := range opts.Nkeys {
 		acc := ""
 		if u.Account != nil {
@@ -136,11 +146,14 @@ func validateNATSNode(path, node string) (*server.Options, error) {
 		case slices.Contains(p.Publish.Allow, "dlq.intents.>"):
 			consumer++
 			check(sameSet(p.Publish.Allow, consumerPublish), "consumer may publish to %v, want %v", p.Publish.Allow, consumerPublish)
+		case slices.Contains(p.Publish.Allow, "$JS.API.CONSUMER.CREATE.INTENTS.*"):
+			verifier++
+			check(sameSet(p.Publish.Allow, verifyPublish), "verify may publish to %v, want %v", p.Publish.Allow, verifyPublish)
 		default:
-			check(false, "user %s has permissions that are neither the producer's nor the consumer's: %v", u.Nkey, p.Publish.Allow)
+			check(false, "user %s has permissions that are neither the producer's, the consumer's nor the verifier's: %v", u.Nkey, p.Publish.Allow)
 		}
 	}
-	check(producer == 1 && consumer == 1, "found %d producer and %d consumer users, want one each", producer, consumer)
+	check(producer == 1 && consumer == 1 && verifier == 1, "found %d producer, %d consumer and %d verify users, want one each", producer, consumer, verifier)
 	return opts, errors.Join(errs...)
 }
 

@@ -2,6 +2,7 @@ package deploy_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
 // TestProjectUnderShippedRoles runs jetinbox's own producer and consumer
@@ -257,6 +259,54 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 		if id := dl.Header.Get(jetstream.MsgIDHeader); id == "" || id == "poison" {
 			t.Errorf("dead letter ID %q: want its own, not the original's", id)
 		}
+	})
+
+	// The verifier (jetinbox verify -watch, and a full verify) under its own
+	// user, reading the database as jetinbox_consumer: the settled pipeline
+	// is clean, and it is refused nothing.
+	t.Run("verify", func(t *testing.T) {
+		rec := startRecording(t, admin.nc)
+		verifier := connectAs(t, one, fx, "verify")
+		js, err := jetstream.New(verifier.nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool, err := pgxpool.New(ctx, consumerDSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		opts := verify.Options{Stream: stream, Scope: durable, Durable: durable, Ledger: true}
+		w, err := verify.NewWatch(js, pool, opts, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var judged *verify.Report
+		for range 2 {
+			r, err := w.Round(ctx)
+			if err != nil {
+				t.Fatalf("verify -watch round under the verify role: %v", err)
+			}
+			judged = cmp.Or(r, judged)
+		}
+		if judged == nil || !judged.Clean() || judged.StreamMessages != 7 {
+			t.Fatalf("verify -watch: %+v, want the 7 messages clean", judged)
+		}
+		r, err := verify.Run(ctx, js, pool, opts)
+		if err != nil {
+			t.Fatalf("verify under the verify role: %v", err)
+		}
+		if !r.Clean() || r.AppliedOnce != 6 || r.DeadLettered != 1 {
+			var b strings.Builder
+			r.WriteTable(&b)
+			t.Fatalf("verify:\n%s", b.String())
+		}
+		verifier.expectNoAsyncError(t)
+		verifier.nc.Close()
+		// Reading messages by sequence serves copies of an ID in other
+		// rounds or chunks than their row's message, and dead letters
+		// outside the range: none here.
+		rec.check(t, "verify", slices.DeleteFunc(slices.Clone(verifyPublish), func(s string) bool { return s == "$JS.API.STREAM.MSG.GET.INTENTS" }))
 	})
 
 	// An operator who upgrades without the advisory stream: the consumer

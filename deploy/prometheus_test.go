@@ -13,6 +13,7 @@ import (
 	prommodel "github.com/prometheus/common/model"
 	promconfig "github.com/prometheus/prometheus/config"
 	"github.com/prometheus/prometheus/discovery"
+	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
 )
@@ -47,6 +48,35 @@ func numbersIn(expr parser.Expr) []float64 {
 }
 
 var promQL = parser.NewParser(parser.Options{})
+
+// verifyJob is the scrape job of the verify service (jetinbox verify
+// -watch), and verifyTarget its address in the compose stack.
+const (
+	verifyJob    = "jetinbox-verify"
+	verifyTarget = "verify:9091"
+)
+
+// selectsJob reports whether every selector of metric in expr matches
+// job="job" exactly.
+func selectsJob(expr parser.Expr, metric, job string) bool {
+	found, all := false, true
+	parser.Inspect(expr, func(n parser.Node, _ []parser.Node) error {
+		vs, ok := n.(*parser.VectorSelector)
+		if !ok || vs.Name != metric {
+			return nil
+		}
+		found = true
+		has := false
+		for _, m := range vs.LabelMatchers {
+			if m.Name == "job" && m.Type == labels.MatchEqual && m.Value == job {
+				has = true
+			}
+		}
+		all = all && has
+		return nil
+	})
+	return found && all
+}
 
 func validateAlerts(fsys files) error {
 	b, err := fsys.get("prometheus/alerts.yml")
@@ -87,13 +117,19 @@ func validateAlerts(fsys files) error {
 				want := 0.9 * float64(js.ledger.MaxAckPending)
 				check(slices.Contains(numbersIn(expr), want), "%s: threshold should be 90%% of max_ack_pending (%v), found %v", r.Alert, want, numbersIn(expr))
 			}
+			// The verify metrics come from the verify service: the alert
+			// selects its job and keeps the kind, so the page names it.
+			if ms["jetinbox_verify_violations"] {
+				check(selectsJob(expr, "jetinbox_verify_violations", verifyJob), "%s: must select jetinbox_verify_violations{job=%q}, the verify service's scrape job", r.Alert, verifyJob)
+				check(strings.Contains(r.Expr, "by (job, kind)"), "%s: aggregate by (job, kind) so the alert names the kind", r.Alert)
+			}
 			if ms["jetinbox_batch_duration_seconds"] {
 				want := js.ledger.AckWait.Seconds() / 2
 				check(slices.Contains(numbersIn(expr), want), "%s: threshold should be half of ack_wait (%vs), found %v", r.Alert, want, numbersIn(expr))
 			}
 		}
 	}
-	for _, m := range []string{"jetinbox_dead_letters_total", "jetinbox_redeliveries_total", "jetinbox_consumer_pending_messages", "jetinbox_consumer_ack_pending_messages", "jetinbox_verify_violations", "jetinbox_conflicts_total"} {
+	for _, m := range []string{"jetinbox_dead_letters_total", "jetinbox_redeliveries_total", "jetinbox_consumer_pending_messages", "jetinbox_consumer_ack_pending_messages", "jetinbox_verify_violations", "jetinbox_verify_last_run_timestamp_seconds", "jetinbox_conflicts_total"} {
 		check(covered[m], "no alert uses %s", m)
 	}
 	check(rules > 0, "no rules")
@@ -136,6 +172,7 @@ func validatePrometheusConfig(fsys files) error {
 		}
 	}
 	check(slices.Contains(jobs["jetinbox-consumer"], "consumer:8080"), "job jetinbox-consumer must scrape consumer:8080, has %v", jobs["jetinbox-consumer"])
+	check(slices.Contains(jobs[verifyJob], verifyTarget), "job %s must scrape the verify service at %s, has %v", verifyJob, verifyTarget, jobs[verifyJob])
 	// The ConsumerDown alert matches this job name.
 	alerts, _ := fsys.get("prometheus/alerts.yml")
 	check(bytes.Contains(alerts, []byte(`up{job="jetinbox-consumer"}`)), "alerts.yml's up{} alert does not match the consumer job name")

@@ -169,7 +169,7 @@ func TestVerifyAndReplayCommands(t *testing.T) {
 	if cli.ExitCode(err) != 1 || !regexp.MustCompile(`(?m)^ *duplicated +1 +VIOLATION`).MatchString(out.String()) {
 		t.Fatalf("verify after a double apply: %v (exit %d)\n%s", err, cli.ExitCode(err), out.String())
 	}
-	if b, _ := os.ReadFile(textfile); !regexp.MustCompile(`(?m)^jetinbox_verify_violations [1-9]`).Match(b) {
+	if b, _ := os.ReadFile(textfile); !regexp.MustCompile(`(?m)^jetinbox_verify_violations\{kind="duplicated"\} [1-9]`).Match(b) {
 		t.Fatalf("textfile: %s", b)
 	}
 	// Unreachable servers are exit code 2.

@@ -55,7 +55,7 @@ func commands() map[string]command {
 		"chaos": {"producer strategies × consumer strategies under faults, on real servers", func(ctx context.Context, args []string, _ cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return chaos.Main(ctx, args, stdout, stderr)
 		}},
-		"jitter": {"a retry storm of 1000 clients under each jitter policy, plus an overloaded server; writes a chart", func(ctx context.Context, args []string, _ cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
+		"jitter": {"a retry storm of 1000 clients under each jitter policy, plus an overloaded server; -chart FILE draws it", func(ctx context.Context, args []string, _ cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return jittersim.Main(ctx, args, stdout, stderr)
 		}},
 	}
@@ -157,7 +157,11 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	retention := fs.Duration("retention", 0, "the inbox retention in use (Prune OlderThan), to check against the stream's horizons; 0: never pruned")
 	nakCap := fs.Duration("nak-cap", jsinbox.DefaultNakCap, "the consumer's longest nak delay, for the redelivery horizon")
 	redrive := fs.Bool("dlq-redrive", true, "count dead-letter re-drives in the horizon, as jetinbox prune does")
-	textfile := fs.String("textfile", "", "also write jetinbox_verify_violations to this file in Prometheus text format (node_exporter's textfile collector), for the JetinboxVerifyViolations alert")
+	watch := fs.Bool("watch", false, "keep running: every -interval, check the messages after the checkpoint up to the durable's ack floor (settled ones only) and export jetinbox_verify_violations{kind} and friends on -http; range flags do not apply")
+	interval := fs.Duration("interval", 5*time.Minute, "-watch: time between rounds")
+	httpAddr := fs.String("http", ":9091", "-watch: address for /metrics and /healthz; empty disables")
+	checkpoint := fs.String("checkpoint", "", "-watch: keep the checkpoint (last sequence checked, violations so far) in this file across restarts; empty: in memory, a restart checks the stream from its start again")
+	textfile := fs.String("textfile", "", "also write jetinbox_verify_violations{kind} to this file in Prometheus text format (node_exporter's textfile collector); the JetinboxVerifyViolations alert reads the verify service's job (-watch), so point its job matcher here if you use this instead")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -179,6 +183,12 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	if err := rg.Validate(); err != nil {
 		return cli.UsageError{Err: err}
 	}
+	if *watch && (rg.Partial() || *textfile != "" || *asJSON) {
+		return cli.UsageError{Err: errors.New("verify: -watch takes no range, -textfile or -json: it checks what the durable settles and serves /metrics")}
+	}
+	if *watch && (*interval <= 0 || *durable == "") {
+		return cli.UsageError{Err: errors.New("verify: -watch needs a positive -interval and a -durable")}
+	}
 	if err := nf.Validate(); err != nil {
 		return cli.UsageError{Err: err}
 	}
@@ -199,6 +209,10 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 		return cli.UsageError{Err: err}
 	}
 	defer nc.Close()
+	if *watch {
+		return watchVerify(ctx, js, pool, verify.Options{Stream: *stream, Scope: *scope, Durable: *durable, Ledger: true,
+			Horizon: jsinbox.HorizonOptions{Retention: *retention, NakCap: *nakCap, Redrive: *redrive}}, *checkpoint, *httpAddr, *interval, log)
+	}
 	var progress func(read, total uint64)
 	if f, ok := stderr.(*os.File); ok && cli.IsTerminal(f) {
 		progress = func(read, total uint64) {
@@ -235,14 +249,17 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	return nil
 }
 
-// writeVerifyMetrics writes the report's violation count for Prometheus.
+// writeVerifyMetrics writes the report's violation counts by kind for
+// Prometheus, in the shape verify -watch serves them.
 func writeVerifyMetrics(path string, r *verify.Report) error {
 	reg := prometheus.NewRegistry()
-	v := prometheus.NewGauge(prometheus.GaugeOpts{Name: "jetinbox_verify_violations",
-		Help: "Broken invariants (lost, duplicated, unexpected, effect/row mismatches, balance mismatches) found by the last jetinbox verify."})
-	ts := prometheus.NewGauge(prometheus.GaugeOpts{Name: "jetinbox_verify_last_run_timestamp_seconds", Help: "When jetinbox verify last finished."})
+	v := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: verify.MetricViolations,
+		Help: "Broken invariants found by the last jetinbox verify, by kind (lost, duplicated, unexpected, effect_without_row, row_without_effect, balance_mismatch)."}, []string{"kind"})
+	ts := prometheus.NewGauge(prometheus.GaugeOpts{Name: verify.MetricLastRun, Help: "When jetinbox verify last finished."})
 	reg.MustRegister(v, ts)
-	v.Set(float64(r.Duplicated + r.Lost + r.Unexpected + r.EffectWithoutRow + r.RowWithoutEffect + r.BalanceMismatches))
+	for k, n := range r.Violations() {
+		v.WithLabelValues(k).Set(float64(n))
+	}
 	ts.SetToCurrentTime()
 	if err := prometheus.WriteToTextfile(path, reg); err != nil {
 		return fmt.Errorf("verify: -textfile: %w", err)

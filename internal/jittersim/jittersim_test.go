@@ -209,3 +209,20 @@ func TestMainFlags(t *testing.T) {
 		t.Errorf("Main with a canceled context = %v", err)
 	}
 }
+
+// TestMainWritesNoChartUnasked: without -chart, Main writes no file, in the
+// working directory or anywhere else.
+func TestMainWritesNoChartUnasked(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	var stdout, stderr bytes.Buffer
+	if err := jittersim.Main(context.Background(), []string{"-clients", "10", "-attempts", "2"}, &stdout, &stderr); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(stdout.String(), "chart:") {
+		t.Errorf("output names a chart:\n%s", stdout.String())
+	}
+	if ents, err := os.ReadDir(dir); err != nil || len(ents) > 0 {
+		t.Errorf("working directory after jitter without -chart: %v, %v", ents, err)
+	}
+}

@@ -70,13 +70,14 @@ func (c Config) validate() error {
 	return errors.Join(errs...)
 }
 
-// Main runs the `jitter` command: it parses args (without the command name), prints the storm
-// table and the overloaded-server table to stdout and writes the chart. With -h it prints the
-// usage to stderr and returns flag.ErrHelp.
+// Main runs the `jitter` command: it parses args (without the command name) and prints the
+// storm table and the overloaded-server table to stdout. It writes a chart only when -chart
+// names a file: nothing lands in the working directory unasked. With -h it prints the usage to
+// stderr and returns flag.ErrHelp.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c := DefaultConfig()
 	var seed uint64
-	chart := "jitter.svg"
+	var chart string
 	fs := flag.NewFlagSet("jitter", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -94,7 +95,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Uint64Var(&seed, "seed", uint64(c.Seed), "mulberry32 seed (taken modulo 2^32)")
 	fs.IntVar(&c.Capacity, "capacity", c.Capacity, "overloaded server: requests served per bucket")
 	fs.IntVar(&c.OverloadAttempts, "overload-attempts", c.OverloadAttempts, "overloaded server: retries before a client gives up")
-	fs.StringVar(&chart, "chart", chart, "chart file, SVG (or PNG for a .png name); empty: none")
+	fs.StringVar(&chart, "chart", chart, "also write a chart to this file, SVG (or PNG for a .png name); default: no chart")
 	if err := fs.Parse(args); err != nil {
 		return err // flag.ErrHelp for -h; the flag package printed the problem and the usage
 	}

@@ -3,8 +3,12 @@
 package verify
 
 import (
+	"cmp"
+	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"text/tabwriter"
 )
 
@@ -61,6 +65,76 @@ func (r *Report) Clean() bool {
 		r.RowWithoutEffect == 0 && r.BalanceMismatches == 0
 }
 
+// Violation kinds, as Violations, the JSON report and the
+// jetinbox_verify_violations{kind} metric name them.
+const (
+	KindDuplicated       = "duplicated"
+	KindLost             = "lost"
+	KindUnexpected       = "unexpected"
+	KindEffectWithoutRow = "effect_without_row"
+	KindRowWithoutEffect = "row_without_effect"
+	KindBalanceMismatch  = "balance_mismatch"
+)
+
+// ViolationKinds lists every violation kind, in the report's order.
+var ViolationKinds = []string{KindDuplicated, KindLost, KindUnexpected, KindEffectWithoutRow, KindRowWithoutEffect, KindBalanceMismatch}
+
+// Violations returns the count of each violation kind, every kind present
+// (zero included).
+func (r *Report) Violations() map[string]int {
+	return map[string]int{
+		KindDuplicated:       r.Duplicated,
+		KindLost:             r.Lost,
+		KindUnexpected:       r.Unexpected,
+		KindEffectWithoutRow: r.EffectWithoutRow,
+		KindRowWithoutEffect: r.RowWithoutEffect,
+		KindBalanceMismatch:  r.BalanceMismatches,
+	}
+}
+
+// ViolationCount is the number of broken invariants, all kinds together.
+func (r *Report) ViolationCount() int {
+	n := 0
+	for _, v := range r.Violations() {
+		n += v
+	}
+	return n
+}
+
+// MarshalJSON writes the report with an explicit "clean" and the violation
+// counts by kind ("violations") and in all ("violations_total") before the
+// report's own fields, so that a script need not know which fields are
+// violations.
+func (r *Report) MarshalJSON() ([]byte, error) {
+	type fields Report // the same fields, without this method
+	return json.Marshal(struct {
+		Clean           bool           `json:"clean"`
+		Violations      map[string]int `json:"violations"`
+		ViolationsTotal int            `json:"violations_total"`
+		*fields
+	}{r.Clean(), r.Violations(), r.ViolationCount(), (*fields)(r)})
+}
+
+// Count is a text and how many times it was found.
+type Count struct {
+	Text string `json:"text"`
+	N    int    `json:"n"`
+}
+
+// sortedCounts returns m's entries, most first, then by text.
+func sortedCounts(m map[string]int) []Count {
+	out := make([]Count, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, Count{k, m[k]})
+	}
+	slices.SortStableFunc(out, func(a, b Count) int { return cmp.Compare(b.N, a.N) })
+	return out
+}
+
+// RejectedReasons returns the rejected inbox rows grouped by reason (cut to
+// 80 characters), most first, then by reason.
+func (r *Report) RejectedReasons() []Count { return sortedCounts(r.RejectedByReason) }
+
 func (r *Report) example(format string, args ...any) {
 	if len(r.Examples) < 10 {
 		r.Examples = append(r.Examples, fmt.Sprintf(format, args...))
@@ -94,11 +168,11 @@ func (r *Report) WriteTable(w io.Writer) {
 	if r.Partial {
 		fmt.Fprintln(w, "   (a range of the stream: rows and effects of other IDs, and balances, were not judged)")
 	}
-	for status, n := range r.DeadByStatus {
-		fmt.Fprintf(w, "   dead letters %-10s %d\n", status+":", n)
+	for _, c := range sortedCounts(r.DeadByStatus) {
+		fmt.Fprintf(w, "   dead letters %-10s %d\n", c.Text+":", c.N)
 	}
-	for reason, n := range r.RejectedByReason {
-		fmt.Fprintf(w, "   rejected %5d  %s\n", n, reason)
+	for _, c := range r.RejectedReasons() {
+		fmt.Fprintf(w, "   rejected %5d  %s\n", c.N, c.Text)
 	}
 	for _, h := range r.Horizons {
 		fmt.Fprintln(w, "   horizon:", h)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -37,6 +38,10 @@ func (r Range) Validate() error {
 	return nil
 }
 
+// Partial reports whether the range selects a part of the stream rather
+// than all of it.
+func (r Range) Partial() bool { return r.partial() }
+
 func (r Range) partial() bool {
 	return r.FromSeq > 1 || r.ToSeq > 0 || !r.FromTime.IsZero() || !r.ToTime.IsZero()
 }
@@ -57,21 +62,40 @@ func ReadStream(ctx context.Context, js jetstream.JetStream, stream string) ([]M
 
 // ReadRange reads the messages of a range of stream, like ReadStream.
 func ReadRange(ctx context.Context, js jetstream.JetStream, stream string, rg Range, progress func(read, total uint64)) ([]Message, error) {
+	var out []Message
+	_, err := walkRange(ctx, js, stream, rg, 1000, progress, func(chunk []Message) error {
+		out = append(out, chunk...)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if out == nil {
+		out = []Message{}
+	}
+	return out, nil
+}
+
+// walkRange reads a range of stream with an ordered consumer and hands it
+// to fn in chunks of up to size messages, in stream order; a chunk is not
+// used after fn returns. It returns the last sequence of the range as the
+// stream stood when the walk began (ToSeq if earlier): no message after it
+// is read.
+func walkRange(ctx context.Context, js jetstream.JetStream, stream string, rg Range, size int, progress func(read, total uint64), fn func([]Message) error) (uint64, error) {
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
-		return nil, fmt.Errorf("verify: stream %s: %w", stream, err)
+		return 0, fmt.Errorf("verify: stream %s: %w", stream, err)
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("verify: stream %s: %w", stream, err)
+		return 0, fmt.Errorf("verify: stream %s: %w", stream, err)
 	}
 	last := info.State.LastSeq
 	if rg.ToSeq > 0 && rg.ToSeq < last {
 		last = rg.ToSeq
 	}
-	out := make([]Message, 0, min(info.State.Msgs, 1<<20))
 	if info.State.Msgs == 0 || last < max(rg.FromSeq, info.State.FirstSeq) {
-		return out, nil
+		return last, nil
 	}
 	occ := jetstream.OrderedConsumerConfig{}
 	switch {
@@ -82,48 +106,68 @@ func ReadRange(ctx context.Context, js jetstream.JetStream, stream string, rg Ra
 	}
 	oc, err := s.OrderedConsumer(ctx, occ)
 	if err != nil {
-		return nil, fmt.Errorf("verify: ordered consumer on %s: %w", stream, err)
+		return 0, fmt.Errorf("verify: ordered consumer on %s: %w", stream, err)
+	}
+	// One ordered consumer for the whole walk, pulled continuously: a
+	// Fetch per batch would replace (delete and create) the consumer each
+	// time. The server removes it when idle; verify needs no permission
+	// to delete consumers.
+	it, err := oc.Messages(jetstream.PullMaxMessages(min(max(size, 1), 1000)))
+	if err != nil {
+		return 0, fmt.Errorf("verify: ordered consumer on %s: %w", stream, err)
+	}
+	defer it.Stop()
+	size = max(size, 1)
+	chunk := make([]Message, 0, min(size, 1<<16))
+	read := 0
+	flush := func() error {
+		if len(chunk) == 0 {
+			return nil
+		}
+		err := fn(chunk)
+		chunk = chunk[:0]
+		return err
 	}
 	for {
-		batch, err := oc.Fetch(1000, jetstream.FetchMaxWait(2*time.Second))
+		nctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		m, err := it.Next(jetstream.NextContext(nctx))
+		cancel()
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return 0, ctx.Err()
+		case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout):
+			return 0, fmt.Errorf("verify: read %s: stopped at %d of %d messages", stream, read, info.State.Msgs)
+		case err != nil:
+			return 0, fmt.Errorf("verify: read %s: %w", stream, err)
+		}
+		md, err := m.Metadata()
 		if err != nil {
-			return nil, fmt.Errorf("verify: read %s: %w", stream, err)
+			return 0, fmt.Errorf("verify: read %s: %w", stream, err)
 		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			md, err := m.Metadata()
-			if err != nil {
-				return nil, fmt.Errorf("verify: read %s: %w", stream, err)
-			}
-			h := map[string]string{}
-			for k, v := range m.Headers() {
-				if len(v) > 0 {
-					h[k] = v[0]
-				}
-			}
-			if !rg.ToTime.IsZero() && md.Timestamp.After(rg.ToTime) {
-				return out, nil
-			}
-			out = append(out, Message{Seq: md.Sequence.Stream, ID: h[jetstream.MsgIDHeader], Payload: m.Data(), Header: h})
-			if progress != nil && len(out)%1000 == 0 {
-				progress(md.Sequence.Stream, last)
-			}
-			if md.Sequence.Stream >= last {
-				if progress != nil {
-					progress(last, last)
-				}
-				return out, nil
+		h := map[string]string{}
+		for k, v := range m.Headers() {
+			if len(v) > 0 {
+				h[k] = v[0]
 			}
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return nil, fmt.Errorf("verify: read %s: %w", stream, err)
+		if !rg.ToTime.IsZero() && md.Timestamp.After(rg.ToTime) {
+			return last, flush()
 		}
-		if n == 0 {
-			return nil, fmt.Errorf("verify: read %s: stopped at %d of %d messages", stream, len(out), info.State.Msgs)
+		chunk = append(chunk, Message{Seq: md.Sequence.Stream, ID: h[jetstream.MsgIDHeader], Payload: m.Data(), Header: h})
+		read++
+		if progress != nil && read%1000 == 0 {
+			progress(md.Sequence.Stream, last)
 		}
-		if err := ctx.Err(); err != nil {
-			return nil, err
+		if md.Sequence.Stream >= last {
+			if progress != nil {
+				progress(last, last)
+			}
+			return last, flush()
+		}
+		if len(chunk) >= size {
+			if err := flush(); err != nil {
+				return 0, err
+			}
 		}
 	}
 }

@@ -32,7 +32,7 @@ import (
 
 // Users are the NATS users of deploy/nats/auth.conf, by the prefix of the
 // variable that holds each one's public nkey there (PRODUCER_NKEY, …).
-var Users = []string{"producer", "consumer", "admin", "sys"}
+var Users = []string{"producer", "consumer", "verify", "admin", "sys"}
 
 // DBRoles are the PostgreSQL login roles of deploy/postgres/roles.sql that
 // get a password and a pgpass file.
@@ -114,6 +114,7 @@ func Generate(opts Options) (*Result, error) {
 		{"postgres", opts.PostgresHosts, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}},
 		{"producer", nil, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}},
 		{"consumer", nil, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}},
+		{"verify", nil, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}},
 		{"admin", nil, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}},
 	}
 	for _, l := range leaves {

@@ -56,7 +56,7 @@ func TestGenerate(t *testing.T) {
 	// Routes: a server's certificate is also its client certificate.
 	verify("nats-server", "", x509.ExtKeyUsageClientAuth)
 	verify("postgres", "postgres", x509.ExtKeyUsageServerAuth)
-	for _, u := range []string{"producer", "consumer", "admin"} {
+	for _, u := range []string{"producer", "consumer", "verify", "admin"} {
 		verify(u, "", x509.ExtKeyUsageClientAuth)
 		c := readCert(t, filepath.Join(dir, "tls", u+".pem"))
 		if _, err := c.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err == nil {

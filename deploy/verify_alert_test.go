@@ -1,0 +1,234 @@
+package deploy_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	prommodel "github.com/prometheus/common/model"
+	promconfig "github.com/prometheus/prometheus/config"
+	"github.com/prometheus/prometheus/discovery"
+	"github.com/prometheus/prometheus/model/rulefmt"
+	"github.com/prometheus/prometheus/promql"
+	"github.com/prometheus/prometheus/promql/promqltest"
+
+	"github.com/jetinbox/jetinbox/effects"
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/pipeline"
+	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/verify"
+)
+
+// TestVerifyAlertFiresOnAPlantedViolation runs the verifier as the verify
+// service does (jetinbox verify -watch: rounds from a checkpoint up to the
+// durable's settled messages) against real servers, scrapes its /metrics,
+// labels the samples with the job prometheus.yml scrapes it as, and
+// evaluates the JetinboxVerifyViolations expression from alerts.yml with
+// Prometheus's own engine: nothing on a clean pipeline, the duplicated kind
+// after a duplicated ledger entry is planted.
+func TestVerifyAlertFiresOnAPlantedViolation(t *testing.T) {
+	t.Parallel()
+	fsys := loadFiles(t)
+	expr := alertExpr(t, fsys, "JetinboxVerifyViolations")
+	job := scrapeJob(t, fsys, verifyTarget)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	pool, err := pgxpool.New(ctx, testenv.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamConfig{}, 16); err != nil {
+		t.Fatal(err)
+	}
+	proc, _ := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: effects.NewLedger()})
+	c, _ := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{Durable: "ledger"})
+	cctx, ccancel := context.WithCancel(ctx)
+	cdone := make(chan error, 1)
+	go func() { cdone <- c.Run(cctx) }()
+	defer func() {
+		ccancel()
+		if err := <-cdone; err != nil {
+			t.Error(err)
+		}
+	}()
+	pub, _ := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
+	defer pub.Close()
+	publishSettled := func(prefix string) {
+		t.Helper()
+		for _, in := range pipeline.Generate(pipeline.Load{Count: 40, Accounts: 16, Prefix: prefix}) {
+			if err := pub.Publish(ctx, in); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := pub.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := pipeline.WaitSettled(ctx, js, jsinbox.DefaultStream, "ledger", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	w, err := verify.NewWatch(js, pool, verify.Options{Scope: "ledger", Durable: "ledger", Ledger: true}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	if err := w.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	metrics := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer metrics.Close()
+	// A round judges up to the ack floor the round before saw: two rounds
+	// after the messages settled, they are judged.
+	rounds := func() {
+		t.Helper()
+		for range 2 {
+			if _, err := w.Round(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	publishSettled("a")
+	rounds()
+	if got := evalScraped(t, ctx, metrics.URL, job, expr); len(got) != 0 {
+		t.Fatalf("%s fires on a clean pipeline: %v", expr, got)
+	}
+	if cp := w.Checkpoint(); cp.Seq != 40 || cp.Checked != 40 {
+		t.Fatalf("checkpoint after the first messages: %+v", cp)
+	}
+
+	publishSettled("b")
+	if _, err := pool.Exec(ctx, `INSERT INTO ledger_entries (message_id, account, amount) SELECT message_id, account, amount FROM ledger_entries WHERE message_id = 'b-3'`); err != nil {
+		t.Fatal(err)
+	}
+	rounds()
+	got := evalScraped(t, ctx, metrics.URL, job, expr)
+	if len(got) != 1 || got[0].Metric.Get("kind") != verify.KindDuplicated || got[0].Metric.Get("job") != job || got[0].F != 1 {
+		t.Fatalf("%s after a planted duplicate: %v, want one sample {job=%q, kind=%q} 1", expr, got, job, verify.KindDuplicated)
+	}
+}
+
+// alertExpr returns the expression of the named alert in alerts.yml.
+func alertExpr(t *testing.T, fsys files, name string) string {
+	t.Helper()
+	b, err := fsys.get("prometheus/alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups, errs := rulefmt.Parse(b, false, prommodel.UTF8Validation, promQL, slog.New(slog.DiscardHandler))
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	for _, g := range groups.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == name {
+				return r.Expr
+			}
+		}
+	}
+	t.Fatalf("alerts.yml has no alert %s", name)
+	return ""
+}
+
+// scrapeJob returns the job prometheus.yml scrapes target in.
+func scrapeJob(t *testing.T, fsys files, target string) string {
+	t.Helper()
+	b, err := fsys.get("prometheus/prometheus.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := promconfig.Load(string(b), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range cfg.ScrapeConfigs {
+		for _, c := range sc.ServiceDiscoveryConfigs {
+			if st, ok := c.(discovery.StaticConfig); ok {
+				for _, g := range st {
+					if slices.ContainsFunc(g.Targets, func(ls prommodel.LabelSet) bool { return string(ls[prommodel.AddressLabel]) == target }) {
+						return sc.JobName
+					}
+				}
+			}
+		}
+	}
+	t.Fatalf("prometheus.yml scrapes no %s", target)
+	return ""
+}
+
+// evalScraped scrapes url as Prometheus would (adding job and instance),
+// stores the samples and evaluates expr over them.
+func evalScraped(t *testing.T, ctx context.Context, url, job, expr string) promql.Vector {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(prommodel.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var load strings.Builder
+	load.WriteString("load 1m\n")
+	for name, f := range fams {
+		for _, m := range f.GetMetric() {
+			var v float64
+			switch f.GetType() {
+			case dto.MetricType_GAUGE:
+				v = m.GetGauge().GetValue()
+			case dto.MetricType_COUNTER:
+				v = m.GetCounter().GetValue()
+			default:
+				continue
+			}
+			ls := []string{fmt.Sprintf("job=%q", job), fmt.Sprintf("instance=%q", verifyTarget)}
+			for _, l := range m.GetLabel() {
+				ls = append(ls, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			fmt.Fprintf(&load, "  %s{%s} %v\n", name, strings.Join(ls, ","), v)
+		}
+	}
+	storage := promqltest.LoadedStorage(t, load.String())
+	defer storage.Close()
+	engine := promqltest.NewTestEngine(t, false, 0, promqltest.DefaultMaxSamplesPerQuery)
+	q, err := engine.NewInstantQuery(ctx, storage, nil, expr, time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	res := q.Exec(ctx)
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	vec, err := res.Vector()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return vec
+}
