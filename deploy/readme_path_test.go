@@ -174,38 +174,16 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 		}
 		return env
 	}
-	var readRetries int
 	run := func(name, line string) string {
 		t.Helper()
 		var out []byte
 		var err error
 		began := time.Now()
-		for attempt := 1; ; attempt++ {
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-			cmd := exec.CommandContext(cctx, "sh", "-c", line)
-			cmd.Dir, cmd.Env = work, envFor(name)
-			out, err = cmd.CombinedOutput()
-			cancel()
-			// Known issue, not the roles: verify, replay and dlq read a
-			// stream with an ordered consumer's Fetch, which makes a new
-			// R1 consumer for every batch and pulls at once; on a cluster
-			// the pull can reach a server that has not yet heard of the new
-			// consumer's interest, nats.go reports "no responders" and does
-			// not retry a Fetch (internal/verify ReadRange,
-			// internal/app/replay.go). The commands only read (replay's dry
-			// run rolls back), so running them again is safe. Remove this
-			// once they retry the read themselves.
-			if err == nil || !strings.Contains(string(out), "no responders available for request") {
-				break
-			}
-			if attempt == 3 {
-				// Skipped, not failed, while the known issue stands; the
-				// single-server walk in internal/readme covers the commands.
-				t.Skipf("KNOWN ISSUE: %s failed %d times reading the stream: %s", line, attempt, strings.TrimSpace(lastOutputLines(string(out), 1)))
-			}
-			readRetries++
-			t.Logf("%s: %v: %s; again (attempt %d)", line, err, strings.TrimSpace(lastOutputLines(string(out), 1)), attempt+1)
-		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		cmd := exec.CommandContext(cctx, "sh", "-c", line)
+		cmd.Dir, cmd.Env = work, envFor(name)
+		out, err = cmd.CombinedOutput()
+		cancel()
 		if err != nil {
 			t.Fatalf("%s (as %v): %v\n%s", line, readmeRoles[name], err, lastOutputLines(string(out), 30))
 		}
@@ -347,9 +325,6 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 		t.Errorf("the consumer was refused by the server:\n%s", v)
 	}
 	t.Logf("consumer log (problems and the drain):\n%s", consumerLogSummary(consumerOut.String()))
-	if readRetries > 0 {
-		t.Logf("KNOWN ISSUE: reading a stream with an ordered consumer's Fetch failed with no responders %d times on the cluster (see run)", readRetries)
-	}
 	t.Logf("the README's path under the shipped roles: %v", time.Since(started).Round(time.Millisecond))
 }
 

@@ -150,36 +150,36 @@ func readDeadLetters(ctx context.Context, js jetstream.JetStream, stream, scope 
 		return nil, fmt.Errorf("dlq: read %s: %w", name, err)
 	}
 	last := s.CachedInfo().State.LastSeq
+	// Pulled continuously: nats.go restarts the ordered consumer on a
+	// server that lost it, which a Fetch per batch does not.
+	it, err := c.Messages(jetstream.PullMaxMessages(500))
+	if err != nil {
+		return nil, fmt.Errorf("dlq: read %s: %w", name, err)
+	}
+	defer it.Stop()
 	var out []deadLetter
-	for {
-		b, err := c.Fetch(500, jetstream.FetchMaxWait(2*time.Second))
+	for seq := uint64(0); seq < last; {
+		nctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		m, err := it.Next(jetstream.NextContext(nctx))
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("dlq: read %s: stopped at sequence %d of %d: %w", name, seq, last, err)
+		}
+		md, err := m.Metadata()
 		if err != nil {
 			return nil, fmt.Errorf("dlq: read %s: %w", name, err)
 		}
-		n, seq := 0, uint64(0)
-		for m := range b.Messages() {
-			n++
-			md, err := m.Metadata()
-			if err != nil {
-				return nil, fmt.Errorf("dlq: read %s: %w", name, err)
-			}
-			seq = md.Sequence.Stream
-			h := m.Headers()
-			if h.Get(jsinbox.HeaderScope) != scope || h.Get(jsinbox.HeaderStream) != stream {
-				continue
-			}
-			orig, _ := strconv.ParseUint(h.Get(jsinbox.HeaderStreamSeq), 10, 64)
-			out = append(out, deadLetter{seq: seq, id: h.Get(jsinbox.HeaderMessageID), status: h.Get(jsinbox.HeaderStatus),
-				reason: h.Get(jsinbox.HeaderReason), subject: strings.TrimPrefix(m.Subject(), jsinbox.DeadLetterPrefix),
-				origSeq: orig, deliveries: h.Get(jsinbox.HeaderDelivered), header: h, payload: m.Data(), deadLetteredAt: md.Timestamp})
+		seq = md.Sequence.Stream
+		h := m.Headers()
+		if h.Get(jsinbox.HeaderScope) != scope || h.Get(jsinbox.HeaderStream) != stream {
+			continue
 		}
-		if err := b.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return nil, fmt.Errorf("dlq: read %s: %w", name, err)
-		}
-		if seq >= last || n == 0 {
-			return out, nil
-		}
+		orig, _ := strconv.ParseUint(h.Get(jsinbox.HeaderStreamSeq), 10, 64)
+		out = append(out, deadLetter{seq: seq, id: h.Get(jsinbox.HeaderMessageID), status: h.Get(jsinbox.HeaderStatus),
+			reason: h.Get(jsinbox.HeaderReason), subject: strings.TrimPrefix(m.Subject(), jsinbox.DeadLetterPrefix),
+			origSeq: orig, deliveries: h.Get(jsinbox.HeaderDelivered), header: h, payload: m.Data(), deadLetteredAt: md.Timestamp})
 	}
+	return out, nil
 }
 
 // selection picks dead letters by ID, dead-letter sequence or reason.

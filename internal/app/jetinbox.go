@@ -162,7 +162,7 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	httpAddr := fs.String("http", ":9091", "-watch: address for /metrics and /healthz; empty disables")
 	checkpoint := fs.String("checkpoint", "", "-watch: keep the checkpoint (last sequence checked, violations so far) in this file across restarts; empty: in memory, a restart checks the stream from its start again")
 	textfile := fs.String("textfile", "", "also write jetinbox_verify_violations{kind} to this file in Prometheus text format (node_exporter's textfile collector); the JetinboxVerifyViolations alert reads the verify service's job (-watch), so point its job matcher here if you use this instead")
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	rg := verify.Range{FromSeq: *fromSeq, ToSeq: *toSeq}
@@ -198,7 +198,7 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	if err := cli.RequireDatabase(*dbURL); err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
+	log := cli.EnvLogger(stderr, env, slog.LevelInfo)
 	pool, err := cli.OpenDB(ctx, *dbURL, 4, log)
 	if err != nil {
 		return cli.UsageError{Err: err}

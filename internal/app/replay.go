@@ -230,17 +230,27 @@ func replay(ctx context.Context, js jetstream.JetStream, stream string, rg repla
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("replay: ordered consumer on %s: %w", stream, err)
 	}
+	// One ordered consumer pulled continuously: nats.go restarts it on a
+	// server that lost it (a cluster's leader change), which a Fetch per
+	// batch does not.
+	it, err := oc.Messages(jetstream.PullMaxMessages(batch))
+	if err != nil {
+		return nil, 0, 0, cli.UsageError{Err: fmt.Errorf("replay: read %s: %w", stream, err)}
+	}
+	defer it.Stop()
 	var first, seq uint64
 	for seq < last {
-		fetched, err := oc.Fetch(batch, jetstream.FetchMaxWait(2*time.Second))
-		if err != nil {
-			return nil, 0, 0, fmt.Errorf("replay: read %s: %w", stream, err)
-		}
 		msgs := make([]inbox.Message, 0, batch)
-		for m := range fetched.Messages() {
+		for len(msgs) < batch && seq < last {
+			nctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			m, err := it.Next(jetstream.NextContext(nctx))
+			cancel()
+			if err != nil {
+				return nil, 0, 0, cli.UsageError{Err: fmt.Errorf("replay: read %s: stopped at sequence %d of %d: %w", stream, seq, last, err)}
+			}
 			md, err := m.Metadata()
 			if err != nil {
-				return nil, 0, 0, fmt.Errorf("replay: read %s: %w", stream, err)
+				return nil, 0, 0, cli.UsageError{Err: fmt.Errorf("replay: read %s: %w", stream, err)}
 			}
 			if md.Sequence.Stream > last {
 				seq = last
@@ -256,13 +266,7 @@ func replay(ctx context.Context, js jetstream.JetStream, stream string, rg repla
 			im.Deliveries = 2
 			msgs = append(msgs, im)
 		}
-		if err := fetched.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return nil, 0, 0, fmt.Errorf("replay: read %s: %w", stream, err)
-		}
 		if len(msgs) == 0 {
-			if seq < last {
-				return nil, 0, 0, fmt.Errorf("replay: read %s: stopped at sequence %d of %d", stream, seq, last)
-			}
 			break
 		}
 		out, err := proc.Process(ctx, msgs)
