@@ -194,6 +194,15 @@ func (c *checker) chunk(msgs []Message) error {
 func (c *checker) read(ids []string) (map[string]row, map[string]int, error) {
 	rows := make(map[string]row, len(ids))
 	entries := map[string]int{}
+	// An ID the inbox would refuse (a NUL, invalid UTF-8, too long) has no
+	// row and no entry, and PostgreSQL cannot even take it as a parameter.
+	valid := ids[:0:0]
+	for _, id := range ids {
+		if inbox.ValidateID(id) == nil {
+			valid = append(valid, id)
+		}
+	}
+	ids = valid
 	if len(ids) == 0 {
 		return rows, entries, nil
 	}
