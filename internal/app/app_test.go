@@ -16,12 +16,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
+	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -184,22 +184,8 @@ func TestVerifyAndReplayCommands(t *testing.T) {
 func commandPipeline(t *testing.T, n int, prefix string) (*testenv.NATS, string, *pgxpool.Pool, jetstream.JetStream) {
 	t.Helper()
 	ctx := context.Background()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
-	dbURL := testenv.NewDatabase(t)
-	if err := Migrate(ctx, nil, mapEnv(map[string]string{"DATABASE_URL": dbURL}), nil, io.Discard, io.Discard); err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
+	e := pipelinetest.Start(t)
+	srv, dbURL, pool, js := e.NATS, e.DBURL, e.Pool, e.JS
 	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamConfig{}, 1024); err != nil {
 		t.Fatal(err)
 	}
@@ -358,22 +344,8 @@ func TestVerifyRangeAndScopeMistakes(t *testing.T) {
 func TestPruneHorizonBoundaries(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
-	dbURL := testenv.NewDatabase(t)
-	if err := Migrate(ctx, nil, mapEnv(map[string]string{"DATABASE_URL": dbURL}), nil, io.Discard, io.Discard); err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
+	e := pipelinetest.Start(t)
+	srv, dbURL, pool, js := e.NATS, e.DBURL, e.Pool, e.JS
 	// MaxAge 1h; 200 deliveries × (AckWait 30s + nak cap 30s) = 3h20m of
 	// redeliveries outlast it; dead letters are kept 30 days.
 	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamConfig{MaxAge: time.Hour, DuplicateWindow: 2 * time.Minute}, 4); err != nil {
@@ -433,23 +405,9 @@ FROM unnest(ARRAY[31*86400, 30*86400, 4*3600 + 22*60 + 3, 4*3600 + 21*60]) AS n`
 func TestReplayChangesNothingByDefault(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
-	dbURL := testenv.NewDatabase(t)
+	e := pipelinetest.Start(t)
+	srv, dbURL, pool, js := e.NATS, e.DBURL, e.Pool, e.JS
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL})
-	if err := Migrate(ctx, nil, env, nil, io.Discard, io.Discard); err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
 	// A short duplicate window, also the dead-letter stream's: a second
 	// dead letter for the same message would not be dropped as a copy.
 	const window = time.Second
@@ -500,7 +458,7 @@ func TestReplayChangesNothingByDefault(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	err = Replay(ctx, nil, env, nil, &out, io.Discard)
+	err := Replay(ctx, nil, env, nil, &out, io.Discard)
 	for _, want := range []string{"dry run", "duplicates (no effect)   99", "rejected before          2", "would apply              1"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("dry-run replay output lacks %q", want)

@@ -8,14 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 )
 
 // TestDLQRedrive: poison → dead letter → fix → re-drive → applied once.
@@ -26,23 +25,9 @@ import (
 func TestDLQRedrive(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
-	dbURL := testenv.NewDatabase(t)
+	e := pipelinetest.Start(t)
+	srv, dbURL, pool, js := e.NATS, e.DBURL, e.Pool, e.JS
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL})
-	if err := Migrate(ctx, nil, env, nil, io.Discard, io.Discard); err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
 	const window = 500 * time.Millisecond
 	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamConfig{DuplicateWindow: window}, 10); err != nil {
 		t.Fatal(err)

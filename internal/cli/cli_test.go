@@ -23,6 +23,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
+	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -286,23 +287,9 @@ func TestTracingOffUnlessConfigured(t *testing.T) {
 func commandPipeline(t *testing.T, n int, prefix string) (*testenv.NATS, string, *pgxpool.Pool, jetstream.JetStream) {
 	t.Helper()
 	ctx := context.Background()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
-	dbURL := testenv.NewDatabase(t)
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
-	// Setup migrates the schemas, as jetinbox migrate would.
-	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamConfig{}, 1024); err != nil {
-		t.Fatal(err)
-	}
+	// Migrated as jetinbox migrate would, with accounts opened.
+	e := pipelinetest.New(t, jsinbox.StreamConfig{}, 1024)
+	srv, dbURL, pool, js := e.NATS, e.DBURL, e.Pool, e.JS
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL()})
 	if err := Producer(ctx, []string{"-count", strconv.Itoa(n), "-prefix", prefix}, env, nil, io.Discard, io.Discard); err != nil {
 		t.Fatal(err)

@@ -7,13 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
@@ -27,22 +23,9 @@ func TestVerifyChunksGiveTheSameReport(t *testing.T) {
 	t.Parallel()
 	const n = 30000
 	ctx := context.Background()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
-	pool, err := pgxpool.New(ctx, testenv.NewDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
 	const window = time.Second
-	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamConfig{DuplicateWindow: window}, 16); err != nil {
-		t.Fatal(err)
-	}
+	e := pipelinetest.New(t, jsinbox.StreamConfig{DuplicateWindow: window}, 16)
+	js, pool := e.JS, e.Pool
 	pub, _ := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
 	defer pub.Close()
 	publish := func(ins ...jsinbox.Intent) {

@@ -10,13 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
-	"github.com/jetinbox/jetinbox/internal/pipeline"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
@@ -35,21 +32,8 @@ func TestVerifyPeakHeap(t *testing.T) {
 		t.Skip("set JETINBOX_VERIFY_HEAP_MESSAGES (e.g. 1000000) to run")
 	}
 	ctx := context.Background()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
-	pool, err := pgxpool.New(ctx, testenv.NewDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamConfig{}, 16); err != nil {
-		t.Fatal(err)
-	}
+	e := pipelinetest.New(t, jsinbox.StreamConfig{}, 16)
+	js, pool := e.JS, e.Pool
 	start := time.Now()
 	payload := func(i int) []byte { return fmt.Appendf(nil, `{"account":%d,"amount":%d}`, 1+i%16, 1+i%100) }
 	for i := range n {

@@ -14,6 +14,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
+	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
@@ -24,21 +25,8 @@ func TestMain(m *testing.M) { testenv.MainNoLeaks(m) }
 func settledPipeline(t *testing.T, n int) (jetstream.JetStream, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
-	pool, err := pgxpool.New(ctx, testenv.NewDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamConfig{}, 16); err != nil {
-		t.Fatal(err)
-	}
+	e := pipelinetest.New(t, jsinbox.StreamConfig{}, 16)
+	js, pool := e.JS, e.Pool
 	pub, _ := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
 	defer pub.Close()
 	for _, in := range pipeline.Generate(pipeline.Load{Count: n, Accounts: 16, Prefix: "v"}) {
@@ -170,22 +158,9 @@ func consumeSettled(t *testing.T, js jetstream.JetStream, pool *pgxpool.Pool) {
 func TestVerifyTrustsDeadLettersByHeader(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
-	pool, err := pgxpool.New(ctx, testenv.NewDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
 	const window = time.Second
-	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamConfig{DuplicateWindow: window}, 16); err != nil {
-		t.Fatal(err)
-	}
+	e := pipelinetest.New(t, jsinbox.StreamConfig{DuplicateWindow: window}, 16)
+	js, pool := e.JS, e.Pool
 	pub, _ := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
 	defer pub.Close()
 	publish := func(ins ...jsinbox.Intent) {
