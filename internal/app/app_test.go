@@ -115,18 +115,7 @@ func TestVerifyAndReplayCommands(t *testing.T) {
 	ctx := context.Background()
 	srv, dbURL, pool, js := commandPipeline(t, 300, "vr")
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL})
-	cctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- cli.Consumer(cctx, []string{"-http", ""}, env, io.Discard, io.Discard) }()
-	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
-	defer wcancel()
-	if err := pipeline.WaitSettled(wctx, js, jsinbox.DefaultStream, "ledger", nil); err != nil {
-		t.Fatal(err)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	consumeSettled(t, env, js)
 
 	var out bytes.Buffer
 	if err := Verify(ctx, nil, env, nil, &out, io.Discard); err != nil {
@@ -538,5 +527,25 @@ func TestEveryDocumentedCommandExists(t *testing.T) {
 		if code := cli.ExitCode(err); code != 0 {
 			t.Errorf("jetinbox %s -h: exit %d (%v)\n%s", name, code, err, out.String())
 		}
+	}
+}
+
+// consumeSettled runs the consumer command (as the binary would, with env)
+// until the durable has settled the whole stream, then stops it; the
+// consumer must return nil.
+func consumeSettled(t *testing.T, env cli.Env, js jetstream.JetStream) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cli.Consumer(ctx, []string{"-http", ""}, env, io.Discard, io.Discard) }()
+	wctx, wcancel := context.WithTimeout(context.Background(), time.Minute)
+	defer wcancel()
+	err := pipeline.WaitSettled(wctx, js, jsinbox.DefaultStream, "ledger", nil)
+	cancel()
+	if cerr := <-done; cerr != nil {
+		t.Fatal(cerr)
+	}
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -41,22 +41,7 @@ func TestDLQRedrive(t *testing.T) {
 	publish("ok-1", `{"account":1,"amount":5}`)
 	publish("to-999", `{"account":999,"amount":42}`)
 	publish("bad-json", `{"account":1,`)
-	consume := func() {
-		t.Helper()
-		cctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- cli.Consumer(cctx, []string{"-http", ""}, env, io.Discard, io.Discard) }()
-		wctx, wcancel := context.WithTimeout(ctx, time.Minute)
-		defer wcancel()
-		if err := pipeline.WaitSettled(wctx, js, jsinbox.DefaultStream, "ledger", nil); err != nil {
-			t.Fatal(err)
-		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-	}
-	consume()
+	consumeSettled(t, env, js)
 	run := func(args ...string) (string, error) {
 		var out bytes.Buffer
 		err := Jetinbox(ctx, append([]string{"dlq"}, args...), env, nil, &out, io.Discard)
@@ -81,7 +66,7 @@ func TestDLQRedrive(t *testing.T) {
 	if out, err := run("-redrive", "-id", "to-999"); err != nil || !strings.Contains(out, "re-driven 1,") {
 		t.Fatalf("dlq -redrive: %v\n%s", err, out)
 	}
-	consume()
+	consumeSettled(t, env, js)
 	var bal int64
 	if err := pool.QueryRow(ctx, `SELECT balance FROM accounts WHERE id = 999`).Scan(&bal); err != nil || bal != 42 {
 		t.Fatalf("account 999 balance %d, %v: want the re-driven 42", bal, err)
@@ -91,7 +76,7 @@ func TestDLQRedrive(t *testing.T) {
 	if out, err := run("-redrive", "-all"); err != nil || !strings.Contains(out, "already applied 1") {
 		t.Fatalf("second re-drive: %v\n%s", err, out)
 	}
-	consume()
+	consumeSettled(t, env, js)
 	if err := Verify(ctx, nil, env, nil, io.Discard, io.Discard); err != nil {
 		var b bytes.Buffer
 		_ = Verify(ctx, nil, env, nil, &b, io.Discard)

@@ -10,9 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jetinbox/jetinbox/inbox/jsinbox"
-	"github.com/jetinbox/jetinbox/internal/cli"
-	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
@@ -26,18 +23,7 @@ func TestVerifyWatchServesViolations(t *testing.T) {
 	ctx := context.Background()
 	srv, dbURL, pool, js := commandPipeline(t, 200, "vw")
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL})
-	cctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- cli.Consumer(cctx, []string{"-http", ""}, env, io.Discard, io.Discard) }()
-	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
-	defer wcancel()
-	if err := pipeline.WaitSettled(wctx, js, jsinbox.DefaultStream, "ledger", nil); err != nil {
-		t.Fatal(err)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	consumeSettled(t, env, js)
 	if _, err := pool.Exec(ctx, `INSERT INTO ledger_entries (message_id, account, amount) SELECT message_id, account, amount FROM ledger_entries WHERE message_id = 'vw-3'`); err != nil {
 		t.Fatal(err)
 	}
