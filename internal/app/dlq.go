@@ -137,8 +137,16 @@ func (d deadLetter) print(w io.Writer) {
 // consumer, which disturbs nobody.
 func readDeadLetters(ctx context.Context, js jetstream.JetStream, stream, scope string) ([]deadLetter, error) {
 	name := jsinbox.DeadLetterStream(stream)
+	if _, err := js.Stream(ctx, stream); err != nil {
+		return nil, streamMissing("dlq", stream, err)
+	}
 	s, err := js.Stream(ctx, name)
 	if err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, fmt.Errorf("dlq: dead-letter stream %s not found: no consumer of %s has dead-lettered "+
+				"anything yet, or the server was set up without it (nats stream add %s --config deploy/jetstream/dlq-stream.json): %w",
+				name, stream, name, err)
+		}
 		return nil, fmt.Errorf("dlq: %s: %w", name, err)
 	}
 	total := s.CachedInfo().State.Msgs

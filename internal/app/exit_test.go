@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"path"
 	"strings"
 	"testing"
 
@@ -55,5 +56,41 @@ func TestExitCodeConvention(t *testing.T) {
 	var top bytes.Buffer
 	if err := Jetinbox(context.Background(), []string{"-h"}, mapEnv(nil), nil, io.Discard, &top); err != nil || !strings.Contains(top.String(), cli.ExitCodes) {
 		t.Errorf("jetinbox -h: %v, exit codes stated: %v", err, strings.Contains(top.String(), cli.ExitCodes))
+	}
+}
+
+// TestServerRefusalsExitTwo: a stream the server does not have, or a
+// database that does not exist, is a configuration error in every command
+// that reads them: exit 2 (never verify's 1 for violations) with a message
+// that says what to check.
+func TestServerRefusalsExitTwo(t *testing.T) {
+	t.Parallel()
+	srv, dbURL, _, _ := commandPipeline(t, 0, "cfg")
+	noDB := strings.Replace(dbURL, "/"+path.Base(strings.SplitN(dbURL, "?", 2)[0]), "/no_such_database", 1)
+	cases := []struct {
+		name string
+		args []string
+		db   string
+		want string
+	}{
+		{"verify", []string{"verify", "-stream", "NOPE"}, dbURL, "stream NOPE not found"},
+		{"replay", []string{"replay", "-stream", "NOPE"}, dbURL, "stream NOPE not found"},
+		{"dlq", []string{"dlq", "-stream", "NOPE"}, dbURL, "stream NOPE not found"},
+		{"prune", []string{"prune", "-stream", "NOPE", "-older-than", "2000h"}, dbURL, "NOPE"},
+		{"verify-db", []string{"verify"}, noDB, "no_such_database"},
+		{"accounts-db", []string{"accounts", "-list"}, noDB, "no_such_database"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": c.db})
+			var stderr bytes.Buffer
+			err := Jetinbox(context.Background(), c.args, env, nil, io.Discard, &stderr)
+			if got := cli.ExitCode(err); got != 2 {
+				t.Fatalf("jetinbox %v: exit %d, want 2 (err %v)", c.args, got, err)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("jetinbox %v: %v, want it to mention %q", c.args, err, c.want)
+			}
+		})
 	}
 }

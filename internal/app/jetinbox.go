@@ -227,7 +227,7 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	r, err := verify.Run(ctx, js, pool, verify.Options{Stream: *stream, Scope: *scope, Durable: *durable, Ledger: true,
 		Range: rg, Horizon: jsinbox.HorizonOptions{Retention: *retention, NakCap: *nakCap, Redrive: *redrive}, Progress: progress})
 	if err != nil {
-		return cli.UsageError{Err: err}
+		return cli.UsageError{Err: streamMissing("verify", *stream, err)}
 	}
 	if *textfile != "" {
 		if err := writeVerifyMetrics(*textfile, r); err != nil {

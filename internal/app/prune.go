@@ -111,3 +111,15 @@ func readHorizon(ctx context.Context, js jetstream.JetStream, stream, durable st
 	}
 	return jsinbox.ComputeHorizon(in)
 }
+
+// streamMissing turns a stream the server does not have into an error that
+// says what to check, and leaves other errors alone. Either way the command
+// exits 2 on it (cli.IsConfigError).
+func streamMissing(cmd, stream string, err error) error {
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return err
+	}
+	return fmt.Errorf("%s: stream %s not found on this server: check -stream (JETINBOX_STREAM) and the server or "+
+		"context you connected to; the producer creates it, or nats stream add %s --config deploy/jetstream/intents-stream.json: %w",
+		cmd, stream, stream, err)
+}

@@ -209,10 +209,16 @@ func replay(ctx context.Context, js jetstream.JetStream, stream string, rg repla
 	counts := &replayCounts{seen: map[string]inbox.Status{}}
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, 0, 0, streamMissing("replay", stream, err)
+		}
 		return nil, 0, 0, fmt.Errorf("replay: stream %s: %w", stream, err)
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, 0, 0, streamMissing("replay", stream, err)
+		}
 		return nil, 0, 0, fmt.Errorf("replay: stream %s: %w", stream, err)
 	}
 	last := info.State.LastSeq

@@ -7,6 +7,12 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 )
 
 // ExitCodes is the exit-code convention of every command (consumer,
@@ -60,8 +66,9 @@ func IsFlagError(err error) bool {
 }
 
 // ExitCode maps a command's error to a process exit code: 0 success and
-// -h, 2 usage and configuration errors (a UsageError or a flag parse
-// error), 1 otherwise.
+// -h, 2 usage and configuration errors (a UsageError, a flag parse error,
+// or a server refusing what the operator configured: see IsConfigError),
+// 1 otherwise.
 func ExitCode(err error) int {
 	var u UsageError
 	switch {
@@ -69,10 +76,47 @@ func ExitCode(err error) int {
 		return 0
 	case errors.Is(err, flag.ErrHelp):
 		return 0
-	case errors.As(err, &u), IsFlagError(err):
+	case errors.As(err, &u), IsFlagError(err), IsConfigError(err):
 		return 2
 	}
 	return 1
+}
+
+// configSQLStates are PostgreSQL's answers that no retry can change: the
+// operator must fix a password, a database name, a grant or a migration.
+var configSQLStates = map[string]bool{
+	"28000": true, // invalid_authorization_specification (pg_hba.conf refused)
+	"28P01": true, // invalid_password
+	"3D000": true, // invalid_catalog_name: no such database
+	"3F000": true, // invalid_schema_name
+	"42501": true, // insufficient_privilege: a missing grant
+	"42P01": true, // undefined_table: the schema is not migrated
+}
+
+// IsConfigError reports whether err, or an error it wraps, is the servers
+// refusing the configuration a command was given: a stream or durable that
+// does not exist or is unsafe (jsinbox.SetupError), a NATS permission or
+// authorization refusal, or a PostgreSQL login, database, grant or schema
+// error. Such errors exit 2 in every command, like a bad flag: retrying
+// cannot help until an operator changes something.
+func IsConfigError(err error) bool {
+	var setup *jsinbox.SetupError
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return false
+	case errors.As(err, &setup),
+		errors.Is(err, jetstream.ErrStreamNotFound),
+		errors.Is(err, jetstream.ErrConsumerNotFound),
+		errors.Is(err, nats.ErrPermissionViolation),
+		errors.Is(err, nats.ErrAuthorization),
+		errors.Is(err, nats.ErrAuthExpired),
+		errors.Is(err, nats.ErrAuthRevoked):
+		return true
+	case errors.As(err, &pgErr):
+		return configSQLStates[pgErr.Code]
+	}
+	return false
 }
 
 // ReportError writes a command's final error to stderr, once: a JSON log
