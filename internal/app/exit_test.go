@@ -53,6 +53,19 @@ func TestExitCodeConvention(t *testing.T) {
 			t.Errorf("jetinbox %s -h does not state the exit codes", name)
 		}
 	}
+	// Values that parse but are out of range are usage errors too, before
+	// any server starts.
+	for _, args := range [][]string{
+		{"bench", "-n", "-5"}, {"bench", "-rate", "0"}, {"bench", "-only", "fast"}, {"bench", "-latency", "-1s"},
+		{"chaos", "-crash", "1.5"}, {"chaos", "-poison", "-0.1"}, {"chaos", "-drop-publish", "NaN"},
+		{"chaos", "-intents", "0"}, {"chaos", "-give-ups", "-1"}, {"chaos", "-producers", "sometimes"},
+		{"jitter", "-clients", "-3"}, {"jitter", "-cap", "1ms", "-base", "1s"}, {"jitter", "extra"},
+	} {
+		err := Jetinbox(context.Background(), args, mapEnv(nil), nil, io.Discard, io.Discard)
+		if got := cli.ExitCode(err); got != 2 || !strings.Contains(err.Error(), "-"+strings.TrimPrefix(args[1], "-")) && args[1] != "extra" {
+			t.Errorf("jetinbox %v: exit %d, want 2 naming the flag (err %v)", args, got, err)
+		}
+	}
 	var top bytes.Buffer
 	if err := Jetinbox(context.Background(), []string{"-h"}, mapEnv(nil), nil, io.Discard, &top); err != nil || !strings.Contains(top.String(), cli.ExitCodes) {
 		t.Errorf("jetinbox -h: %v, exit codes stated: %v", err, strings.Contains(top.String(), cli.ExitCodes))

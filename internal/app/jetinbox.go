@@ -49,14 +49,14 @@ func commands() map[string]command {
 		}},
 		"replay": {"run a stream range through the inbox again, rolled back unless -apply: what would it change?", Replay},
 		"prune":  {"delete one scope's inbox rows older than a horizon the servers say is safe", Prune},
-		"bench": {"raw pipe vs naive vs jetinbox on the same messages, with latency and memory", func(ctx context.Context, args []string, _ cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
-			return bench.Main(ctx, args, stdout, stderr)
+		"bench": {"raw pipe vs naive vs jetinbox on the same messages, with latency and memory", func(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
+			return bench.Main(ctx, args, stdout, cli.ProgressWriter(stderr, env))
 		}},
-		"chaos": {"producer strategies × consumer strategies under faults, on real servers", func(ctx context.Context, args []string, _ cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
-			return chaos.Main(ctx, args, stdout, stderr)
+		"chaos": {"producer strategies × consumer strategies under faults, on real servers", func(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
+			return chaos.Main(ctx, args, stdout, cli.ProgressWriter(stderr, env))
 		}},
-		"jitter": {"a retry storm of 1000 clients under each jitter policy, plus an overloaded server; -chart FILE draws it", func(ctx context.Context, args []string, _ cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
-			return jittersim.Main(ctx, args, stdout, stderr)
+		"jitter": {"a retry storm of 1000 clients under each jitter policy, plus an overloaded server; -chart FILE draws it", func(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
+			return jittersim.Main(ctx, args, stdout, cli.ProgressWriter(stderr, env))
 		}},
 	}
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
@@ -76,10 +77,39 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if o.N < 1 || o.Batch < 1 || o.InFlight < 1 || o.Rounds < 1 || o.Consumers < 1 {
-		return errors.New("bench: -n, -batch, -inflight, -consumers and -rounds must be positive")
+	if err := o.validate(fs.NArg()); err != nil {
+		return cli.UsageError{Err: fmt.Errorf("bench: %w", err)}
 	}
 	return Run(ctx, o, stdout, stderr)
+}
+
+// validate reports every flag out of its range at once.
+func (o Options) validate(extra int) error {
+	var errs []error
+	for _, f := range []struct {
+		name   string
+		v, min int
+	}{
+		{"n", o.N, 1}, {"naive-max", o.NaiveMax, 1}, {"accounts", o.Accounts, 1}, {"batch", o.Batch, 1},
+		{"inflight", o.InFlight, 1}, {"consumers", o.Consumers, 1}, {"rounds", o.Rounds, 1},
+		{"payload-pad", o.PayloadPad, 0}, {"publish-batch", o.PubBatch, 0}, {"rate", o.Rate, 1},
+	} {
+		if f.v < f.min {
+			errs = append(errs, fmt.Errorf("-%s %d: must be at least %d", f.name, f.v, f.min))
+		}
+	}
+	if o.Latency < 0 {
+		errs = append(errs, fmt.Errorf("-latency %v: must not be negative", o.Latency))
+	}
+	for _, a := range strings.Split(o.Only, ",") {
+		if a != "" && !slices.Contains([]string{"raw", "naive", "jetinbox"}, a) {
+			errs = append(errs, fmt.Errorf("-only %q: want raw, naive or jetinbox", a))
+		}
+	}
+	if extra > 0 {
+		errs = append(errs, fmt.Errorf("unexpected arguments"))
+	}
+	return errors.Join(errs...)
 }
 
 type result struct {

@@ -7,6 +7,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
@@ -83,15 +85,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	o.Producers, o.Consumers = strings.Split(prods, ","), strings.Split(cons, ",")
-	for _, p := range o.Producers {
-		if !slices.Contains(Producers, p) {
-			return fmt.Errorf("chaos: unknown producer strategy %q", p)
-		}
-	}
-	for _, c := range o.Consumers {
-		if !slices.Contains(Consumers, c) {
-			return fmt.Errorf("chaos: unknown consumer strategy %q", c)
-		}
+	if err := o.validate(fs.NArg()); err != nil {
+		return cli.UsageError{Err: fmt.Errorf("chaos: %w", err)}
 	}
 	if o.Duration > 0 {
 		o.Producers, o.Consumers = []string{"stable-id", "stable-id-batch"}, []string{"jetinbox"}
@@ -116,6 +111,42 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// validate reports every flag out of its range at once.
+func (o Options) validate(extra int) error {
+	var errs []error
+	for _, p := range o.Producers {
+		if !slices.Contains(Producers, p) {
+			errs = append(errs, fmt.Errorf("-producers: unknown strategy %q", p))
+		}
+	}
+	for _, c := range o.Consumers {
+		if !slices.Contains(Consumers, c) {
+			errs = append(errs, fmt.Errorf("-consumers: unknown strategy %q", c))
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"drop-publish", o.DropPublish}, {"lose-puback", o.LosePubAck}, {"crash", o.Crash}, {"lose-ack", o.LoseAck}, {"poison", o.Poison}} {
+		if !(f.v >= 0 && f.v < 1) { // also refuses NaN
+			errs = append(errs, fmt.Errorf("-%s %v: want a fraction in [0, 1)", f.name, f.v))
+		}
+	}
+	if o.Intents < 1 {
+		errs = append(errs, fmt.Errorf("-intents %d: must be at least 1", o.Intents))
+	}
+	if o.GiveUps < 0 || o.GiveUps > o.Intents {
+		errs = append(errs, fmt.Errorf("-give-ups %d: want 0 to -intents (%d)", o.GiveUps, o.Intents))
+	}
+	if o.Duration < 0 {
+		errs = append(errs, fmt.Errorf("-duration %v: must not be negative", o.Duration))
+	}
+	if extra > 0 {
+		errs = append(errs, errors.New("unexpected arguments"))
+	}
+	return errors.Join(errs...)
 }
 
 // Guaranteed reports whether a row runs a combination the guarantee covers:

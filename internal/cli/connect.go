@@ -7,6 +7,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -329,3 +331,39 @@ func durationsAsStrings(_ []string, a slog.Attr) slog.Attr {
 // IsTerminal reports whether f is a terminal (not merely a character
 // device such as /dev/null).
 func IsTerminal(f *os.File) bool { return term.IsTerminal(int(f.Fd())) }
+
+// ProgressWriter is where a measuring command (bench, chaos, jitter) writes
+// its progress lines: w itself when JETINBOX_LOG_FORMAT is text (the
+// default for operator commands), else a writer that turns each line into
+// one JSON log record, so a log collector reading stderr sees only JSON.
+func ProgressWriter(w io.Writer, env Env) io.Writer {
+	format := env.Or("JETINBOX_LOG_FORMAT", "text")
+	if logFormat(w, format) == "text" {
+		return w
+	}
+	return &lineLogger{log: NewLogger(w, "json", slog.LevelInfo)}
+}
+
+// lineLogger logs every complete line written to it as one record; a
+// partial line waits for its newline. Safe for concurrent writers.
+type lineLogger struct {
+	mu  sync.Mutex
+	log *slog.Logger
+	buf []byte
+}
+
+func (l *lineLogger) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf = append(l.buf, p...)
+	for {
+		i := bytes.IndexByte(l.buf, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		if line := strings.TrimRight(string(l.buf[:i]), "\r"); strings.TrimSpace(line) != "" {
+			l.log.Info(line)
+		}
+		l.buf = l.buf[i+1:]
+	}
+}

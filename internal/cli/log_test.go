@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -68,5 +69,29 @@ func TestLogsAndFatalLine(t *testing.T) {
 	ReportError(&out, "consumer", nil, mapEnv(nil), "text", nil)
 	if out.Len() != 0 {
 		t.Errorf("printed for success: %q", out.String())
+	}
+}
+
+// TestProgressWriterJSON: under JETINBOX_LOG_FORMAT=json every progress
+// line, even one written in pieces, is one JSON record; text passes through.
+func TestProgressWriterJSON(t *testing.T) {
+	var buf bytes.Buffer
+	w := ProgressWriter(&buf, mapEnv(map[string]string{"JETINBOX_LOG_FORMAT": "json"}))
+	fmt.Fprint(w, "raw      50000 msgs ")
+	fmt.Fprintln(w, "in 1.2s")
+	fmt.Fprint(w, "\nnaive    done\n")
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("want 2 records, got %q", buf.String())
+	}
+	for i, want := range []string{"raw      50000 msgs in 1.2s", "naive    done"} {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(lines[i]), &rec); err != nil || rec["msg"] != want {
+			t.Errorf("line %d %q: %v, msg %v, want %q", i, lines[i], err, rec["msg"], want)
+		}
+	}
+	var text bytes.Buffer
+	if w := ProgressWriter(&text, mapEnv(nil)); w != io.Writer(&text) {
+		t.Error("text format must write progress unchanged")
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
@@ -100,11 +101,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err // flag.ErrHelp for -h; the flag package printed the problem and the usage
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("jitter: unexpected arguments %q", fs.Args())
+		return cli.UsageError{Err: fmt.Errorf("jitter: unexpected arguments %q", fs.Args())}
 	}
 	c.Seed = uint32(seed & math.MaxUint32)
 	if err := c.validate(); err != nil {
-		return fmt.Errorf("jitter: %w", err)
+		return cli.UsageError{Err: fmt.Errorf("jitter: %w", err)}
 	}
 
 	rows := Storm(c)
