@@ -44,9 +44,12 @@ type Options struct {
 	PubBatch   int
 	Latency    time.Duration
 	Rate       int
-	Only       string
-	CPUProfile string
-	ChildRSS   bool
+	// LoadLatency adds a latency phase at half the measured jetinbox
+	// maximum to the low-load one.
+	LoadLatency bool
+	Only        string
+	CPUProfile  string
+	ChildRSS    bool
 }
 
 // Main is `jetinbox bench`.
@@ -61,12 +64,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.Batch, "batch", 6000, "jetinbox: most messages per transaction")
 	fs.IntVar(&o.InFlight, "inflight", 2, "jetinbox: batches in flight")
 	fs.IntVar(&o.Consumers, "consumers", 1, "jetinbox: consumers on the durable, each with its own processor and connections")
-	fs.IntVar(&o.Rounds, "rounds", 1, "rounds; the median is reported")
+	fs.IntVar(&o.Rounds, "rounds", 5, "rounds; rates and ratios are the median over rounds, ratios paired round by round")
 	fs.IntVar(&o.PayloadPad, "payload-pad", 0, "extra payload bytes per message")
 	fs.IntVar(&o.PubBatch, "publish-batch", 0, "producer: intents per JetStream atomic batch (0: one publish per intent)")
 	fs.BoolVar(&o.SyncAlways, "sync-always", false, "JetStream fsyncs every write (production setting; the producer rate drops)")
-	fs.DurationVar(&o.Latency, "latency", 5*time.Second, "length of the low-load latency phase (0 skips it)")
-	fs.IntVar(&o.Rate, "rate", 1000, "offered msg/s in the latency phase")
+	fs.DurationVar(&o.Latency, "latency", 5*time.Second, "length of each latency phase (0 skips them)")
+	fs.IntVar(&o.Rate, "rate", 1000, "offered msg/s in the low-load latency phase")
+	fs.BoolVar(&o.LoadLatency, "load-latency", true, "also measure latency at half the measured jetinbox maximum")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a Go CPU profile of the consuming phases (NATS server included) to this file")
 	fs.BoolVar(&o.ChildRSS, "child", true, "also run the consumer as its own process over the same messages and report its peak RSS (memory is bounded by batch × in-flight, not by the stream)")
 	fs.StringVar(&o.Only, "only", "", "run only these approaches, comma separated: raw,naive,jetinbox")
@@ -119,10 +123,38 @@ type result struct {
 	lat   []time.Duration // publish-to-commit, latency phase
 }
 
-func (r *result) rate() float64 {
-	s := slices.Clone(r.rates)
+func (r *result) rate() float64 { return median(r.rates) }
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
 	slices.Sort(s)
+	if len(s)%2 == 0 {
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
 	return s[len(s)/2]
+}
+
+// ratio is the median of per-round ratios with their range.
+type ratio struct{ med, lo, hi float64 }
+
+// ratios pairs a's and b's rates round by round (the approaches ran one
+// after another within a round, on the same machine state) and summarises
+// a/b: a median of each approach's rates could pair a fast round of one
+// with a slow round of the other.
+func ratios(a, b []float64) ratio {
+	n := min(len(a), len(b))
+	r := make([]float64, n)
+	for i := range n {
+		r[i] = a[i] / b[i]
+	}
+	return ratio{med: median(r), lo: slices.Min(r), hi: slices.Max(r)}
+}
+
+func (r ratio) String() string {
+	if r.lo == r.hi {
+		return fmt.Sprintf("%.2fx", r.med)
+	}
+	return fmt.Sprintf("%.2fx (%.2f–%.2f)", r.med, r.lo, r.hi)
 }
 
 // Run runs the benchmark.
@@ -276,23 +308,32 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		}
 	}
 
-	var lat []time.Duration
+	var lats []*latencyRun
 	if o.Latency > 0 && want("jetinbox") {
-		// Low load is measured on its own, not alongside PostgreSQL
-		// cleaning up after the throughput phases.
-		if err := pg.Settle(ctx, 30*time.Second); err != nil {
-			return err
+		// Latency at a low rate and at half the measured jetinbox maximum,
+		// each measured on its own, not alongside PostgreSQL cleaning up
+		// after the phase before.
+		rates := []int{o.Rate}
+		if j := results["jetinbox"]; j != nil && o.LoadLatency {
+			rates = append(rates, max(o.Rate, int(j.rate()/2)))
 		}
-		lat, err = latencyPhase(ctx, js, pg, o)
-		if err != nil {
-			return err
+		for i, rate := range rates {
+			if err := pg.Settle(ctx, 30*time.Second); err != nil {
+				return err
+			}
+			run, err := latencyPhase(ctx, js, pg, o, rate, fmt.Sprintf("latency_%d", i))
+			if err != nil {
+				return err
+			}
+			say("latency phase at %d msg/s offered (%.0f achieved): p50 %v p99 %v", rate, run.achieved, pct(run.lat, 50), pct(run.lat, 99))
+			lats = append(lats, run)
 		}
 	}
 
 	fmt.Fprintf(stdout, "\njetinbox bench: %d messages, %d accounts%s, %d consumer(s), batch ≤ %d, %d in flight, payload %d B, %d round(s), median\n",
 		o.N, o.Accounts, map[bool]string{true: " (hot: all on account 1)"}[o.Hot], o.Consumers, o.Batch, o.InFlight, payloadSize, o.Rounds)
 	fmt.Fprintf(stdout, "producer: %.0f msg/s into a local stream (sync_interval always: %v, %s)\n\n", pubRate, o.SyncAlways, pubMode(o.PubBatch))
-	fmt.Fprintf(stdout, "%-38s %10s %9s\n", "approach", "msg/s", "vs raw")
+	fmt.Fprintf(stdout, "%-38s %10s  %s\n", "approach", "msg/s", "vs raw (median of per-round ratios, min–max)")
 	raw := results["raw"]
 	for _, name := range []string{"raw", "naive", "jetinbox"} {
 		r := results[name]
@@ -306,16 +347,20 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		}[name]
 		vs := "-"
 		if raw != nil {
-			vs = fmt.Sprintf("%.2fx", r.rate()/raw.rate())
+			vs = ratios(r.rates, raw.rates).String()
 		}
-		fmt.Fprintf(stdout, "%-38s %10.0f %9s\n", label, r.rate(), vs)
+		fmt.Fprintf(stdout, "%-38s %10.0f  %s\n", label, r.rate(), vs)
 	}
 	if j, n := results["jetinbox"], results["naive"]; j != nil && n != nil {
-		fmt.Fprintf(stdout, "\njetinbox / naive: %.1fx\n", j.rate()/n.rate())
+		fmt.Fprintf(stdout, "\njetinbox / naive: %s\n", ratios(j.rates, n.rates))
 	}
-	if len(lat) > 0 {
-		fmt.Fprintf(stdout, "publish-to-commit at %d msg/s offered: p50 %v  p99 %v  max %v  (%d messages)\n",
-			o.Rate, pct(lat, 50), pct(lat, 99), pct(lat, 100), len(lat))
+	for i, l := range lats {
+		load := "low load"
+		if i > 0 {
+			load = "50% of the jetinbox maximum"
+		}
+		fmt.Fprintf(stdout, "publish-to-commit at %d msg/s offered (%s, %.0f achieved): p50 %v  p99 %v  max %v  (%d messages)\n",
+			l.offered, load, l.achieved, pct(l.lat, 50), pct(l.lat, 99), pct(l.lat, 100), len(l.lat))
 	}
 	if child != nil {
 		fmt.Fprintf(stdout, "consumer as its own process (jetinbox consumer, batch ≤ %d, %d in flight): %.0f msg/s, peak RSS %s (%s after the first %d messages)\n",

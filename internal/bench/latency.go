@@ -17,9 +17,19 @@ import (
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
-// latencyPhase offers a steady low rate and measures publish-to-commit.
-func latencyPhase(ctx context.Context, js jetstream.JetStream, pg *testenv.Postgres, o Options) ([]time.Duration, error) {
-	pool, err := benchDB(ctx, pg, "latency", o.Accounts)
+// latencyRun is one latency phase: what was offered, what the publisher
+// achieved, and every message's publish-to-commit time.
+type latencyRun struct {
+	offered  int     // msg/s asked for
+	achieved float64 // msg/s the publisher kept up
+	lat      []time.Duration
+}
+
+// latencyPhase offers a steady rate for o.Latency and measures
+// publish-to-commit (stream timestamp to the batch's commit) of every
+// message. name keeps the phase's database, durable and IDs apart.
+func latencyPhase(ctx context.Context, js jetstream.JetStream, pg *testenv.Postgres, o Options, rate int, name string) (*latencyRun, error) {
+	pool, err := benchDB(ctx, pg, name, o.Accounts)
 	if err != nil {
 		return nil, err
 	}
@@ -33,29 +43,38 @@ func latencyPhase(ctx context.Context, js jetstream.JetStream, pg *testenv.Postg
 		return nil, err
 	}
 	c, err := js.CreateOrUpdateConsumer(ctx, jsinbox.DefaultStream, jetstream.ConsumerConfig{
-		Durable: "latency", AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+		Durable: name, AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq: si.State.LastSeq + 1, AckWait: time.Minute, MaxAckPending: 50_000, MaxDeliver: 20,
 	})
 	if err != nil {
 		return nil, err
 	}
-	total := int(float64(o.Rate) * o.Latency.Seconds())
+	total := max(1, int(float64(rate)*o.Latency.Seconds()))
 	obs := &countObserver{done: make(chan struct{}), n: int64(total), latency: true}
-	intents := pipeline.Generate(pipeline.Load{Count: total, Accounts: o.Accounts, HotAccount: o.Hot, Prefix: "lat", Seed: 9})
+	intents := pipeline.Generate(pipeline.Load{Count: total, Accounts: o.Accounts, HotAccount: o.Hot, Prefix: name, Seed: 9})
+	run := &latencyRun{offered: rate}
 	err = consumeWith(ctx, js, c, pool, o, obs, func() error {
 		pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
 		if err != nil {
 			return err
 		}
 		defer pub.Close()
-		tick := time.NewTicker(time.Second / time.Duration(o.Rate))
-		defer tick.Stop()
-		for _, in := range intents {
-			<-tick.C
-			if err := pub.Publish(ctx, in); err != nil {
-				return err
+		// Paced by the clock, not by a ticker per message: a ticker cannot
+		// fire every 30 µs, and one that falls behind would lower the rate.
+		// Whatever is due is published at once, so a late wake-up catches up.
+		start := time.Now()
+		for sent := 0; sent < total; {
+			due := min(total, int(time.Since(start).Seconds()*float64(rate))+1)
+			for ; sent < due; sent++ {
+				if err := pub.Publish(ctx, intents[sent]); err != nil {
+					return err
+				}
+			}
+			if next := start.Add(time.Duration(float64(sent) / float64(rate) * float64(time.Second))); sent < total {
+				time.Sleep(time.Until(next))
 			}
 		}
+		run.achieved = float64(total) / time.Since(start).Seconds()
 		select {
 		case <-obs.done:
 			return nil
@@ -74,7 +93,8 @@ func latencyPhase(ctx context.Context, js jetstream.JetStream, pg *testenv.Postg
 	if err := checkLedger(ctx, pool, len(intents), want); err != nil {
 		return nil, err
 	}
-	return obs.lat, nil
+	run.lat = obs.lat
+	return run, nil
 }
 
 func pct(d []time.Duration, p float64) time.Duration {

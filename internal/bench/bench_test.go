@@ -1,0 +1,51 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"regexp"
+	"testing"
+)
+
+// TestRatiosPairRounds: ratios are taken round by round, so a fast round of
+// one approach is never set against a slow round of the other.
+func TestRatiosPairRounds(t *testing.T) {
+	raw := []float64{100, 200, 100}
+	jet := []float64{50, 100, 60}
+	r := ratios(jet, raw)
+	if r.med != 0.5 || r.lo != 0.5 || r.hi != 0.6 {
+		t.Fatalf("ratios = %+v, want median 0.5 in 0.5–0.6", r)
+	}
+	// The old way, a median of each side's rates, would say 60/100 = 0.6.
+	if got := median(jet) / median(raw); got == r.med {
+		t.Fatalf("paired and unpaired medians agree (%v): the case does not tell them apart", got)
+	}
+	if s := r.String(); s != "0.50x (0.50–0.60)" {
+		t.Fatalf("String() = %q", s)
+	}
+}
+
+// TestBenchCommandSmoke runs the command small: every approach, paired
+// ratios, both latency phases and the ledger check.
+func TestBenchCommandSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts its own servers")
+	}
+	var out bytes.Buffer
+	err := Main(context.Background(), []string{"-n", "3000", "-naive-max", "200", "-rounds", "2",
+		"-latency", "300ms", "-rate", "500", "-child=false", "-batch", "500"}, &out, io.Discard)
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{
+		`(?m)^jetinbox consumer +\d+  \d+\.\d\dx \(\d+\.\d\d–\d+\.\d\d\)$`,
+		`(?m)^publish-to-commit at 500 msg/s offered \(low load`,
+		`(?m)^publish-to-commit at \d+ msg/s offered \(50% of the jetinbox maximum`,
+		`(?m)^ledger verified`,
+	} {
+		if !regexp.MustCompile(want).MatchString(out.String()) {
+			t.Errorf("output lacks %s:\n%s", want, out.String())
+		}
+	}
+}
