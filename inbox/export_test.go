@@ -8,11 +8,11 @@ import (
 
 // DisableCopyClaim makes p claim every batch with ClaimTx; tests compare
 // both paths.
-func DisableCopyClaim(p *Processor) { p.noCopy = true }
+func DisableCopyClaim(p *Processor) { p.store.(*pgStore).noCopy = true }
 
 // PlantBlindCopyClaim gives p a broken fast claim, which skips IDs already
 // there yet reports every claim fresh: the guarantee tests must catch it.
-func PlantBlindCopyClaim(p *Processor) { p.claimCopy = claimBlind }
+func PlantBlindCopyClaim(p *Processor) { p.store.(*pgStore).claimCopy = claimBlind }
 
 func claimBlind(ctx context.Context, tx pgx.Tx, scope string, claims []Claim, order []int) error {
 	ids := make([]string, len(order))
