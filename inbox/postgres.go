@@ -18,12 +18,14 @@ import (
 // *pgx.Conn, or any [Beginner]): the production store. Its handlers get a
 // pgx.Tx. [NewProcessor] uses it.
 func Postgres(db Beginner) Store[pgx.Tx] {
-	return &pgStore{db: db, claimCopy: claimCopy}
+	return &pgStore{db: db, claim: ClaimTx, claimCopy: claimCopy}
 }
 
 // pgStore is the PostgreSQL [Store].
 type pgStore struct {
 	db Beginner
+	// claim is ClaimTx; tests plant a broken one (export_test.go).
+	claim func(ctx context.Context, tx pgx.Tx, scope string, claims []Claim) ([]ClaimResult, error)
 	// claimCopy is the COPY claim; noCopy turns it off. Tests plant a
 	// broken claim or compare both paths through them (export_test.go).
 	claimCopy func(ctx context.Context, tx pgx.Tx, scope string, claims []Claim, order []int) error
@@ -45,7 +47,7 @@ func (s *pgStore) CommitRolledBack(err error) bool {
 }
 
 func (s *pgStore) Claim(ctx context.Context, tx pgx.Tx, scope string, claims []Claim) ([]ClaimResult, error) {
-	return ClaimTx(ctx, tx, scope, claims)
+	return s.claim(ctx, tx, scope, claims)
 }
 
 func (s *pgStore) ClaimNewThreshold() int {
