@@ -69,12 +69,12 @@ func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout,
 		return cli.UsageError{Err: fmt.Errorf("prune: %w: -older-than %v is not longer than the horizon %v + margin %v; use more than %v (%s)",
 			inbox.ErrUnsafeHorizon, *olderThan, span.Total, *margin, least, span.Why)}
 	}
-	pool, err := cli.OpenDB(ctx, *dbURL, 2, log)
+	store, err := cli.OpenStore(ctx, *dbURL, 2, log)
 	if err != nil {
 		return cli.UsageError{Err: err}
 	}
-	defer pool.Close()
-	n, err := inbox.Prune(ctx, pool, inbox.PruneOptions{Scope: *scope, OlderThan: *olderThan, ReplayHorizon: span.Total, Margin: *margin, BatchSize: *batch})
+	defer store.Close()
+	n, err := store.Prune(ctx, inbox.PruneOptions{Scope: *scope, OlderThan: *olderThan, ReplayHorizon: span.Total, Margin: *margin, BatchSize: *batch})
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,7 @@ import (
 // drains and returns nil.
 func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Writer) error {
 	fs := NewFlagSet("consumer", "consumer applies intents from a JetStream stream once per (scope, message ID):\n"+
-		"inbox row and ledger effect in one PostgreSQL transaction, ack after commit.\n"+
+		"inbox row and ledger effect in one database transaction (PostgreSQL, or a SQLite file), ack after commit.\n"+
 		"The scope is the identity of the effect and must never change for a running pipeline;\n"+
 		"the durable is only the subscription.", stderr)
 	var nf NATSFlags
@@ -84,12 +84,12 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	}
 	log := NewLogger(stderr, *logFormat, slog.LevelInfo)
 
-	pool, err := OpenDB(ctx, *dbURL, int32(*dbConns), log)
+	store, err := OpenStore(ctx, *dbURL, int32(*dbConns), log)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if err := inbox.CheckSchema(ctx, pool); err != nil {
+	defer store.Close()
+	if err := store.CheckSchema(ctx); err != nil {
 		return err
 	}
 	nc, js, err := nf.Connect("jetinbox-consumer", w.natsReconnect, log)
@@ -105,7 +105,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	defer stopTracing(context.WithoutCancel(ctx)) //nolint:errcheck // best effort at exit
 	txRetry := w.db
 	txRetry.Base, txRetry.Cap, txRetry.MaxAttempts = 5*time.Millisecond, 200*time.Millisecond, 3
-	proc, err := NewLedgerProcessor(pool, inbox.Config{Scope: *scope, Logger: log, TxRetry: txRetry, TracerProvider: tp})
+	proc, err := store.LedgerProcessor(inbox.Config{Scope: *scope, Logger: log, TxRetry: txRetry, TracerProvider: tp})
 	if err != nil {
 		return err
 	}
@@ -117,7 +117,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	}
 	c, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{
 		Stream: *stream, Durable: *durable, BatchSize: *batch, InFlight: *inflight, AckWait: *ackWait,
-		MaxDeliver: *maxDeliver, MaxAckPending: *maxAck, Nak: nak, DBWait: w.db, DB: pool, Logger: log, Observer: m, TracerProvider: tp,
+		MaxDeliver: *maxDeliver, MaxAckPending: *maxAck, Nak: nak, DBWait: w.db, DB: store, Logger: log, Observer: m, TracerProvider: tp,
 	})
 	if err != nil {
 		return UsageError{Err: err}
@@ -135,7 +135,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		defer srv.Close()
 	}
 
-	log.Info("consumer: running", "stream", *stream, "scope", *scope, "durable", *durable, "batch", *batch, "inflight", *inflight)
+	log.Info("consumer: running", "store", store.String(), "stream", *stream, "scope", *scope, "durable", *durable, "batch", *batch, "inflight", *inflight)
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	done := make(chan error, 1)
