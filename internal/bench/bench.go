@@ -18,7 +18,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -50,6 +49,8 @@ type Options struct {
 	Only        string
 	CPUProfile  string
 	ChildRSS    bool
+	// Store is where the inbox and the ledger live: postgres or sqlite.
+	Store string
 }
 
 // Main is `jetinbox bench`.
@@ -74,8 +75,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a Go CPU profile of the consuming phases (NATS server included) to this file")
 	fs.BoolVar(&o.ChildRSS, "child", true, "also run the consumer as its own process over the same messages and report its peak RSS (memory is bounded by batch × in-flight, not by the stream)")
 	fs.StringVar(&o.Only, "only", "", "run only these approaches, comma separated: raw,naive,jetinbox")
+	fs.StringVar(&o.Store, "store", cli.StorePostgres, "the inbox store: postgres (a throwaway server, fsync on) or sqlite (files in a temporary directory, WAL, synchronous=FULL)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage of jetinbox bench: raw pipe vs naive vs jetinbox on the same messages, embedded NATS and a throwaway PostgreSQL (fsync on).")
+		fmt.Fprintln(stderr, "Usage of jetinbox bench: raw pipe vs naive vs jetinbox on the same messages, embedded NATS and a throwaway PostgreSQL (fsync on) or SQLite files (-store sqlite).")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -109,6 +111,9 @@ func (o Options) validate(extra int) error {
 		if a != "" && !slices.Contains([]string{"raw", "naive", "jetinbox"}, a) {
 			errs = append(errs, fmt.Errorf("-only %q: want raw, naive or jetinbox", a))
 		}
+	}
+	if o.Store != cli.StorePostgres && o.Store != cli.StoreSQLite {
+		errs = append(errs, fmt.Errorf("-store %q: want postgres or sqlite", o.Store))
 	}
 	if extra > 0 {
 		errs = append(errs, fmt.Errorf("unexpected arguments"))
@@ -165,11 +170,14 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer srv.Close()
-	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{Durable: true})
+	if o.Store == "" {
+		o.Store = cli.StorePostgres
+	}
+	dbs, err := openDatabases(ctx, o.Store)
 	if err != nil {
 		return err
 	}
-	defer pg.Close()
+	defer dbs.close()
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		return err
@@ -242,11 +250,11 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		for _, a := range []struct {
 			name string
 			n    int
-			run  func(context.Context, jetstream.Consumer, *pgxpool.Pool, int) error
+			run  func(context.Context, jetstream.Consumer, *cli.Store, int) error
 		}{
 			{"raw", o.N, runRaw},
 			{"naive", min(o.N, o.NaiveMax), runNaive},
-			{"jetinbox", o.N, func(ctx context.Context, c jetstream.Consumer, pool *pgxpool.Pool, n int) error {
+			{"jetinbox", o.N, func(ctx context.Context, c jetstream.Consumer, pool *cli.Store, n int) error {
 				return runJetinbox(ctx, js, c, pool, n, o)
 			}},
 		} {
@@ -254,7 +262,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 				continue
 			}
 			durable := fmt.Sprintf("%s_%d", a.name, round)
-			pool, err := benchDB(ctx, pg, durable, o.Accounts)
+			pool, err := dbs.create(ctx, durable, o.Accounts)
 			if err != nil {
 				return err
 			}
@@ -272,7 +280,9 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 				err = checkLedger(ctx, pool, a.n, prefixSums[a.n])
 			}
 			var deadlocks int64
-			_ = pool.QueryRow(ctx, `SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&deadlocks)
+			if pool.PG != nil {
+				_ = pool.PG.QueryRow(ctx, `SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&deadlocks)
+			}
 			if deadlocks > 0 {
 				say("  %s: %d deadlocks (each costs deadlock_timeout)", a.name, deadlocks)
 			}
@@ -284,7 +294,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 			// cleaning up the one (autovacuum) nor tracking the other
 			// (the naive round leaves messages pending) runs during the
 			// next phases.
-			if err := pg.DropDatabase(ctx, durable); err != nil {
+			if err := dbs.drop(ctx, durable); err != nil {
 				return err
 			}
 			if err := js.DeleteConsumer(ctx, stream.Name, durable); err != nil {
@@ -302,7 +312,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 
 	var child *childResult
 	if o.ChildRSS && want("jetinbox") {
-		child, err = childConsumer(ctx, srv.URL(), pg, o, prefixSums[o.N])
+		child, err = childConsumer(ctx, srv.URL(), dbs, o, prefixSums[o.N])
 		if err != nil {
 			return err
 		}
@@ -318,10 +328,10 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 			rates = append(rates, max(o.Rate, int(j.rate()/2)))
 		}
 		for i, rate := range rates {
-			if err := pg.Settle(ctx, 30*time.Second); err != nil {
+			if err := dbs.settle(ctx); err != nil {
 				return err
 			}
-			run, err := latencyPhase(ctx, js, pg, o, rate, fmt.Sprintf("latency_%d", i))
+			run, err := latencyPhase(ctx, js, dbs, o, rate, fmt.Sprintf("latency_%d", i))
 			if err != nil {
 				return err
 			}
@@ -332,6 +342,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 
 	fmt.Fprintf(stdout, "\njetinbox bench: %d messages, %d accounts%s, %d consumer(s), batch ≤ %d, %d in flight, payload %d B, %d round(s), median\n",
 		o.N, o.Accounts, map[bool]string{true: " (hot: all on account 1)"}[o.Hot], o.Consumers, o.Batch, o.InFlight, payloadSize, o.Rounds)
+	fmt.Fprintf(stdout, "store: %s\n", dbs)
 	fmt.Fprintf(stdout, "producer: %.0f msg/s into a local stream (sync_interval always: %v, %s)\n\n", pubRate, o.SyncAlways, pubMode(o.PubBatch))
 	fmt.Fprintf(stdout, "%-38s %10s  %s\n", "approach", "msg/s", "vs raw (median of per-round ratios, min–max)")
 	raw := results["raw"]
