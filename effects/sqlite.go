@@ -6,6 +6,7 @@ import (
 	"embed"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/migrate"
@@ -123,40 +124,73 @@ func (s *SQLiteLedger) Handle(ctx context.Context, tx *sql.Tx, msgs []inbox.Mess
 		distinct = append(distinct, a)
 	}
 	slices.Sort(distinct)
-	upd, err := tx.PrepareContext(ctx, `UPDATE accounts SET balance = balance + ? WHERE id = ?`)
-	if err != nil {
-		return fmt.Errorf("effects: ledger: %w", err)
-	}
-	defer upd.Close()
-	var unknown []int64
-	for _, a := range distinct {
-		r, err := upd.ExecContext(ctx, totals[a], a)
+	// The balances, 256 accounts a statement; RETURNING names the
+	// accounts that exist.
+	known := make(map[int64]bool, len(distinct))
+	args := make([]any, 0, 4*sqliteChunk)
+	for rest := distinct; len(rest) > 0; {
+		n := min(len(rest), sqliteChunk)
+		args = args[:0]
+		for _, a := range rest[:n] {
+			args = append(args, a, totals[a])
+		}
+		rows, err := tx.QueryContext(ctx, `UPDATE accounts SET balance = balance + v.column2 FROM (VALUES `+sqliteValues(n, 2)+
+			`) AS v WHERE accounts.id = v.column1 RETURNING accounts.id`, args...)
 		if err != nil {
 			return fmt.Errorf("effects: ledger: %w", err)
 		}
-		if n, err := r.RowsAffected(); err != nil {
-			return fmt.Errorf("effects: ledger: %w", err)
-		} else if n == 0 {
-			unknown = append(unknown, a)
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return fmt.Errorf("effects: ledger: %w", err)
+			}
+			known[id] = true
 		}
+		err = rows.Err()
+		rows.Close()
+		if err != nil {
+			return fmt.Errorf("effects: ledger: %w", err)
+		}
+		rest = rest[n:]
 	}
-	ins, err := tx.PrepareContext(ctx, `INSERT INTO ledger_entries (scope, message_id, account, amount) VALUES (?, ?, ?, ?)`)
-	if err != nil {
-		return fmt.Errorf("effects: ledger: %w", err)
+	// The entries of the intents for known accounts, 256 a statement.
+	args = args[:0]
+	flush := func() error {
+		if len(args) == 0 {
+			return nil
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO ledger_entries (scope, message_id, account, amount) VALUES `+sqliteValues(len(args)/4, 4), args...)
+		args = args[:0]
+		if err != nil {
+			return fmt.Errorf("effects: ledger: %w", err)
+		}
+		return nil
 	}
-	defer ins.Close()
 	for i := range msgs {
 		if errs[i] != nil {
 			continue
 		}
 		in := intents[i]
-		if slices.Contains(unknown, in.Account) {
+		if !known[in.Account] {
 			errs[i] = inbox.BadInput(fmt.Errorf("%w: unknown account %d", ErrBadIntent, in.Account))
 			continue
 		}
-		if _, err := ins.ExecContext(ctx, scope, msgs[i].ID, in.Account, in.Amount); err != nil {
-			return fmt.Errorf("effects: ledger: %w", err)
+		args = append(args, scope, msgs[i].ID, in.Account, in.Amount)
+		if len(args) == 4*sqliteChunk {
+			if err := flush(); err != nil {
+				return err
+			}
 		}
 	}
-	return nil
+	return flush()
+}
+
+// sqliteChunk is how many rows one ledger statement carries.
+const sqliteChunk = 256
+
+// sqliteValues returns "(?, ?, …), …": rows groups of cols placeholders.
+func sqliteValues(rows, cols int) string {
+	one := "(" + strings.Repeat("?, ", cols-1) + "?)"
+	return strings.Repeat(one+", ", rows-1) + one
 }
