@@ -55,6 +55,17 @@
 // messages can come back (stream MaxAge, replays, dead-letter re-drives):
 // the inbox is the real dedupe and must outlive every way back.
 //
+// # Stores
+//
+// The processor runs on a [Store]: the seam between what happens to each
+// message and the SQL that makes it durable. [Postgres] is the production
+// store (pgx, with the COPY fast path); package
+// [github.com/jetinbox/jetinbox/inbox/sqliteinbox] keeps the inbox in a
+// SQLite file for a worker where one process and a local file will do. Both
+// pass one conformance suite. [ProcessorOf], [HandlerOf] and [ConfigOf] are
+// generic over the store's transaction type; [Processor], [Handler] and
+// [Config] are their PostgreSQL instances, whose handlers get a pgx.Tx.
+//
 // # Transports
 //
 // Package [github.com/jetinbox/jetinbox/inbox/jsinbox] wires a Processor to
