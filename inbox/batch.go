@@ -248,10 +248,13 @@ func (p *ProcessorOf[TX]) commit(ctx context.Context, tx TX, n int) error {
 	return nil
 }
 
+// noSpan ends no span.
+func noSpan(error) {}
+
 // span starts a child span when tracing and returns its end function.
 func (p *ProcessorOf[TX]) span(ctx context.Context, name string, n int) func(error) {
 	if p.tracer == nil {
-		return func(error) {}
+		return noSpan // a closure here would capture the generic dictionary: one allocation per span
 	}
 	_, s := p.tracer.Start(ctx, name, trace.WithAttributes(attribute.Int("jetinbox.messages", n)))
 	return func(err error) {
