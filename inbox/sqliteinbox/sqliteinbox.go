@@ -75,7 +75,7 @@ func Open(ctx context.Context, path string) (*sql.DB, error) {
 	db.SetConnMaxIdleTime(0)
 	if err := CheckSettings(ctx, db); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("sqliteinbox: open %s: %w", path, err)
+		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	return db, nil
 }
@@ -151,6 +151,24 @@ func beginsImmediate(ctx context.Context, db *sql.DB) (bool, error) {
 		return true, nil
 	}
 	return false, fmt.Errorf("sqliteinbox: probe the lock: %w", err)
+}
+
+// IsConfigError reports whether err says the file itself is unusable as
+// given, which no retry can change: unsafe settings, a path that cannot be
+// opened, a file that is not a database, no permission, a read-only file.
+func IsConfigError(err error) bool {
+	if errors.Is(err, ErrUnsafeSettings) {
+		return true
+	}
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	switch se.Code() & 0xff {
+	case sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_PERM, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_AUTH:
+		return true
+	}
+	return false
 }
 
 // Store is the SQLite [inbox.Store]: handlers get the batch's *sql.Tx.

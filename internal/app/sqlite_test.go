@@ -107,6 +107,9 @@ func TestCommandsOnSQLite(t *testing.T) {
 	if err := Migrate(ctx, []string{"-store", "sqlite://"}, mapEnv(nil), nil, io.Discard, io.Discard); cli.ExitCode(err) != 2 {
 		t.Fatalf("migrate -store sqlite://: %v (exit %d), want 2", err, cli.ExitCode(err))
 	}
+	if err := Migrate(ctx, []string{"-store", "sqlite://" + filepath.Join(t.TempDir(), "no", "such", "dir.db")}, mapEnv(nil), nil, io.Discard, io.Discard); cli.ExitCode(err) != 2 {
+		t.Fatalf("migrate on a path that cannot be opened: %v (exit %d), want 2", err, cli.ExitCode(err))
+	}
 	if err := DLQ(ctx, []string{"list"}, env, nil, io.Discard, io.Discard); cli.ExitCode(err) != 2 {
 		t.Fatalf("dlq on SQLite: %v (exit %d), want 2", err, cli.ExitCode(err))
 	}
