@@ -56,7 +56,10 @@ type Store[TX any] interface {
 	// rejected, with reasons[i] as ids[i]'s reason.
 	MarkRejected(ctx context.Context, tx TX, scope string, ids, reasons []string) error
 	// ReleaseClaims removes the rows of ids claimed in tx, so that their
-	// messages are claimed again on the next delivery.
+	// messages are claimed again on the next delivery. Every one of them
+	// was claimed fresh in tx: if any row is not removed, it returns an
+	// error and the batch fails, since a row left behind would make the
+	// redelivery a duplicate acked without its effect.
 	ReleaseClaims(ctx context.Context, tx TX, scope string, ids []string) error
 	// RecordConflicts keeps each message whose ID was claimed before with
 	// another fingerprint, once per (scope, ID, stream sequence).

@@ -254,10 +254,22 @@ func (s *Store) ReleaseClaims(ctx context.Context, tx *sql.Tx, scope string, ids
 		return err
 	}
 	defer st.Close()
+	var n int64
 	for _, id := range ids {
-		if _, err := st.ExecContext(ctx, scope, id); err != nil {
+		r, err := st.ExecContext(ctx, scope, id)
+		if err != nil {
 			return err
 		}
+		k, err := r.RowsAffected()
+		if err != nil {
+			return err
+		}
+		n += k
+	}
+	if n != int64(len(ids)) {
+		// A row left behind would make the redelivery a duplicate, acked
+		// without its effect: fail the batch instead.
+		return fmt.Errorf("released %d of %d", n, len(ids))
 	}
 	return nil
 }
