@@ -66,7 +66,10 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 		level = slog.LevelInfo
 	}
 	log := cli.EnvLogger(stderr, env, level)
+	var sayMu sync.Mutex // consumers restarted after a crash say so from their own goroutines
 	say := func(format string, a ...any) {
+		sayMu.Lock()
+		defer sayMu.Unlock()
 		fmt.Fprintf(stderr, "%6.1fs  %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
