@@ -281,11 +281,14 @@ func validateK8s(fsys files) error {
 			check(ve[key].Value != "" && ve[key].Value == ce[key].Value, "verify: %s %q, the consumer's is %q", key, ve[key].Value, ce[key].Value)
 		}
 		check(strings.Contains(ve["DATABASE_URL"].Value, "sslmode=verify-full"), "verify DATABASE_URL must use sslmode=verify-full")
+		check(strings.Contains(ve["DATABASE_URL"].Value, "jetinbox_verifier@"), "verify must connect as jetinbox_verifier, the role that may only read: %q", ve["DATABASE_URL"].Value)
 		check(v.SecurityContext != nil && v.SecurityContext.ReadOnlyRootFilesystem != nil && *v.SecurityContext.ReadOnlyRootFilesystem, "verify: read-only root filesystem")
 		check(v.Resources.Limits.Memory().Sign() > 0, "verify needs a memory limit")
 	}
 	vmounted := checkPodSecrets("verify Deployment", vspec)
 	check(slices.Contains(slices.Collect(maps.Values(vmounted)), "jetinbox-verify-nats"), "verify must use its own NATS Secret jetinbox-verify-nats, mounts %v", vmounted)
+	check(slices.Contains(slices.Collect(maps.Values(vmounted)), "jetinbox-verifier-db") && !slices.Contains(slices.Collect(maps.Values(vmounted)), "jetinbox-consumer-db"),
+		"verify must read the database with its own Secret jetinbox-verifier-db, not the consumer's: mounts %v", vmounted)
 
 	// The kustomization lists existing files.
 	var kust struct {

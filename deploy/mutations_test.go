@@ -53,7 +53,7 @@ func TestMutationsAreRejected(t *testing.T) {
 		{"rescue ack wait", "jetstream/ledger-rescue-consumer.json", `"ack_wait": 30000000000`, `"ack_wait": 5000000000`, validateJetStream},
 		{"rescue other name", "jetstream/ledger-rescue-consumer.json", `"durable_name": "ledger"`, `"durable_name": "ledger-rescue"`, validateJetStream},
 
-		{"compose key typo", "compose.yaml", "    environment:\n      <<: *nats-env\n      NATS_NKEY: /run/secrets/consumer_nkey", "    enviroment:\n      <<: *nats-env\n      NATS_NKEY: /run/secrets/consumer_nkey", compose},
+		{"compose key typo", "compose.yaml", "    environment:\n      <<: *nats-env\n      NATS_CA: /run/jetinbox/ca\n      NATS_NKEY: /run/jetinbox/consumer_nkey", "    enviroment:\n      <<: *nats-env\n      NATS_CA: /run/jetinbox/ca\n      NATS_NKEY: /run/jetinbox/consumer_nkey", compose},
 		{"compose missing NATS_URL", "compose.yaml", "  NATS_URL: tls://nats-1:4222,tls://nats-2:4222,tls://nats-3:4222\n", "", compose},
 		{"compose old nats", "compose.yaml", "image: nats:2.15.2-alpine", "image: nats:2.12.1-alpine", compose},
 		{"compose path typo", "compose.yaml", "./nats/nats-2.conf:", "./nats/nats2.conf:", compose},
@@ -70,7 +70,11 @@ func TestMutationsAreRejected(t *testing.T) {
 				"        nats consumer info INTENTS_ADVISORIES ledger >/dev/null 2>&1 || nats consumer add INTENTS_ADVISORIES ledger --config /jetstream/ledger-rescue-consumer.json\n", compose},
 		{"compose rescue consumer on intents", "compose.yaml", "nats consumer add INTENTS_ADVISORIES ledger --config /jetstream/ledger-rescue-consumer.json",
 			"nats consumer add INTENTS ledger --config /jetstream/ledger-rescue-consumer.json", compose},
-		{"compose unattached secret", "compose.yaml", "secrets: [ca, consumer_nkey, consumer_cert, consumer_key, jetinbox_consumer_pgpass]", "secrets: [ca, consumer_nkey, consumer_cert, consumer_key]", compose},
+		{"compose unattached secret", "compose.yaml", "secrets: [ca, admin_nkey, admin_cert, admin_key]", "secrets: [admin_nkey, admin_cert, admin_key]", compose},
+		{"compose secret not copied", "compose.yaml", "copy consumer ca consumer_nkey consumer_cert consumer_key jetinbox_consumer_pgpass", "copy consumer ca consumer_nkey consumer_cert consumer_key", compose},
+		{"compose secret bind-mounted into a non-root service", "compose.yaml", "      - consumer-secrets:/run/jetinbox:ro\n", "      - consumer-secrets:/run/jetinbox:ro\n    secrets: [jetinbox_consumer_pgpass]\n", compose},
+		{"kubernetes verify as consumer", "kubernetes/verify-deployment.yaml", "secretName: jetinbox-verifier-db", "secretName: jetinbox-consumer-db", validateK8s},
+		{"compose verify as consumer", "compose.yaml", "postgres://jetinbox_verifier@", "postgres://jetinbox_consumer@", compose},
 
 		{"readme advisories after intents", "README.md", readmeAdvisories + readmeRescue + readmeIntents, readmeIntents + readmeAdvisories + readmeRescue, validateReadme},
 		{"readme rescue consumer missing", "README.md", "< deploy/jetstream/ledger-rescue-consumer.json\n", "\n", validateReadme},

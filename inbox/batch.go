@@ -278,9 +278,17 @@ WHERE inbox.scope = $1 AND inbox.message_id = t.id`, p.cfg.Scope, rejIDs, rejRea
 		}
 	}
 	if len(retryIDs) > 0 {
-		if _, err := tx.Exec(ctx, `DELETE FROM inbox WHERE scope = $1 AND message_id = ANY($2::text[])`,
-			p.cfg.Scope, retryIDs); err != nil {
+		// inbox_release (migration 0002) removes only rows this transaction
+		// inserted, so the claiming role needs no DELETE on inbox. Every
+		// retried message was claimed fresh in this transaction: a row it
+		// did not remove would make the redelivery a duplicate, acked without
+		// its effect, so a short count fails the batch instead.
+		var n int64
+		if err := tx.QueryRow(ctx, `SELECT inbox_release($1, $2::text[])`, p.cfg.Scope, retryIDs).Scan(&n); err != nil {
 			return fmt.Errorf("inbox: release retried claims: %w", err)
+		}
+		if n != int64(len(retryIDs)) {
+			return fmt.Errorf("inbox: release retried claims: released %d of %d", n, len(retryIDs))
 		}
 	}
 	if len(conflicts) > 0 {
