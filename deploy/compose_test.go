@@ -197,6 +197,9 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		for _, k := range []string{"NATS_URL", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY", "JETINBOX_STREAM"} {
 			check(env(svc, k) != "", "%s: %s is not set", svc, k)
 		}
+		role := strings.TrimSuffix(strings.TrimPrefix(env(svc, "NATS_NKEY"), "/run/secrets/"), "_nkey")
+		check(inboxPrefix[role] != "" && env(svc, "NATS_INBOX_PREFIX") == inboxPrefix[role],
+			"%s: NATS_INBOX_PREFIX %q, want its NATS user's own %q: the user may subscribe to nothing else", svc, env(svc, "NATS_INBOX_PREFIX"), inboxPrefix[role])
 		check(env(svc, "JETINBOX_STREAM") == js.intents.Name, "%s: JETINBOX_STREAM %q, the stream is %q", svc, env(svc, "JETINBOX_STREAM"), js.intents.Name)
 		for _, u := range strings.Split(env(svc, "NATS_URL"), ",") {
 			pu, err := url.Parse(u)

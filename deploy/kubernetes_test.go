@@ -177,6 +177,7 @@ func validateK8s(fsys files) error {
 	for _, name := range []string{"NATS_URL", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY", "DATABASE_URL", "JETINBOX_STREAM", "JETINBOX_SCOPE", "JETINBOX_DURABLE", "JETINBOX_HTTP_ADDR", "JETINBOX_DRAIN_TIMEOUT"} {
 		check(env[name].Value != "", "consumer env %s is not set", name)
 	}
+	check(env["NATS_INBOX_PREFIX"].Value == inboxPrefix["consumer"], "consumer NATS_INBOX_PREFIX %q, want the consumer user's own %q", env["NATS_INBOX_PREFIX"].Value, inboxPrefix["consumer"])
 	check(env["JETINBOX_STREAM"].Value == js.intents.Name, "consumer JETINBOX_STREAM %q, the stream is %q", env["JETINBOX_STREAM"].Value, js.intents.Name)
 	check(env["JETINBOX_DURABLE"].Value == js.ledger.Durable, "consumer JETINBOX_DURABLE %q, the durable is %q", env["JETINBOX_DURABLE"].Value, js.ledger.Durable)
 	check(strings.HasPrefix(env["NATS_URL"].Value, "tls://"), "consumer NATS_URL must be tls://")
@@ -280,6 +281,7 @@ func validateK8s(fsys files) error {
 		for _, key := range []string{"JETINBOX_SCOPE", "JETINBOX_DURABLE", "JETINBOX_STREAM"} {
 			check(ve[key].Value != "" && ve[key].Value == ce[key].Value, "verify: %s %q, the consumer's is %q", key, ve[key].Value, ce[key].Value)
 		}
+		check(ve["NATS_INBOX_PREFIX"].Value == inboxPrefix["verify"], "verify NATS_INBOX_PREFIX %q, want the verify user's own %q", ve["NATS_INBOX_PREFIX"].Value, inboxPrefix["verify"])
 		check(strings.Contains(ve["DATABASE_URL"].Value, "sslmode=verify-full"), "verify DATABASE_URL must use sslmode=verify-full")
 		check(v.SecurityContext != nil && v.SecurityContext.ReadOnlyRootFilesystem != nil && *v.SecurityContext.ReadOnlyRootFilesystem, "verify: read-only root filesystem")
 		check(v.Resources.Limits.Memory().Sign() > 0, "verify needs a memory limit")

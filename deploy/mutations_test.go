@@ -35,7 +35,9 @@ func TestMutationsAreRejected(t *testing.T) {
 		{"nats consumer cannot drain advisories", "nats/auth.conf", `      "$JS.API.CONSUMER.MSG.NEXT.INTENTS_ADVISORIES.ledger",` + "\n", "", nats},
 		{"nats consumer acks other advisories", "nats/auth.conf", `"$JS.ACK.INTENTS_ADVISORIES.ledger.>"`, `"$JS.ACK.INTENTS_ADVISORIES.>"`, nats},
 		{"nats producer cannot check streams", "nats/auth.conf", `      "$JS.API.STREAM.INFO.INTENTS_DLQ",` + "\n", "", nats},
-		{"nats advisories on core nats", "nats/auth.conf", `allow: ["_INBOX.>"]`, `allow: ["_INBOX.>", "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.INTENTS.ledger"]`, nats},
+		{"nats advisories on core nats", "nats/auth.conf", `allow: ["_INBOX_consumer.>"]`, `allow: ["_INBOX_consumer.>", "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.INTENTS.ledger"]`, nats},
+		{"nats producer reads every inbox", "nats/auth.conf", `allow: ["_INBOX_producer.>"]`, `allow: ["_INBOX.>"]`, nats},
+		{"compose consumer on the shared inbox", "compose.yaml", "NATS_INBOX_PREFIX: _INBOX_consumer", "NATS_INBOX_PREFIX: _INBOX", compose},
 
 		{"stream unknown field", "jetstream/intents-stream.json", `"deny_delete"`, `"deny_delet"`, validateJetStream},
 		{"stream discard old", "jetstream/intents-stream.json", `"discard": "new"`, `"discard": "old"`, validateJetStream},

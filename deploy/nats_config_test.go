@@ -48,8 +48,15 @@ var (
 		"$JS.API.CONSUMER.MSG.NEXT.INTENTS.*", "$JS.API.CONSUMER.MSG.NEXT.INTENTS_DLQ.*",
 		"$JS.API.STREAM.MSG.GET.INTENTS",
 	}
-	clientsSubscribe = []string{"_INBOX.>"}
+	// Each role's reply-subject prefix: it may subscribe under it and
+	// nowhere else, so no role reads another's replies (the consumer's
+	// pulled intents arrive on its reply subjects). The shipped compose and
+	// Kubernetes files give each client its role's prefix.
+	inboxPrefix = map[string]string{"producer": "_INBOX_producer", "consumer": "_INBOX_consumer", "verify": "_INBOX_verify"}
 )
+
+// roleSubscribe is what role may subscribe to: its own replies.
+func roleSubscribe(role string) []string { return []string{inboxPrefix[role] + ".>"} }
 
 // stageNATS writes the nats/*.conf files of fsys into dir, with the TLS paths
 // moved from /etc/nats/tls to tlsDir and, if auth is not nil, auth.conf
@@ -138,19 +145,25 @@ func validateNATSNode(path, node string) (*server.Options, error) {
 			continue
 		}
 		check(len(p.Publish.Deny) == 0 && len(p.Subscribe.Deny) == 0, "user %s: use allow lists only", u.Nkey)
-		check(sameSet(p.Subscribe.Allow, clientsSubscribe), "user %s may subscribe to %v, want %v", u.Nkey, p.Subscribe.Allow, clientsSubscribe)
+		role := ""
 		switch {
 		case slices.Contains(p.Publish.Allow, "intents.>"):
 			producer++
+			role = "producer"
 			check(sameSet(p.Publish.Allow, producerPublish), "producer may publish to %v, want %v", p.Publish.Allow, producerPublish)
 		case slices.Contains(p.Publish.Allow, "dlq.intents.>"):
 			consumer++
+			role = "consumer"
 			check(sameSet(p.Publish.Allow, consumerPublish), "consumer may publish to %v, want %v", p.Publish.Allow, consumerPublish)
 		case slices.Contains(p.Publish.Allow, "$JS.API.CONSUMER.CREATE.INTENTS.*"):
 			verifier++
+			role = "verify"
 			check(sameSet(p.Publish.Allow, verifyPublish), "verify may publish to %v, want %v", p.Publish.Allow, verifyPublish)
 		default:
 			check(false, "user %s has permissions that are neither the producer's, the consumer's nor the verifier's: %v", u.Nkey, p.Publish.Allow)
+		}
+		if role != "" {
+			check(sameSet(p.Subscribe.Allow, roleSubscribe(role)), "%s may subscribe to %v, want its own replies only: %v", role, p.Subscribe.Allow, roleSubscribe(role))
 		}
 	}
 	check(producer == 1 && consumer == 1 && verifier == 1, "found %d producer, %d consumer and %d verify users, want one each", producer, consumer, verifier)
