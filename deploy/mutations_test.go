@@ -39,6 +39,9 @@ func TestMutationsAreRejected(t *testing.T) {
 		{"nats producer reads every inbox", "nats/auth.conf", `allow: ["_INBOX_producer.>"]`, `allow: ["_INBOX.>"]`, nats},
 		{"compose consumer on the shared inbox", "compose.yaml", "NATS_INBOX_PREFIX: _INBOX_consumer", "NATS_INBOX_PREFIX: _INBOX", compose},
 
+		{"nats max_payload back to 1MB", "nats/common.conf", "max_payload: 16KB", "max_payload: 1MB", nats},
+		{"stream takes 1MiB intents", "jetstream/intents-stream.json", `"max_msg_size": 8192`, `"max_msg_size": 1048576`, validateJetStream},
+		{"dead letters smaller than intents", "jetstream/dlq-stream.json", `"max_msg_size": 12288`, `"max_msg_size": 8192`, validateJetStream},
 		{"stream unknown field", "jetstream/intents-stream.json", `"deny_delete"`, `"deny_delet"`, validateJetStream},
 		{"stream discard old", "jetstream/intents-stream.json", `"discard": "new"`, `"discard": "old"`, validateJetStream},
 		{"stream replicas", "jetstream/dlq-stream.json", `"num_replicas": 3`, `"num_replicas": 1`, validateJetStream},

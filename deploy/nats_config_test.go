@@ -14,6 +14,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
+
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 )
 
 var natsNodes = []string{"nats-1", "nats-2", "nats-3"}
@@ -31,6 +33,8 @@ var (
 	}
 	consumerPublish = []string{
 		"$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.CONSUMER.INFO.INTENTS.ledger", "$JS.API.CONSUMER.MSG.NEXT.INTENTS.ledger",
+		// At start: does the largest intent fit the dead-letter stream?
+		"$JS.API.STREAM.INFO.INTENTS_DLQ",
 		"$JS.ACK.INTENTS.ledger.>", "dlq.intents.>", "$JS.API.STREAM.MSG.GET.INTENTS",
 		// The ledger durable's max-deliveries advisories, drained from the
 		// stream that keeps them: messages the server gave up on are read
@@ -105,7 +109,10 @@ func validateNATSNode(path, node string) (*server.Options, error) {
 	check(opts.StoreDir == "/data", "jetstream store_dir %q, want /data (the volume compose and the chart mount)", opts.StoreDir)
 	check(opts.JetStreamMaxStore > 0, "jetstream max_file_store is not set")
 	check(opts.TLSConfig != nil && opts.TLSConfig.ClientAuth == tls.RequireAndVerifyClientCert, "client TLS with verify: true is not configured")
-	check(opts.MaxPayload > 0 && opts.MaxPayload <= 1<<20, "max_payload %d, want 1MB at most", opts.MaxPayload)
+	// Room for the largest dead letter (an intent of jetinbox's default
+	// max_msg_size plus the dead-letter headers) and little more.
+	check(opts.MaxPayload >= jsinbox.DefaultMaxMsgSize+jsinbox.DeadLetterHeadroom && opts.MaxPayload <= 64<<10,
+		"max_payload %d, want room for a dead letter (%d) and at most 64KB", opts.MaxPayload, jsinbox.DefaultMaxMsgSize+jsinbox.DeadLetterHeadroom)
 	check(opts.LameDuckDuration > 0, "lame_duck_duration is not set")
 	check(opts.HTTPPort > 0, "monitoring port (for /healthz) is not set")
 

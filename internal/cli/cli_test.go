@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -27,7 +28,12 @@ import (
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.MainNoLeaks(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(childConsumerEnv) != "" {
+		os.Exit(runChildConsumer())
+	}
+	testenv.MainNoLeaks(m)
+}
 
 func mapEnv(m map[string]string) Env { return func(k string) string { return m[k] } }
 
