@@ -211,6 +211,9 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 	for _, k := range []string{"DATABASE_URL", "JETINBOX_SCOPE", "JETINBOX_DURABLE", "JETINBOX_DRAIN_TIMEOUT", "JETINBOX_HTTP_ADDR"} {
 		check(env("consumer", k) != "", "consumer: %s is not set", k)
 	}
+	// The binaries listen on loopback by default: a container that must be
+	// reached says where it listens.
+	check(strings.HasPrefix(env("consumer", "JETINBOX_HTTP_ADDR"), "0.0.0.0:"), "consumer: JETINBOX_HTTP_ADDR %q, want an explicit 0.0.0.0:port", env("consumer", "JETINBOX_HTTP_ADDR"))
 	check(env("consumer", "JETINBOX_DURABLE") == js.ledger.Durable, "consumer: JETINBOX_DURABLE %q, the durable is %q", env("consumer", "JETINBOX_DURABLE"), js.ledger.Durable)
 	for _, svc := range []string{"consumer", "migrate", "verify"} {
 		check(strings.Contains(env(svc, "DATABASE_URL"), "sslmode=verify-full"), "%s: DATABASE_URL must use sslmode=verify-full", svc)
@@ -228,7 +231,7 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 	// /metrics where prometheus.yml scrapes it, and uses its own NATS user.
 	if v, ok := p.Services["verify"]; ok {
 		cmd := strings.Join(v.Command, " ")
-		check(strings.HasPrefix(cmd, "verify -watch ") && strings.Contains(cmd, "-http :"+verifyTarget[strings.LastIndex(verifyTarget, ":")+1:]),
+		check(strings.HasPrefix(cmd, "verify -watch ") && strings.Contains(cmd, "-http 0.0.0.0:"+verifyTarget[strings.LastIndex(verifyTarget, ":")+1:]),
 			"verify command %v must be verify -watch serving -http on the port prometheus.yml scrapes (%s)", v.Command, verifyTarget)
 		for _, k := range []string{"JETINBOX_SCOPE", "JETINBOX_DURABLE"} {
 			check(env("verify", k) == env("consumer", k), "verify: %s %q, the consumer's is %q", k, env("verify", k), env("consumer", k))

@@ -187,7 +187,8 @@ func validateK8s(fsys files) error {
 	check(err == nil && drain >= 30*time.Second, "consumer JETINBOX_DRAIN_TIMEOUT %q", env["JETINBOX_DRAIN_TIMEOUT"].Value)
 	check(spec.TerminationGracePeriodSeconds != nil && time.Duration(*spec.TerminationGracePeriodSeconds)*time.Second > drain,
 		"terminationGracePeriodSeconds must exceed the drain timeout %v", drain)
-	_, portStr, _ := strings.Cut(env["JETINBOX_HTTP_ADDR"].Value, ":")
+	host, portStr, _ := strings.Cut(env["JETINBOX_HTTP_ADDR"].Value, ":")
+	check(host == "0.0.0.0", "consumer JETINBOX_HTTP_ADDR %q: want an explicit 0.0.0.0:port (the binary's default is loopback, which probes cannot reach)", env["JETINBOX_HTTP_ADDR"].Value)
 	port, _ := strconv.Atoi(portStr)
 	var httpPort int32
 	for _, p := range c.Ports {
@@ -271,7 +272,7 @@ func validateK8s(fsys files) error {
 		if len(v.Ports) > 0 {
 			port = strconv.Itoa(int(v.Ports[0].ContainerPort))
 		}
-		check(port != "" && strings.Contains(args, "-http :"+port), "verify: -http must serve on the container port %s: %q", port, args)
+		check(port != "" && strings.Contains(args, "-http 0.0.0.0:"+port), "verify: -http must serve on the container port %s of every interface (the default is loopback): %q", port, args)
 		check(k.vsvc.Annotations["prometheus.io/port"] == port, "verify Service scrape port %q, the container serves %s", k.vsvc.Annotations["prometheus.io/port"], port)
 		check(v.LivenessProbe != nil && v.LivenessProbe.HTTPGet != nil && v.LivenessProbe.HTTPGet.Path == "/healthz", "verify: liveness must probe /healthz")
 		ve, ce := envOf(v), map[string]corev1.EnvVar{}

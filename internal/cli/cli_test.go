@@ -190,7 +190,10 @@ func TestHelpDocumentsFlags(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) || ExitCode(err) != 0 {
 		t.Fatalf("-h: %v", err)
 	}
-	for _, want := range []string{"-database-url", "-batch", "(default 6000)", "-ack-wait", "(default 30s)", "NATS_CREDS", "-drain-timeout"} {
+	// The HTTP listener defaults to loopback: /metrics is not offered to
+	// the network unless asked for.
+	for _, want := range []string{"-database-url", "-batch", "(default 6000)", "-ack-wait", "(default 30s)", "NATS_CREDS", "-drain-timeout",
+		`-http string`, `(default "127.0.0.1:8080")`, "-max-bytes", "JETINBOX_MAX_BYTES", "-inbox-prefix", "NATS_INBOX_PREFIX"} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("consumer -h lacks %q", want)
 		}

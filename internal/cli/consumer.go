@@ -37,7 +37,8 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		maxDeliver   = fs.Int("max-deliver", 20, "deliveries before a failing message is dead-lettered (finite)")
 		maxAck       = fs.Int("max-ack-pending", 0, "unacked messages in flight (0: 4 × batch × inflight)")
 		dbConns      = fs.Int("db-conns", 0, "PostgreSQL pool size (0: inflight + 2)")
-		httpAddr     = fs.String("http", env.Or("JETINBOX_HTTP_ADDR", ":8080"), "address for /metrics, /healthz and /readyz (env JETINBOX_HTTP_ADDR); empty disables")
+		httpAddr     = fs.String("http", env.Or("JETINBOX_HTTP_ADDR", DefaultHTTPAddr), "address for /metrics, /healthz and /readyz (env JETINBOX_HTTP_ADDR); "+
+			"loopback only by default: set 0.0.0.0:8080 (or the pod's address) where probes and scrapes come from elsewhere; empty disables")
 		drainTimeout = fs.Duration("drain-timeout", envDuration(env, "JETINBOX_DRAIN_TIMEOUT", 30*time.Second, &envErrs), "longest wait for in-flight batches on shutdown (env JETINBOX_DRAIN_TIMEOUT)")
 		logFormat    = fs.String("log-format", env.Or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto (text on a terminal)")
 	)
