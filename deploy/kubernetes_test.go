@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -290,6 +291,8 @@ func validateK8s(fsys files) error {
 	vmounted := checkPodSecrets("verify Deployment", vspec)
 	check(slices.Contains(slices.Collect(maps.Values(vmounted)), "jetinbox-verify-nats"), "verify must use its own NATS Secret jetinbox-verify-nats, mounts %v", vmounted)
 
+	errs = append(errs, checkNetworkPolicies(fsys, k))
+
 	// The kustomization lists existing files.
 	var kust struct {
 		APIVersion string   `json:"apiVersion"`
@@ -308,6 +311,87 @@ func validateK8s(fsys files) error {
 	for _, r := range kust.Resources {
 		_, ok := fsys["kubernetes/"+r]
 		check(ok, "kustomization.yaml lists %s, which does not exist", r)
+	}
+	check(slices.Contains(kust.Resources, "networkpolicy.yaml"), "kustomization.yaml does not apply networkpolicy.yaml")
+	return errors.Join(errs...)
+}
+
+// checkNetworkPolicies: the consumer and verify pods are each selected by
+// a policy that governs both directions and lets in only their http port
+// from named sources (the kubelet's probes come from the node, which
+// policies always admit), and lets out only NATS (4222), PostgreSQL (5432)
+// and DNS (53), each to named destinations.
+func checkNetworkPolicies(fsys files, k *k8sSet) error {
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("networkpolicy.yaml: "+format, args...))
+		}
+	}
+	b, err := fsys.get("kubernetes/networkpolicy.yaml")
+	if err != nil {
+		return err
+	}
+	var pols []networkingv1.NetworkPolicy
+	for i, doc := range splitYAML(b) {
+		var p networkingv1.NetworkPolicy
+		if err := yaml.UnmarshalStrict(doc, &p); err != nil {
+			return fmt.Errorf("networkpolicy.yaml document %d: %w", i+1, err)
+		}
+		check(p.APIVersion == "networking.k8s.io/v1" && p.Kind == "NetworkPolicy", "document %d is %s %s", i+1, p.APIVersion, p.Kind)
+		pols = append(pols, p)
+	}
+	allowedOut := map[string]bool{"TCP/4222": true, "TCP/5432": true, "UDP/53": true, "TCP/53": true}
+	for _, pod := range []struct {
+		name string
+		d    appsv1.Deployment
+	}{{"consumer", k.deploy}, {"verify", k.verify}} {
+		labels := pod.d.Spec.Template.Labels
+		var selected []networkingv1.NetworkPolicy
+		for _, p := range pols {
+			if len(p.Spec.PodSelector.MatchLabels) > 0 && len(p.Spec.PodSelector.MatchExpressions) == 0 && labelsMatch(p.Spec.PodSelector.MatchLabels, labels) {
+				selected = append(selected, p)
+			}
+		}
+		check(len(selected) == 1, "%s pods are selected by %d policies, want 1", pod.name, len(selected))
+		if len(selected) != 1 {
+			continue
+		}
+		spec := selected[0].Spec
+		check(slices.Contains(spec.PolicyTypes, networkingv1.PolicyTypeIngress) && slices.Contains(spec.PolicyTypes, networkingv1.PolicyTypeEgress),
+			"%s: policyTypes %v, want Ingress and Egress (a missing one allows everything that way)", pod.name, spec.PolicyTypes)
+		check(len(spec.Ingress) > 0, "%s: no ingress rule: Prometheus could not scrape", pod.name)
+		for _, r := range spec.Ingress {
+			check(len(r.From) > 0, "%s: an ingress rule without from admits every source", pod.name)
+			check(len(r.Ports) > 0, "%s: an ingress rule without ports admits every port", pod.name)
+			for _, p := range r.Ports {
+				check(p.Port != nil && p.Port.String() == "http" && (p.Protocol == nil || *p.Protocol == corev1.ProtocolTCP),
+					"%s: ingress to port %v, want only the http port", pod.name, p.Port)
+			}
+			for _, from := range r.From {
+				check(from.IPBlock == nil || from.IPBlock.CIDR != "0.0.0.0/0", "%s: ingress from anywhere", pod.name)
+			}
+		}
+		seen := map[string]bool{}
+		for _, r := range spec.Egress {
+			check(len(r.To) > 0, "%s: an egress rule without to reaches every destination", pod.name)
+			check(len(r.Ports) > 0, "%s: an egress rule without ports reaches every port", pod.name)
+			for _, p := range r.Ports {
+				proto := corev1.ProtocolTCP
+				if p.Protocol != nil {
+					proto = *p.Protocol
+				}
+				key := fmt.Sprintf("%s/%s", proto, p.Port)
+				check(p.Port != nil && allowedOut[key], "%s: egress to %s, want only NATS 4222, PostgreSQL 5432 and DNS 53", pod.name, key)
+				seen[key] = true
+			}
+			for _, to := range r.To {
+				check(to.IPBlock == nil || to.IPBlock.CIDR != "0.0.0.0/0", "%s: egress to anywhere", pod.name)
+			}
+		}
+		for k := range allowedOut {
+			check(seen[k], "%s: no egress to %s: it could not reach NATS, PostgreSQL or DNS", pod.name, k)
+		}
 	}
 	return errors.Join(errs...)
 }
