@@ -151,6 +151,12 @@ func TestFlagAndEnvErrors(t *testing.T) {
 		{"consumer unlimited deliveries", func(w io.Writer) error {
 			return Consumer(context.Background(), []string{"-max-deliver", "-1"}, mapEnv(map[string]string{"DATABASE_URL": "postgres://x"}), io.Discard, w)
 		}, "max-deliver", 2},
+		{"consumer bad byte budget", func(w io.Writer) error {
+			return Consumer(context.Background(), nil, mapEnv(map[string]string{"JETINBOX_MAX_BYTES": "plenty", "DATABASE_URL": "postgres://x"}), io.Discard, w)
+		}, "JETINBOX_MAX_BYTES", 2},
+		{"consumer wildcard inbox prefix", func(w io.Writer) error {
+			return Consumer(context.Background(), nil, mapEnv(map[string]string{"NATS_INBOX_PREFIX": "_INBOX.>", "DATABASE_URL": "postgres://x"}), io.Discard, w)
+		}, "inbox prefix", 2},
 		{"producer bad dup fraction", func(w io.Writer) error {
 			return Producer(context.Background(), []string{"-dup-fraction", "2"}, mapEnv(nil), nil, io.Discard, w)
 		}, "dup-fraction", 2},
