@@ -206,6 +206,14 @@ func validateK8s(fsys files) error {
 	probe("readinessProbe", c.ReadinessProbe, "/readyz")
 	check(c.Resources.Requests.Cpu().Sign() > 0 && c.Resources.Requests.Memory().Sign() > 0, "consumer needs cpu and memory requests")
 	check(c.Resources.Limits.Memory().Sign() > 0, "consumer needs a memory limit")
+	// The messages it holds are bounded in bytes, at most a quarter of the
+	// memory limit: the rest is the runtime, the batches' work and slack.
+	if m := regexp.MustCompile(`^(\d+)MiB$`).FindStringSubmatch(env["JETINBOX_MAX_BYTES"].Value); m == nil {
+		check(false, "consumer JETINBOX_MAX_BYTES %q, want an explicit NMiB", env["JETINBOX_MAX_BYTES"].Value)
+	} else {
+		mib, _ := strconv.ParseInt(m[1], 10, 64)
+		check(mib<<20 <= c.Resources.Limits.Memory().Value()/4, "consumer JETINBOX_MAX_BYTES %s is more than a quarter of the memory limit %s", env["JETINBOX_MAX_BYTES"].Value, c.Resources.Limits.Memory())
+	}
 	checkSecure := func(what string, ps *corev1.PodSecurityContext, sc *corev1.SecurityContext) {
 		nonRoot := (ps != nil && ps.RunAsNonRoot != nil && *ps.RunAsNonRoot) || (sc != nil && sc.RunAsNonRoot != nil && *sc.RunAsNonRoot)
 		check(nonRoot, "%s must set runAsNonRoot", what)

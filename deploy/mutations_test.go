@@ -85,6 +85,7 @@ func TestMutationsAreRejected(t *testing.T) {
 
 		{"dockerfile missing binary", "Dockerfile", "/out/producer /out/jetinbox", "/out/producer", validateDockerfile},
 
+		{"consumer holds half its memory in messages", "kubernetes/consumer-deployment.yaml", "value: 64MiB", "value: 256MiB", validateK8s},
 		{"deployment field typo", "kubernetes/consumer-deployment.yaml", "readinessProbe:", "readynessProbe:", validateK8s},
 		{"deployment short grace", "kubernetes/consumer-deployment.yaml", "terminationGracePeriodSeconds: 45", "terminationGracePeriodSeconds: 20", validateK8s},
 		{"deployment wrong probe path", "kubernetes/consumer-deployment.yaml", "path: /readyz", "path: /ready", validateK8s},
