@@ -244,6 +244,9 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		for _, k := range []string{"NATS_URL", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY", "JETINBOX_STREAM"} {
 			check(env(svc, k) != "", "%s: %s is not set", svc, k)
 		}
+		role := strings.TrimSuffix(filepath.Base(env(svc, "NATS_NKEY")), "_nkey")
+		check(inboxPrefix[role] != "" && env(svc, "NATS_INBOX_PREFIX") == inboxPrefix[role],
+			"%s: NATS_INBOX_PREFIX %q, want its NATS user's own %q: the user may subscribe to nothing else", svc, env(svc, "NATS_INBOX_PREFIX"), inboxPrefix[role])
 		check(env(svc, "JETINBOX_STREAM") == js.intents.Name, "%s: JETINBOX_STREAM %q, the stream is %q", svc, env(svc, "JETINBOX_STREAM"), js.intents.Name)
 		for _, u := range strings.Split(env(svc, "NATS_URL"), ",") {
 			pu, err := url.Parse(u)
@@ -255,6 +258,9 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 	for _, k := range []string{"DATABASE_URL", "JETINBOX_SCOPE", "JETINBOX_DURABLE", "JETINBOX_DRAIN_TIMEOUT", "JETINBOX_HTTP_ADDR"} {
 		check(env("consumer", k) != "", "consumer: %s is not set", k)
 	}
+	// The binaries listen on loopback by default: a container that must be
+	// reached says where it listens.
+	check(strings.HasPrefix(env("consumer", "JETINBOX_HTTP_ADDR"), "0.0.0.0:"), "consumer: JETINBOX_HTTP_ADDR %q, want an explicit 0.0.0.0:port", env("consumer", "JETINBOX_HTTP_ADDR"))
 	check(env("consumer", "JETINBOX_DURABLE") == js.ledger.Durable, "consumer: JETINBOX_DURABLE %q, the durable is %q", env("consumer", "JETINBOX_DURABLE"), js.ledger.Durable)
 	for _, svc := range []string{"consumer", "migrate", "verify"} {
 		check(strings.Contains(env(svc, "DATABASE_URL"), "sslmode=verify-full"), "%s: DATABASE_URL must use sslmode=verify-full", svc)
@@ -273,7 +279,7 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 	// /metrics where prometheus.yml scrapes it, and uses its own NATS user.
 	if v, ok := p.Services["verify"]; ok {
 		cmd := strings.Join(v.Command, " ")
-		check(strings.HasPrefix(cmd, "verify -watch ") && strings.Contains(cmd, "-http :"+verifyTarget[strings.LastIndex(verifyTarget, ":")+1:]),
+		check(strings.HasPrefix(cmd, "verify -watch ") && strings.Contains(cmd, "-http 0.0.0.0:"+verifyTarget[strings.LastIndex(verifyTarget, ":")+1:]),
 			"verify command %v must be verify -watch serving -http on the port prometheus.yml scrapes (%s)", v.Command, verifyTarget)
 		for _, k := range []string{"JETINBOX_SCOPE", "JETINBOX_DURABLE"} {
 			check(env("verify", k) == env("consumer", k), "verify: %s %q, the consumer's is %q", k, env("verify", k), env("consumer", k))

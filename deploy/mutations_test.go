@@ -35,8 +35,16 @@ func TestMutationsAreRejected(t *testing.T) {
 		{"nats consumer cannot drain advisories", "nats/auth.conf", `      "$JS.API.CONSUMER.MSG.NEXT.INTENTS_ADVISORIES.ledger",` + "\n", "", nats},
 		{"nats consumer acks other advisories", "nats/auth.conf", `"$JS.ACK.INTENTS_ADVISORIES.ledger.>"`, `"$JS.ACK.INTENTS_ADVISORIES.>"`, nats},
 		{"nats producer cannot check streams", "nats/auth.conf", `      "$JS.API.STREAM.INFO.INTENTS_DLQ",` + "\n", "", nats},
-		{"nats advisories on core nats", "nats/auth.conf", `allow: ["_INBOX.>"]`, `allow: ["_INBOX.>", "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.INTENTS.ledger"]`, nats},
+		{"nats advisories on core nats", "nats/auth.conf", `allow: ["_INBOX_consumer.>"]`, `allow: ["_INBOX_consumer.>", "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.INTENTS.ledger"]`, nats},
+		{"nats producer reads every inbox", "nats/auth.conf", `allow: ["_INBOX_producer.>"]`, `allow: ["_INBOX.>"]`, nats},
+		{"compose consumer on the shared inbox", "compose.yaml", "NATS_INBOX_PREFIX: _INBOX_consumer", "NATS_INBOX_PREFIX: _INBOX", compose},
 
+		{"nats max_payload back to 1MB", "nats/common.conf", "max_payload: 16KB", "max_payload: 1MB", nats},
+		{"stream takes 1MiB intents", "jetstream/intents-stream.json", `"max_msg_size": 8192`, `"max_msg_size": 1048576`, validateJetStream},
+		{"dead letters smaller than intents", "jetstream/dlq-stream.json", `"max_msg_size": 12288`, `"max_msg_size": 8192`, validateJetStream},
+		{"policy lets every source in", "kubernetes/networkpolicy.yaml", "  ingress:\n    - from:\n        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n          podSelector:\n            matchLabels:\n              app.kubernetes.io/name: prometheus\n      ports:", "  ingress:\n    - ports:", validateK8s},
+		{"policy lets the consumer out anywhere", "kubernetes/networkpolicy.yaml", "        - port: 5432\n          protocol: TCP", "        - port: 443\n          protocol: TCP", validateK8s},
+		{"policy egress only", "kubernetes/networkpolicy.yaml", "policyTypes: [Ingress, Egress]", "policyTypes: [Egress]", validateK8s},
 		{"stream unknown field", "jetstream/intents-stream.json", `"deny_delete"`, `"deny_delet"`, validateJetStream},
 		{"stream discard old", "jetstream/intents-stream.json", `"discard": "new"`, `"discard": "old"`, validateJetStream},
 		{"stream replicas", "jetstream/dlq-stream.json", `"num_replicas": 3`, `"num_replicas": 1`, validateJetStream},
@@ -81,6 +89,7 @@ func TestMutationsAreRejected(t *testing.T) {
 
 		{"dockerfile missing binary", "Dockerfile", "/out/producer /out/jetinbox", "/out/producer", validateDockerfile},
 
+		{"consumer holds half its memory in messages", "kubernetes/consumer-deployment.yaml", "value: 64MiB", "value: 256MiB", validateK8s},
 		{"deployment field typo", "kubernetes/consumer-deployment.yaml", "readinessProbe:", "readynessProbe:", validateK8s},
 		{"deployment short grace", "kubernetes/consumer-deployment.yaml", "terminationGracePeriodSeconds: 45", "terminationGracePeriodSeconds: 20", validateK8s},
 		{"deployment wrong probe path", "kubernetes/consumer-deployment.yaml", "path: /readyz", "path: /ready", validateK8s},

@@ -178,6 +178,16 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 
 	t.Run("consumer", func(t *testing.T) {
 		rec := startRecording(t, admin.nc)
+		// The consumer's pull requests name the reply subject its intents
+		// are delivered on.
+		pulls, err := admin.nc.SubscribeSync("$JS.API.CONSUMER.MSG.NEXT." + stream + "." + durable)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pulls.Unsubscribe()
+		if err := admin.nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
 		consumer := connectAs(t, one, fx, "consumer")
 		c, _ := projectConsumer(t, ctx, consumer, consumerDSN, stream, durable)
 		runCtx, stop := context.WithCancel(context.Background())
@@ -209,6 +219,21 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 		consumer.expectNoAsyncError(t)
 		consumer.nc.Close()
 		rec.check(t, "consumer", consumerPublish)
+
+		// The producer's user may not listen where the consumer's intents
+		// arrive: not on the consumer's delivery subject, not under its
+		// prefix, not on the shared default prefix.
+		pull, err := pulls.NextMsg(time.Second)
+		if err != nil {
+			t.Fatalf("no pull request of the consumer recorded: %v", err)
+		}
+		if !strings.HasPrefix(pull.Reply, inboxPrefix["consumer"]+".") {
+			t.Errorf("the consumer pulls with reply subject %q, want it under its own prefix %s", pull.Reply, inboxPrefix["consumer"])
+		}
+		spy := connectAs(t, one, fx, "producer")
+		for _, subj := range []string{pull.Reply, inboxPrefix["consumer"] + ".>", "_INBOX.>", ">"} {
+			spy.expectSubscribeDenied(t, subj)
+		}
 
 		// The effects: the rescued intent applied once, the poison rejected.
 		// Read as the verifier: the consumer cannot read the ledger back.
@@ -446,7 +471,7 @@ func (r *recording) check(t *testing.T, role string, allow []string) {
 		// Replies, the server's advisories, and messages JetStream
 		// delivers (to a pull request's inbox, under their own subject)
 		// are not the client's.
-		if strings.HasPrefix(m.Subject, "_INBOX.") || strings.HasPrefix(m.Subject, "$JS.EVENT.") || strings.HasPrefix(m.Reply, "$JS.ACK.") {
+		if strings.HasPrefix(m.Subject, "_INBOX") || strings.HasPrefix(m.Subject, "$JS.EVENT.") || strings.HasPrefix(m.Reply, "$JS.ACK.") {
 			continue
 		}
 		i := slices.IndexFunc(allow, func(p string) bool { return subjectMatches(p, m.Subject) })

@@ -63,8 +63,8 @@ func (r readmeRole) String() string {
 // Only the export line's values change: NATS_URL names the three servers,
 // DATABASE_URL keeps the README's database and sslmode with the local host
 // and the role's name, and each command gets the credentials of the role
-// that runs it (readmeRoles): NATS_NKEY, NATS_CERT, NATS_KEY, NATS_CA, and
-// PGPASSFILE (passwords never go into DATABASE_URL).
+// that runs it (readmeRoles): NATS_NKEY, NATS_CERT, NATS_KEY, NATS_CA,
+// NATS_INBOX_PREFIX (the role's own reply prefix), and PGPASSFILE (passwords never go into DATABASE_URL).
 //
 // migrate, accounts, the producer (the generated load and the README's
 // JSONL example), the consumer until SIGTERM, verify, dlq, replay and
@@ -163,6 +163,11 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 				"NATS_CERT="+filepath.Join(tls, role.nats+".pem"),
 				"NATS_KEY="+filepath.Join(tls, role.nats+"-key.pem"),
 				"NATS_CA="+filepath.Join(tls, "ca.pem"))
+			// The role's own reply prefix, as compose and Kubernetes set it;
+			// the admin user may subscribe anywhere and keeps _INBOX.
+			if p := inboxPrefix[role.nats]; p != "" {
+				env = append(env, "NATS_INBOX_PREFIX="+p)
+			}
 		}
 		if role.db != "" {
 			u := *dbURL

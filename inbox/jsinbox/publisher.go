@@ -418,8 +418,10 @@ func (t *tracker) done() {
 // retryable: timeouts, no responders, disconnects and stalls are worth a
 // retry with the same ID; a rejection by the stream (full with DiscardNew)
 // is too, within the budget, since space may free up. A subject another
-// stream captures is not.
+// stream captures is not, nor a message bigger than the stream's
+// max_msg_size or the server's max_payload.
 func retryable(err error) bool {
 	return !errors.Is(err, jetstream.ErrInvalidSubject) && !errors.Is(err, nats.ErrBadSubject) && !errors.Is(err, nats.ErrMaxPayload) &&
+		!errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) &&
 		!errors.Is(err, ErrWrongStream) && !errors.Is(err, ErrConflict) && !isStreamNotMatch(err)
 }

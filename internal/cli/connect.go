@@ -77,6 +77,7 @@ func (e Env) Or(name, def string) string {
 // the environment, the environment over the context.
 type NATSFlags struct {
 	url, creds, nkey, ca, cert, key, user, password, token, context string
+	inboxPrefix                                                     string
 
 	env      Env
 	ctxName  string // the context in use, if any
@@ -84,8 +85,8 @@ type NATSFlags struct {
 }
 
 // Register adds the connection flags to fs: -s (also -server, -nats-url),
-// -creds, -nkey, -tlscert, -tlskey, -tlsca, -user, -password, -token and
-// -context, and the older -nats-creds, -nats-nkey, -nats-ca, -nats-cert,
+// -creds, -nkey, -tlscert, -tlskey, -tlsca, -user, -password, -token,
+// -inbox-prefix and -context, and the older -nats-creds, -nats-nkey, -nats-ca, -nats-cert,
 // -nats-key. Their defaults come from env after parsing (see Validate), so
 // no secret from the environment is ever shown by -h.
 func (n *NATSFlags) Register(fs FlagSet, env Env) {
@@ -107,6 +108,8 @@ func (n *NATSFlags) Register(fs FlagSet, env Env) {
 		{&n.user, []string{"user"}, "NATS_USER", "NATS user name"},
 		{&n.password, []string{"password"}, "NATS_PASSWORD", "NATS password (prefer the environment: flags show in ps)"},
 		{&n.token, []string{"token"}, "NATS_TOKEN", "NATS authentication token (prefer the environment: flags show in ps)"},
+		{&n.inboxPrefix, []string{"inbox-prefix"}, "NATS_INBOX_PREFIX", "prefix of the reply subjects (request replies, PubAcks, pulled messages) instead of _INBOX; " +
+			"give each user its own and let it subscribe to that alone, so no other user can read its replies"},
 	} {
 		for _, name := range f.names {
 			fs.StringVar(f.p, name, "", f.use+" (env "+f.envVar+")")
@@ -131,7 +134,8 @@ func (n *NATSFlags) resolve() error {
 		p      *string
 		envVar string
 	}{{&n.url, "NATS_URL"}, {&n.creds, "NATS_CREDS"}, {&n.nkey, "NATS_NKEY"}, {&n.ca, "NATS_CA"}, {&n.cert, "NATS_CERT"}, {&n.key, "NATS_KEY"},
-		{&n.user, "NATS_USER"}, {&n.password, "NATS_PASSWORD"}, {&n.token, "NATS_TOKEN"}, {&n.context, "NATS_CONTEXT"}} {
+		{&n.user, "NATS_USER"}, {&n.password, "NATS_PASSWORD"}, {&n.token, "NATS_TOKEN"}, {&n.inboxPrefix, "NATS_INBOX_PREFIX"},
+		{&n.context, "NATS_CONTEXT"}} {
 		if *f.p == "" {
 			*f.p = env(f.envVar)
 		}
@@ -145,7 +149,7 @@ func (n *NATSFlags) resolve() error {
 		dst *string
 		v   string
 	}{{&n.url, c.URL}, {&n.creds, c.Creds}, {&n.nkey, c.NKey}, {&n.ca, c.CA}, {&n.cert, c.Cert}, {&n.key, c.Key},
-		{&n.user, c.User}, {&n.password, c.Password}, {&n.token, c.Token}} {
+		{&n.user, c.User}, {&n.password, c.Password}, {&n.token, c.Token}, {&n.inboxPrefix, c.InboxPrefix}} {
 		if *f.dst == "" {
 			*f.dst = f.v
 		}
@@ -185,6 +189,9 @@ func (n *NATSFlags) Validate() error {
 	}
 	if n.password != "" && n.user == "" {
 		return errors.New("a NATS password (-password, NATS_PASSWORD) needs a user (-user, NATS_USER)")
+	}
+	if err := CheckInboxPrefix(n.inboxPrefix); err != nil {
+		return err
 	}
 	for _, f := range []struct{ name, path string }{{"NATS_CREDS", n.creds}, {"NATS_NKEY", n.nkey}, {"NATS_CA", n.ca}, {"NATS_CERT", n.cert}, {"NATS_KEY", n.key}} {
 		if f.path == "" {
@@ -233,6 +240,9 @@ func (n *NATSFlags) Connect(name string, reconnect jitter.Policy, log *slog.Logg
 		}
 		opts = append(opts, o)
 	}
+	if n.inboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(n.inboxPrefix))
+	}
 	if n.ca != "" {
 		opts = append(opts, nats.RootCAs(n.ca))
 	}
@@ -249,6 +259,34 @@ func (n *NATSFlags) Connect(name string, reconnect jitter.Policy, log *slog.Logg
 		return nil, nil, fmt.Errorf("jetstream: %w", err)
 	}
 	return nc, js, nil
+}
+
+// InboxPrefix returns the reply-subject prefix in use ("" for nats.go's
+// default, _INBOX), once the settings are resolved.
+func (n *NATSFlags) InboxPrefix() string { return n.inboxPrefix }
+
+// CheckInboxPrefix checks a reply-subject prefix (-inbox-prefix,
+// NATS_INBOX_PREFIX, a context's inbox_prefix): empty (the default,
+// _INBOX), or subject tokens without wildcards, spaces or control
+// characters, not ending in a dot.
+func CheckInboxPrefix(p string) error {
+	if p == "" {
+		return nil
+	}
+	bad := func(why string) error {
+		return fmt.Errorf("NATS inbox prefix %q (-inbox-prefix, NATS_INBOX_PREFIX, a context's inbox_prefix): %s", p, why)
+	}
+	for _, tok := range strings.Split(p, ".") {
+		switch {
+		case tok == "":
+			return bad("empty subject token (a leading, trailing or double dot)")
+		case tok == "*" || tok == ">" || strings.ContainsAny(tok, "*>"):
+			return bad("wildcards are not allowed")
+		case strings.IndexFunc(tok, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0:
+			return bad("spaces and control characters are not allowed")
+		}
+	}
+	return nil
 }
 
 // Redact hides passwords in URLs before they reach a log or an error.

@@ -22,6 +22,9 @@ type natsContext struct {
 	User     string `json:"user"`
 	Password string `json:"password"`
 	Token    string `json:"token"`
+	// InboxPrefix is the reply-subject prefix (the nats CLI's
+	// --inbox-prefix).
+	InboxPrefix string `json:"inbox_prefix"`
 }
 
 // natsConfigDir is where the nats CLI keeps its contexts: under

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"io"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 
@@ -105,5 +107,68 @@ func TestNATSContextAndPrecedence(t *testing.T) {
 	}
 	if out := help.String() + logs.String(); strings.Contains(out, "secret") {
 		t.Errorf("a password was shown:\n%s", out)
+	}
+}
+
+// TestInboxPrefix: -inbox-prefix, NATS_INBOX_PREFIX and a context's
+// inbox_prefix (the nats CLI's names) set the reply subjects, in that order
+// of precedence; a prefix that is not a plain subject is a usage error; and
+// a user that may subscribe to its own prefix only gets its JetStream
+// replies with it, and none without it.
+func TestInboxPrefix(t *testing.T) {
+	t.Parallel()
+	home := t.TempDir()
+	cfg := filepath.Join(home, ".config")
+	writeContext(t, cfg, "ctx", `{"url":"nats://ctx:4222","inbox_prefix":"_INBOX_ctx"}`)
+	for _, c := range []struct {
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{map[string]string{"HOME": home}, nil, ""},
+		{map[string]string{"HOME": home, "NATS_CONTEXT": "ctx"}, nil, "_INBOX_ctx"},
+		{map[string]string{"HOME": home, "NATS_CONTEXT": "ctx", "NATS_INBOX_PREFIX": "_INBOX_env"}, nil, "_INBOX_env"},
+		{map[string]string{"HOME": home, "NATS_CONTEXT": "ctx", "NATS_INBOX_PREFIX": "_INBOX_env"}, []string{"-inbox-prefix", "_INBOX_flag.a"}, "_INBOX_flag.a"},
+	} {
+		n, err := parseNATS(t, mapEnv(c.env), c.args...)
+		if err != nil || n.InboxPrefix() != c.want {
+			t.Errorf("env %v, args %v: prefix %q, %v; want %q", c.env, c.args, n.InboxPrefix(), err, c.want)
+		}
+	}
+	for _, bad := range []string{"_INBOX.>", "a.*.b", "trailing.", ".lead", "a..b", "sp ace", "tab\tx"} {
+		if _, err := parseNATS(t, mapEnv(nil), "-inbox-prefix", bad); err == nil || !strings.Contains(err.Error(), "inbox prefix") {
+			t.Errorf("-inbox-prefix %q: %v, want an error naming it", bad, err)
+		}
+	}
+
+	srv := testenv.NewNATS(t, testenv.NATSOptions{Configure: func(o *server.Options) {
+		o.Users = []*server.User{{Username: "p", Password: "pw", Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: []string{"$JS.API.INFO"}},
+			Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX_p.>"}},
+		}}}
+	}})
+	for _, c := range []struct {
+		prefix string
+		ok     bool
+	}{{"_INBOX_p", true}, {"", false}, {"_INBOX_q", false}} {
+		args := []string{"-s", srv.URL(), "-user", "p", "-password", "pw"}
+		if c.prefix != "" {
+			args = append(args, "-inbox-prefix", c.prefix)
+		}
+		n, err := parseNATS(t, mapEnv(nil), args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, js, err := n.Connect("t", DefaultReconnect(), slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err = js.AccountInfo(ctx)
+		cancel()
+		nc.Close()
+		if (err == nil) != c.ok {
+			t.Errorf("prefix %q: account info %v, want ok=%v", c.prefix, err, c.ok)
+		}
 	}
 }

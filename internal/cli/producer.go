@@ -63,6 +63,9 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	maxBytes, dlqBytes := envSize(env, "JETINBOX_STREAM_MAX_BYTES", &envErrs), envSize(env, "JETINBOX_DLQ_MAX_BYTES", &envErrs)
 	fs.Var(&maxBytes, "stream-max-bytes", "intents stream MaxBytes when creating it, e.g. 16GiB or plain bytes; 0: 16GiB (env JETINBOX_STREAM_MAX_BYTES)")
 	fs.Var(&dlqBytes, "dlq-max-bytes", "dead-letter stream MaxBytes when creating it, e.g. 1GiB; 0: 1GiB (env JETINBOX_DLQ_MAX_BYTES)")
+	msgSize := envSize(env, "JETINBOX_STREAM_MAX_MSG_SIZE", &envErrs)
+	fs.Var(&msgSize, "stream-max-msg-size", fmt.Sprintf("intents stream's largest message (headers included) when creating it; the dead-letter stream gets %d bytes more; 0: %s (env JETINBOX_STREAM_MAX_MSG_SIZE)",
+		jsinbox.DeadLetterHeadroom, ptr(Size(jsinbox.DefaultMaxMsgSize)).String()))
 	maxMsgs := fs.Int64("stream-max-msgs", envInt64(env, "JETINBOX_STREAM_MAX_MSGS", &envErrs), "intents stream MaxMsgs when creating it; 0: 50 million (env JETINBOX_STREAM_MAX_MSGS)")
 	maxAge := fs.Duration("stream-max-age", envDuration(env, "JETINBOX_STREAM_MAX_AGE", 0, &envErrs),
 		"intents stream MaxAge when creating it, part of the replay horizon; 0: 168h (env JETINBOX_STREAM_MAX_AGE)")
@@ -105,6 +108,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	bad.within("replicas", *replicas, 1, 5)
 	bad.positive("duplicate-window", *window)
 	bad.atLeast("stream-max-msgs", int(min(*maxMsgs, math.MaxInt)), 0)
+	bad.within("stream-max-msg-size", int(min(int64(msgSize), math.MaxInt32)), 0, math.MaxInt32-jsinbox.DeadLetterHeadroom)
 	if *maxAge < 0 {
 		bad.positive("stream-max-age", *maxAge)
 	}
@@ -122,7 +126,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	defer nc.Close()
 	st, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{
 		Name: *stream, Subjects: []string{*subject + ".>"}, Replicas: *replicas, DuplicateWindow: *window,
-		MaxBytes: int64(maxBytes), MaxMsgs: *maxMsgs, MaxAge: *maxAge, DeadLetterMaxBytes: int64(dlqBytes),
+		MaxBytes: int64(maxBytes), MaxMsgs: *maxMsgs, MaxAge: *maxAge, DeadLetterMaxBytes: int64(dlqBytes), MaxMsgSize: int32(min(int64(msgSize), math.MaxInt32)),
 	})
 	if err != nil {
 		return err
@@ -404,3 +408,5 @@ func parseLine(line []byte, subject string) (jsinbox.Intent, error) {
 	}
 	return jsinbox.Intent{ID: l.ID, Subject: l.Subject, Payload: compact.Bytes()}, nil
 }
+
+func ptr[T any](v T) *T { return &v }
