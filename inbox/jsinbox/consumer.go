@@ -300,12 +300,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 		stop()
 		return err
 	}
-	// Open and prepare a connection per batch in flight before the first
-	// message: otherwise the first batches pay for it in latency. A
-	// database that is down now is handled like one that fails later.
-	if err := c.proc.Warm(ctx, c.cfg.InFlight); err != nil {
-		c.cfg.Logger.Warn("jsinbox: warming the database connections failed", "err", err)
-	}
+	// Open and prepare a connection per batch in flight while the first
+	// pull is on its way, not before it: a restarted or autoscaled worker
+	// then pulls at once, and the first batch waits for a connection only
+	// if it arrives before the connections are ready. A database that is
+	// down now is handled like one that fails later.
+	warmed := make(chan struct{})
+	go func() {
+		defer close(warmed)
+		if err := c.proc.Warm(ctx, c.cfg.InFlight); err != nil {
+			c.cfg.Logger.Warn("jsinbox: warming the database connections failed", "err", err)
+		}
+	}()
+	defer func() { <-warmed }() // last: nothing of Run outlives it
 	work := context.WithoutCancel(ctx) // batches finish even when ctx ends
 	slots := make(chan struct{}, c.cfg.InFlight)
 	var wg sync.WaitGroup

@@ -308,6 +308,14 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		}
 	}
 
+	var startup []time.Duration
+	if want("jetinbox") {
+		if startup, err = startupPhase(ctx, js, pg, o); err != nil {
+			return err
+		}
+		say("start-up: time to first commit %v", startup)
+	}
+
 	var lats []*latencyRun
 	if o.Latency > 0 && want("jetinbox") {
 		// Latency at a low rate and at half the measured jetinbox maximum,
@@ -361,6 +369,10 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "publish-to-commit at %d msg/s offered (%s, %.0f achieved): p50 %v  p99 %v  max %v  (%d messages)\n",
 			l.offered, load, l.achieved, pct(l.lat, 50), pct(l.lat, 99), pct(l.lat, 100), len(l.lat))
+	}
+	if len(startup) > 0 {
+		fmt.Fprintf(stdout, "time to first commit of a cold consumer (Run to commit, no open connection, a message waiting): median %v, max %v (%d starts)\n",
+			pct(startup, 50), pct(startup, 100), len(startup))
 	}
 	if child != nil {
 		fmt.Fprintf(stdout, "consumer as its own process (jetinbox consumer, batch ≤ %d, %d in flight): %.0f msg/s, peak RSS %s (%s after the first %d messages)\n",
