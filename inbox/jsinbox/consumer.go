@@ -312,7 +312,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			c.cfg.Logger.Warn("jsinbox: warming the database connections failed", "err", err)
 		}
 	}()
-	defer func() { <-warmed }() // last: nothing of Run outlives it
+	defer func() { <-warmed }()        // last: nothing of Run outlives it
 	work := context.WithoutCancel(ctx) // batches finish even when ctx ends
 	slots := make(chan struct{}, c.cfg.InFlight)
 	var wg sync.WaitGroup
