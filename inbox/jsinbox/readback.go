@@ -132,7 +132,12 @@ func (p *Publisher) streamOf(subject string) string {
 	if err != nil {
 		return ""
 	}
-	var ack batchAck
+	var ack struct {
+		Stream string `json:"stream"`
+		Error  *struct {
+			ErrCode int `json:"err_code"`
+		} `json:"error"`
+	}
 	if json.Unmarshal(resp.Data, &ack) != nil || ack.Error == nil || ack.Error.ErrCode != errStreamNotMatch {
 		return ""
 	}
