@@ -496,7 +496,7 @@ func (t *tracker) wait(timer *time.Timer) {
 			// Reading the stored message back takes a round trip: off
 			// this loop, and the intent stays in flight (Flush waits)
 			// until it is settled.
-			t.p.goBG(func() { t.checkDuplicate(ack.Sequence) }, func() { t.fail(ErrClosed) })
+			t.p.goBG(func() { t.checkDuplicate(*ack) }, func() { t.fail(ErrClosed) })
 			return
 		}
 		t.p.published.Add(1)
