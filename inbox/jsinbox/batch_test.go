@@ -151,7 +151,7 @@ func TestAtomicBatchPubAckLost(t *testing.T) {
 	fp := failpoint.New()
 	fp.Enable(failpoint.LosePubAck, 1)
 	intents := load(600, "al")
-	st := publishAll(t, context.Background(), js, jsinbox.PublisherConfig{Batch: 300}, intents, fp)
+	st := publishAll(t, context.Background(), js, jsinbox.PublisherConfig{Batch: 300, Linger: 50 * time.Millisecond}, intents, fp)
 	if fp.Hits(failpoint.LosePubAck) != 1 || st.BatchFallbacks != 1 || st.Duplicates == 0 || st.Published != 600 {
 		t.Fatalf("stats %+v after one lost batch PubAck, want one fallback whose copies are duplicates", st)
 	}

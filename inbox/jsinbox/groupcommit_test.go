@@ -375,8 +375,8 @@ func TestPublisherBadBatch(t *testing.T) {
 func TestPublisherDefaultsToGroupCommit(t *testing.T) {
 	t.Parallel()
 	c := jsinbox.PublisherConfig{}.WithDefaults()
-	if c.Batch != jsinbox.DefaultBatch || c.Linger <= 0 {
-		t.Fatalf("defaults %+v, want Batch %d and a Linger", c, jsinbox.DefaultBatch)
+	if c.Batch != jsinbox.DefaultBatch || c.MinBatch != jsinbox.DefaultMinBatch || c.Linger != 0 {
+		t.Fatalf("defaults %+v, want Batch %d, MinBatch %d, no Linger", c, jsinbox.DefaultBatch, jsinbox.DefaultMinBatch)
 	}
 	if off := (jsinbox.PublisherConfig{Batch: 1}).WithDefaults(); off.Batch != 1 {
 		t.Fatalf("Batch 1 became %d", off.Batch)

@@ -71,29 +71,39 @@ type PublisherConfig struct {
 	// in the message headers. Default: no tracing.
 	TracerProvider trace.TracerProvider
 	// Batch is the most intents one JetStream atomic batch holds (at most
-	// [MaxBatch]): group commit. Intents handed over while a batch awaits
-	// its PubAck gather into the next one, which goes out when it holds
-	// Batch intents, when no batch is awaiting its PubAck any more, or when
-	// its first intent has waited Linger, whichever comes first; it never
-	// waits to fill. The server stores a batch with one fsync and one
-	// PubAck instead of one each, which is what limits a stream with
-	// sync_interval: always, and each intent still gets its own outcome
-	// (see [Publisher.PublishWait]). The stream should allow atomic
-	// publishing (StreamConfig sets it); one that does not refuses the
-	// first batch, and the publisher says so once in its log and publishes
-	// one intent at a time from then on. A batch the server refuses as a
-	// whole (an ID it already has, a timeout, a lost PubAck) is published
-	// again one intent at a time, with the same IDs, so that deduplication
-	// and the conflict check stay per intent. Default [DefaultBatch]; 1
-	// turns group commit off: one publish per intent.
+	// [MaxBatch]): group commit. One group of intents is published at a
+	// time; the intents handed over meanwhile, by one caller or by many
+	// goroutines, gather into the next group (up to Batch), which goes out
+	// as soon as the one before has its PubAcks. It never waits to fill. A
+	// group of MinBatch intents or more is one atomic batch: the server
+	// stores it with one fsync and one PubAck instead of one each, which is
+	// what limits a stream with sync_interval: always, and each intent
+	// still gets its own outcome (see [Publisher.PublishWait]). The stream
+	// should allow atomic publishing (StreamConfig sets it); one that does
+	// not refuses the first batch, and the publisher says so once in its
+	// log and publishes one intent at a time from then on. A batch the
+	// server refuses as a whole (an ID it already has, a timeout, a lost
+	// PubAck) is published again one intent at a time, with the same IDs,
+	// so that deduplication and the conflict check stay per intent.
+	// Default [DefaultBatch]; 1 turns group commit off: every intent is
+	// published on its own as soon as it is handed over.
 	Batch int
-	// Linger is the longest a batch waits for more intents while another
-	// batch awaits its PubAck. Default 1ms.
+	// MinBatch is the fewest intents sent as an atomic batch; a smaller
+	// group is published one intent at a time (pipelined), which costs the
+	// server less than staging a batch. Default [DefaultMinBatch].
+	MinBatch int
+	// Linger, if set, is how long a group with no group in flight before
+	// it waits for more intents. Default 0: it goes at once (the group in
+	// flight is what lets the next one fill).
 	Linger time.Duration
 }
 
-// DefaultBatch is the default [PublisherConfig].Batch.
-const DefaultBatch = 256
+// DefaultBatch and DefaultMinBatch are the defaults of
+// [PublisherConfig].Batch and MinBatch.
+const (
+	DefaultBatch    = 256
+	DefaultMinBatch = 16
+)
 
 // MaxBatch is the largest atomic batch a JetStream server accepts by
 // default.
@@ -122,9 +132,11 @@ func (c PublisherConfig) WithDefaults() PublisherConfig {
 		c.Batch = DefaultBatch
 	}
 	c.Batch = min(c.Batch, MaxBatch)
-	if c.Linger <= 0 {
-		c.Linger = time.Millisecond
+	if c.MinBatch <= 0 {
+		c.MinBatch = DefaultMinBatch
 	}
+	c.MinBatch = min(c.MinBatch, max(c.Batch, 1))
+	c.Linger = max(c.Linger, 0)
 	return c
 }
 
@@ -427,6 +439,9 @@ type tracker struct {
 	span     trace.Span // nil unless tracing
 	future   jetstream.PubAckFuture
 	sent     time.Time
+	// grp, while set, is the group commit's group this intent was
+	// published one by one in.
+	grp *group
 	// res, for PublishWait, is closed once ack or err is set.
 	res chan struct{}
 	ack jetstream.PubAck
@@ -445,6 +460,7 @@ func (t *tracker) send() {
 	f, err := t.p.js.PublishMsgAsync(msg)
 	if err != nil {
 		t.p.closeMu.RUnlock()
+		t.leaveGroup()
 		t.retry(err)
 		return
 	}
@@ -484,6 +500,7 @@ func (t *tracker) wait(timer *time.Timer) {
 	t.future = nil
 	select {
 	case ack := <-f.Ok():
+		t.leaveGroup()
 		if t.p.hook != nil && t.p.hook(hook.LosePubAck) {
 			t.retry(errors.New("PubAck lost (simulated)"))
 			return
@@ -503,14 +520,17 @@ func (t *tracker) wait(timer *time.Timer) {
 		t.ack = *ack
 		t.done()
 	case err := <-f.Err():
+		t.leaveGroup()
 		if isStreamNotMatch(err) {
 			t.p.goBG(func() { t.wrongStream(err) }, func() { t.fail(ErrClosed) })
 			return
 		}
 		t.retry(err)
 	case <-timer.C:
+		t.leaveGroup()
 		t.retry(fmt.Errorf("no PubAck within %v: %w", t.p.cfg.AckTimeout, context.DeadlineExceeded))
 	case <-t.p.ctx.Done():
+		t.leaveGroup()
 		t.retry(t.p.ctx.Err())
 	}
 }
@@ -561,6 +581,7 @@ func (t *tracker) retry(err error) {
 
 // fail reports the intent as not published, for good.
 func (t *tracker) fail(err error) {
+	t.leaveGroup()
 	if errors.Is(err, ErrConflict) {
 		t.p.conflicts.Add(1)
 	}
