@@ -90,7 +90,8 @@ type PublisherConfig struct {
 	Batch int
 	// MinBatch is the fewest intents sent as an atomic batch; a smaller
 	// group is published one intent at a time (pipelined), which costs the
-	// server less than staging a batch. Default [DefaultMinBatch].
+	// server less than staging a batch, and keeps a low rate from waiting
+	// behind batches. Default [DefaultMinBatch].
 	MinBatch int
 	// Linger, if set, is how long a group with no group in flight before
 	// it waits for more intents. Default 0: it goes at once (the group in
@@ -102,7 +103,7 @@ type PublisherConfig struct {
 // [PublisherConfig].Batch and MinBatch.
 const (
 	DefaultBatch    = 256
-	DefaultMinBatch = 16
+	DefaultMinBatch = 32
 )
 
 // MaxBatch is the largest atomic batch a JetStream server accepts by

@@ -4,11 +4,14 @@
 //
 // What a batch costs decides the shape of it. The server stages an atomic
 // batch before committing it, on a single-node file stream in a file store
-// of its own (created and removed per batch: on a 2-core test machine
-// 7-20 ms, as long as 20-55 single publishes with sync_interval: always),
-// and stages batches one at a time per stream. So one group is in flight
-// at a time, it takes everything that arrived meanwhile, and batches are
-// used only while they are measured to publish more than one by one.
+// of its own, created and removed per batch, and stages batches one at a
+// time per stream: on a 2-core test machine a batch took 7-20 ms whatever
+// its size up to 64, as long as 20-55 single publishes with
+// sync_interval: always. So one group is in flight at a time, it takes
+// everything that arrived meanwhile, and a group smaller than MinBatch
+// goes as single publishes: at a low rate fewer intents than that arrive
+// while a batch is stored, so the publisher falls back to single publishes
+// instead of staying with batches that each wait for the one before.
 
 package jsinbox
 
@@ -26,22 +29,17 @@ import (
 	"github.com/jetinbox/jetinbox/internal/hook"
 )
 
-// gatherBatches is the group commit. It runs in one of two modes and
-// measures which one publishes more (see [modes]):
-//
-//   - batches: one group of intents is in flight at a time; meanwhile the
-//     next one gathers what arrives (up to Batch), and it goes out as soon
-//     as the one in flight has its PubAcks, as one atomic batch if it holds
-//     MinBatch intents or more, else one intent at a time. A group with no
-//     group before it goes out at once, or after Linger if that is set.
-//   - one by one: every intent is published as it arrives, pipelined.
+// gatherBatches is the group commit. One group of intents is in flight at
+// a time; meanwhile the next one gathers what arrives (up to Batch), and it
+// goes out as soon as the one in flight has its PubAcks. A group with no
+// group before it goes out at once, or after Linger if that is set. A
+// group of MinBatch intents or more is one atomic batch; a smaller one is
+// published one intent at a time, pipelined, which costs the server less
+// than the staging store of a batch.
 func (p *Publisher) gatherBatches() {
 	defer p.bg.Done()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	epoch := time.NewTicker(modeEpoch)
-	defer epoch.Stop()
-	m := modes{batch: true, base: p.settled(), since: time.Now()}
 	var cur []*tracker
 	inFlight, ready := false, false
 	for {
@@ -51,10 +49,6 @@ func (p *Publisher) gatherBatches() {
 		}
 		select {
 		case t := <-in:
-			if !m.batch || p.noBatch.Load() {
-				t.send()
-				continue
-			}
 			if len(cur) == 0 && !inFlight && p.cfg.Linger > 0 {
 				timer.Reset(p.cfg.Linger)
 				ready = false
@@ -74,14 +68,6 @@ func (p *Publisher) gatherBatches() {
 			inFlight, ready = false, true
 		case <-timer.C:
 			ready = true
-		case now := <-epoch.C:
-			m.next(p.settled(), now)
-			if !m.batch {
-				for _, t := range cur {
-					t.send()
-				}
-				cur = nil
-			}
 		case <-p.ctx.Done():
 			for _, t := range cur {
 				t.fail(ErrClosed)
@@ -93,64 +79,6 @@ func (p *Publisher) gatherBatches() {
 			p.sendGroup(cur)
 			cur, inFlight, ready = nil, true, false
 		}
-	}
-}
-
-// settled counts the intents settled so far.
-func (p *Publisher) settled() int64 { return p.published.Load() + p.failed.Load() }
-
-// modes picks the group commit's mode by measuring. The server fsyncs
-// every single publish (sync_interval: always) but an atomic batch once;
-// it also stages a batch before committing it, on a single-node file
-// stream in a file store of its own, which can take as long as dozens of
-// fsyncs. Which mode publishes more depends on the disk, the load and how
-// many callers wait, so each is measured (intents settled per second, a
-// moving average over epochs) and the faster one is used; the other is
-// tried again for one epoch every few. One by one wins a tie: at a low
-// rate both keep up, and it adds no wait.
-type modes struct {
-	batch   bool
-	rate    [2]float64 // one by one, batches
-	epochs  int
-	base    int64
-	since   time.Time
-	probing bool
-}
-
-const (
-	// modeEpoch is how long a mode is measured at a time.
-	modeEpoch = 200 * time.Millisecond
-	// probeEvery: the other mode gets one epoch in this many.
-	probeEvery = 10
-	// batchMargin: batches must publish this much more to be used.
-	batchMargin = 1.1
-)
-
-// next closes an epoch at settled intents and picks the mode of the next.
-func (m *modes) next(settled int64, now time.Time) {
-	i := 0
-	if m.batch {
-		i = 1
-	}
-	if el := now.Sub(m.since).Seconds(); el > 0 && settled > m.base {
-		r := float64(settled-m.base) / el
-		if m.rate[i] == 0 {
-			m.rate[i] = r
-		} else {
-			m.rate[i] = 0.6*m.rate[i] + 0.4*r
-		}
-	}
-	m.base, m.since = settled, now
-	m.epochs++
-	switch {
-	case m.probing: // back to the better mode
-		m.probing = false
-		m.batch = m.rate[1] > batchMargin*m.rate[0]
-	case m.rate[0] == 0 || m.rate[1] == 0 || m.epochs%probeEvery == 0:
-		m.probing = true
-		m.batch = !m.batch
-	default:
-		m.batch = m.rate[1] > batchMargin*m.rate[0]
 	}
 }
 
