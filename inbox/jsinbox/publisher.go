@@ -93,9 +93,10 @@ type PublisherConfig struct {
 	// server less than staging a batch, and keeps a low rate from waiting
 	// behind batches. Default [DefaultMinBatch].
 	MinBatch int
-	// Linger, if set, is how long a group with no group in flight before
-	// it waits for more intents. Default 0: it goes at once (the group in
-	// flight is what lets the next one fill).
+	// Linger, if set, makes a group wait for more intents until its first
+	// intent has waited Linger (or the group is full), even when no group
+	// is in flight. Default 0: a group goes as soon as the one before has
+	// its PubAcks (the group in flight is what lets the next one fill).
 	Linger time.Duration
 }
 

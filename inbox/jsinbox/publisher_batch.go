@@ -31,11 +31,11 @@ import (
 
 // gatherBatches is the group commit. One group of intents is in flight at
 // a time; meanwhile the next one gathers what arrives (up to Batch), and it
-// goes out as soon as the one in flight has its PubAcks. A group with no
-// group before it goes out at once, or after Linger if that is set. A
-// group of MinBatch intents or more is one atomic batch; a smaller one is
-// published one intent at a time, pipelined, which costs the server less
-// than the staging store of a batch.
+// goes out as soon as the one in flight has its PubAcks, or, if Linger is
+// set, once its first intent has also waited Linger. A group of MinBatch
+// intents or more is one atomic batch; a smaller one is published one
+// intent at a time, pipelined, which costs the server less than the
+// staging store of a batch.
 func (p *Publisher) gatherBatches() {
 	defer p.bg.Done()
 	timer := time.NewTimer(time.Hour)
@@ -49,7 +49,7 @@ func (p *Publisher) gatherBatches() {
 		}
 		select {
 		case t := <-in:
-			if len(cur) == 0 && !inFlight && p.cfg.Linger > 0 {
+			if len(cur) == 0 && p.cfg.Linger > 0 {
 				timer.Reset(p.cfg.Linger)
 				ready = false
 			}
@@ -64,8 +64,7 @@ func (p *Publisher) gatherBatches() {
 				}
 			}
 		case <-p.batchDone:
-			// What gathered meanwhile has waited long enough.
-			inFlight, ready = false, true
+			inFlight = false
 		case <-timer.C:
 			ready = true
 		case <-p.ctx.Done():
