@@ -5,9 +5,9 @@
 // What a batch costs decides the shape of it. The server stages an atomic
 // batch before committing it, on a single-node file stream in a file store
 // of its own, created and removed per batch, and stages batches one at a
-// time per stream: on a 2-core test machine a batch took 7-20 ms whatever
-// its size up to 64, as long as 20-55 single publishes with
-// sync_interval: always. So one group is in flight at a time, it takes
+// time per stream: on a 2-core test machine a batch took 2-3 ms whatever
+// its size up to 64 when the disk was quiet, 7-20 ms when it was busy, as
+// long as 10-55 single publishes with sync_interval: always. So one group is in flight at a time, it takes
 // everything that arrived meanwhile, and a group smaller than MinBatch
 // goes as single publishes: at a low rate fewer intents than that arrive
 // while a batch is stored, so the publisher falls back to single publishes
