@@ -7,11 +7,12 @@
 // of its own, created and removed per batch, and stages batches one at a
 // time per stream: on a 2-core test machine a batch took 2-3 ms whatever
 // its size up to 64 when the disk was quiet, 7-20 ms when it was busy, as
-// long as 10-55 single publishes with sync_interval: always. So one group is in flight at a time, it takes
-// everything that arrived meanwhile, and a group smaller than MinBatch
-// goes as single publishes: at a low rate fewer intents than that arrive
-// while a batch is stored, so the publisher falls back to single publishes
-// instead of staying with batches that each wait for the one before.
+// long as 10-55 single publishes with sync_interval: always. So one group
+// is in flight at a time, it takes everything that arrived meanwhile, and
+// a group smaller than MinBatch goes as single publishes: at a low rate
+// fewer intents than that arrive while a batch is stored, so the publisher
+// falls back to single publishes instead of staying with batches that each
+// wait for the one before.
 
 package jsinbox
 
