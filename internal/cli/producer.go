@@ -50,7 +50,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		dupFrac   = fs.Float64("dup-fraction", 0, "fraction of generated intents published a second time (same ID, same payload)")
 		prefix    = fs.String("prefix", "", "ID prefix for generated intents (default: a random run ID)")
 		inFlight  = fs.Int("max-inflight", 4096, "publishes awaiting a PubAck at once")
-		batch     = fs.Int("batch", 0, "intents per JetStream atomic batch, at most 1000: one fsync and one PubAck per batch, for servers with sync_interval: always; 0 publishes each intent on its own")
+		batch     = fs.Int("batch", 0, "group commit: most intents per JetStream atomic batch, at most 1000; the intents handed over while one batch is stored go out together as the next, one fsync and one PubAck per batch, which is what counts with sync_interval: always; 0: 256; 1 publishes each intent on its own")
 		ackTO     = fs.Duration("ack-timeout", 5*time.Second, "wait for one PubAck before retrying")
 		attempts  = fs.Int("retry-attempts", 10, "retries per intent before it is reported as failed")
 		retryFor  = fs.Duration("retry-for", 100*time.Second, "give an intent up after this long in all, PubAck waits included: keep it inside the stream's duplicate window (2 minutes by default), or a late retry of a publish that did land is stored twice")
@@ -167,7 +167,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		elapsed := time.Since(start)
 		fmt.Fprintf(stdout, "%spublished %d (%.0f/s)  server-side duplicates %d  conflicts %d  retries %d  failed %d  bad input lines %d",
 			prefix, s.Published, float64(s.Published)/elapsed.Seconds(), s.Duplicates, s.Conflicts, s.Retries, s.Failed, badLines)
-		if *batch > 1 {
+		if *batch != 1 {
 			fmt.Fprintf(stdout, "  atomic batches %d (refused and published one by one %d)", s.Batches, s.BatchFallbacks)
 		}
 		fmt.Fprintln(stdout)
