@@ -94,7 +94,7 @@ func (p *ProcessorOf[TX]) claim(ctx context.Context, tx TX, b *batch, isolate, f
 		for k, e := range refused {
 			if e != nil {
 				i := b.valid[k]
-				b.out[i] = Outcome{Status: StatusRejected, Cause: CauseClaimRefused, Reason: e.Error(), Err: e}
+				b.out[i] = Outcome{Status: StatusRejected, Cause: CauseClaimRefused, Reason: SanitizeReason(e.Error()), Err: e}
 				if b.refused == nil {
 					b.refused = map[int]bool{}
 				}
@@ -149,7 +149,7 @@ func (p *ProcessorOf[TX]) classify(b *batch, res []ClaimResult) {
 		case ClaimDuplicate:
 			b.out[i] = Outcome{Status: StatusDuplicate, Redelivered: true, FirstSeq: r.PriorSeq}
 			if r.PriorStatus == RowRejected {
-				b.out[i] = Outcome{Status: StatusRejected, Cause: CauseRejectedBefore, Reason: r.PriorReason, Redelivered: true, FirstSeq: r.PriorSeq}
+				b.out[i] = Outcome{Status: StatusRejected, Cause: CauseRejectedBefore, Reason: SanitizeReason(r.PriorReason), Redelivered: true, FirstSeq: r.PriorSeq}
 			}
 		case ClaimConflict:
 			b.out[i] = Outcome{Status: StatusConflict, Cause: CauseConflict, Redelivered: true,
@@ -191,12 +191,12 @@ func (p *ProcessorOf[TX]) decide(b *batch, errs []error) (rejIDs, rejReasons, re
 		case e == nil:
 			out[i] = Outcome{Status: StatusApplied}
 		case IsPermanent(e):
-			out[i] = Outcome{Status: StatusRejected, Cause: rejectCause(e), Reason: e.Error(), Err: e}
+			out[i] = Outcome{Status: StatusRejected, Cause: rejectCause(e), Reason: SanitizeReason(e.Error()), Err: e}
 		case msgs[i].Final:
 			reason := fmt.Sprintf("gave up after %d deliveries: %v", msgs[i].Deliveries, e)
-			out[i] = Outcome{Status: StatusRejected, Cause: CauseGaveUp, Reason: reason, Err: e}
+			out[i] = Outcome{Status: StatusRejected, Cause: CauseGaveUp, Reason: SanitizeReason(reason), Err: e}
 		default:
-			out[i] = Outcome{Status: StatusRetry, Cause: CauseTransient, Reason: e.Error(), Err: e}
+			out[i] = Outcome{Status: StatusRetry, Cause: CauseTransient, Reason: SanitizeReason(e.Error()), Err: e}
 			retryIDs = append(retryIDs, msgs[i].ID)
 			continue
 		}

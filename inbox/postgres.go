@@ -74,9 +74,19 @@ WHERE inbox.scope = $1 AND inbox.message_id = t.id`, scope, rejIDs, rejReasons)
 }
 
 func (s *pgStore) ReleaseClaims(ctx context.Context, tx pgx.Tx, scope string, retryIDs []string) error {
-	_, err := tx.Exec(ctx, `DELETE FROM inbox WHERE scope = $1 AND message_id = ANY($2::text[])`,
-		scope, retryIDs)
-	return err
+	// inbox_release (migration 0002) removes only rows this transaction
+	// inserted, so the claiming role needs no DELETE on inbox. Every
+	// retried message was claimed fresh in this transaction: a row it
+	// did not remove would make the redelivery a duplicate, acked without
+	// its effect, so a short count fails the batch instead.
+	var n int64
+	if err := tx.QueryRow(ctx, `SELECT inbox_release($1, $2::text[])`, scope, retryIDs).Scan(&n); err != nil {
+		return err
+	}
+	if n != int64(len(retryIDs)) {
+		return fmt.Errorf("released %d of %d", n, len(retryIDs))
+	}
+	return nil
 }
 
 func (s *pgStore) RecordConflicts(ctx context.Context, tx pgx.Tx, scope string, conflicts []Claim) error {

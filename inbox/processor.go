@@ -267,7 +267,7 @@ func (p *ProcessorOf[TX]) Process(ctx context.Context, msgs []Message) ([]Outcom
 	valid := make([]int, 0, len(msgs))
 	for i := range msgs {
 		if err := validateMessage(&msgs[i]); err != nil {
-			out[i] = Outcome{Status: StatusRejected, Cause: rejectCause(err), Reason: err.Error(), Err: Permanent(err)}
+			out[i] = Outcome{Status: StatusRejected, Cause: rejectCause(err), Reason: SanitizeReason(err.Error()), Err: Permanent(err)}
 			continue
 		}
 		valid = append(valid, i)
@@ -314,7 +314,7 @@ func (p *ProcessorOf[TX]) Process(ctx context.Context, msgs []Message) ([]Outcom
 			}
 		}
 		for _, i := range valid {
-			out[i] = Outcome{Status: StatusRetry, Cause: CauseBatchFailed, Reason: err.Error(), Err: err}
+			out[i] = Outcome{Status: StatusRetry, Cause: CauseBatchFailed, Reason: SanitizeReason(err.Error()), Err: err}
 		}
 		return out, err
 	}

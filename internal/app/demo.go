@@ -282,8 +282,8 @@ func demoStore(ctx context.Context, choice string, env cli.Env, say func(string,
 			pg.Close()
 			return nil, nil, err
 		}
-		say("store: throwaway PostgreSQL on 127.0.0.1:%d (%s; fsync on), started in %v. -store sqlite for a SQLite file",
-			pg.Port(), why, time.Since(t0).Round(time.Millisecond))
+		say("store: throwaway PostgreSQL on the Unix socket in %s, yours alone (%s; fsync on), started in %v. -store sqlite for a SQLite file",
+			pg.SocketDir(), why, time.Since(t0).Round(time.Millisecond))
 		return &cli.Store{PG: pool}, func() { pool.Close(); pg.Close() }, nil
 	}
 	if path, ok, err := cli.SQLitePath(choice); err != nil {

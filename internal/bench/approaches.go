@@ -68,6 +68,7 @@ func runNaive(ctx context.Context, c jetstream.Consumer, store *cli.Store, n int
 
 type countObserver struct {
 	applied atomic.Int64
+	first   atomic.Pointer[time.Time] // when the first batch committed
 	done    chan struct{}
 	n       int64
 	once    sync.Once
@@ -77,6 +78,10 @@ type countObserver struct {
 }
 
 func (o *countObserver) ObserveBatch(b jsinbox.BatchReport) {
+	if o.first.Load() == nil {
+		ended := b.Ended
+		o.first.CompareAndSwap(nil, &ended)
+	}
 	var k int64
 	for i, out := range b.Outcomes {
 		if out.Ackable() {

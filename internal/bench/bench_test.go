@@ -45,6 +45,7 @@ func TestBenchCommandSmoke(t *testing.T) {
 				`(?m)^jetinbox consumer +\d+  \d+\.\d\dx \(\d+\.\d\d–\d+\.\d\d\)$`,
 				`(?m)^publish-to-commit at 500 msg/s offered \(low load`,
 				`(?m)^publish-to-commit at \d+ msg/s offered \(50% of the jetinbox maximum`,
+				`(?m)^time to first commit of a cold consumer .*: median \d`,
 				`(?m)^ledger verified`,
 			} {
 				if !regexp.MustCompile(want).MatchString(out.String()) {
