@@ -396,6 +396,26 @@ func (c *Cluster) WaitStreamCurrent(ctx context.Context, stream string) error {
 	})
 }
 
+// WaitHealthy waits until every running node that is not cut off answers
+// its health check (the /healthz an operator's probe asks) with ok: its
+// JetStream is up and every stream and consumer it holds is current. A
+// rolling restart waits for this before it takes the next node down.
+func (c *Cluster) WaitHealthy(ctx context.Context) error {
+	return poll(ctx, "every node to be healthy", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for i, s := range c.srv {
+			if s == nil || c.partitioned[i] {
+				continue
+			}
+			if h := s.Healthz(nil); h == nil || h.Status != "ok" {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // StepDownStream asks stream's leader to hand leadership to another
 // replica, as `nats stream cluster step-down` does, through the JetStream
 // API ($JS.API.STREAM.LEADER.STEPDOWN.<stream>).
