@@ -244,6 +244,14 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 		wg.Go(func() { r.supervise(wctx, w) })
 	}
 	defer func() { stopWorkers(); wg.Wait() }()
+	// The faults are meant to meet a working pipeline: wait for the
+	// durable the workers create.
+	if _, err := r.cl.WaitConsumerLeader(ctx, r.stream, r.durable); err != nil {
+		return nil, nil, nil, err
+	}
+	if err := r.cl.WaitHealthy(ctx); err != nil {
+		return nil, nil, nil, err
+	}
 
 	type phase struct {
 		fault   string
