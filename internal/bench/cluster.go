@@ -21,6 +21,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
@@ -99,18 +100,18 @@ func ClusterMain(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("bench -cluster: unexpected arguments %q", fs.Args())
+		return cli.UsageError{Err: fmt.Errorf("bench -cluster: unexpected arguments %q", fs.Args())}
 	}
 	for _, s := range strings.Split(consumers, ",") {
 		k, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || k < 1 {
-			return fmt.Errorf("bench -cluster: -consumers: %q is not a positive count", s)
+			return cli.UsageError{Err: fmt.Errorf("bench -cluster: -consumers: %q is not a positive count", s)}
 		}
 		o.Consumers = append(o.Consumers, k)
 	}
 	if o.N < 1 || o.ProducerN < 1 || o.Batch < 1 || o.InFlight < 1 || o.Accounts < 1 || o.Rate < 1 || o.Latency < 0 ||
 		o.ProducerBatch < 2 || o.ProducerBatch > jsinbox.MaxBatch {
-		return fmt.Errorf("bench -cluster: -n, -producer-n, -batch, -inflight, -accounts and -rate must be positive, -latency not negative, -publish-batch 2..%d", jsinbox.MaxBatch)
+		return cli.UsageError{Err: fmt.Errorf("bench -cluster: -n, -producer-n, -batch, -inflight, -accounts and -rate must be positive, -latency not negative, -publish-batch 2..%d", jsinbox.MaxBatch)}
 	}
 	res, err := RunCluster(ctx, o, stderr)
 	if err != nil {
@@ -190,7 +191,9 @@ func producerRate(ctx context.Context, replicas int, syncAlways bool, batch, n i
 		return 0, err
 	}
 	intents := pipeline.Generate(pipeline.Load{Count: n, Accounts: 1024, Prefix: "p", Seed: 3})
-	pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{MaxInFlight: 8192, Batch: batch})
+	// A window the slowest row (one fsync per publish on one node) acks
+	// well within AckTimeout: a bigger one only times out and retries.
+	pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{MaxInFlight: 1024, AckTimeout: 10 * time.Second, Batch: batch})
 	if err != nil {
 		return 0, err
 	}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jetinbox/jetinbox/internal/cli"
 )
 
 // TestClusterBenchSmoke runs jetinbox bench -cluster at a tiny size, so
@@ -39,8 +41,8 @@ func TestClusterBenchFlags(t *testing.T) {
 	for _, args := range [][]string{{"-consumers", "1,x"}, {"-consumers", "0"}, {"-n", "0"}, {"-publish-batch", "5000"}, {"extra"}} {
 		var out, errOut bytes.Buffer
 		err := Main(context.Background(), append([]string{"-cluster"}, args...), &out, &errOut)
-		if err == nil || !strings.Contains(err.Error(), "bench -cluster") {
-			t.Errorf("%q: %v", args, err)
+		if err == nil || !strings.Contains(err.Error(), "bench -cluster") || cli.ExitCode(err) != 2 {
+			t.Errorf("%q: %v (exit %d, want 2)", args, err, cli.ExitCode(err))
 		}
 	}
 }

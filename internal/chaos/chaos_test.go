@@ -7,6 +7,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/jetinbox/jetinbox/internal/cli"
+
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -107,5 +109,15 @@ func TestClusterChaosSmoke(t *testing.T) {
 	}
 	if !rep.Clean() || rep.AppliedOnce != len(rows)*150 {
 		t.Errorf("verify: clean=%v applied once=%d", rep.Clean(), rep.AppliedOnce)
+	}
+}
+
+func TestClusterChaosFlags(t *testing.T) {
+	for _, args := range [][]string{{"-faults", "stream-leader-kill,meteor"}, {"-intents", "0"}, {"-batch", "5000"}, {"-rounds", "0"}, {"extra"}, {"-intents", "x"}} {
+		var out, errOut bytes.Buffer
+		err := Main(context.Background(), append([]string{"-cluster"}, args...), &out, &errOut)
+		if cli.ExitCode(err) != 2 {
+			t.Errorf("%q: %v (exit %d, want 2)", args, err, cli.ExitCode(err))
+		}
 	}
 }

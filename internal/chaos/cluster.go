@@ -26,6 +26,7 @@ import (
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
@@ -104,16 +105,16 @@ func ClusterMain(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("chaos -cluster: unexpected arguments %q", fs.Args())
+		return cli.UsageError{Err: fmt.Errorf("chaos -cluster: unexpected arguments %q", fs.Args())}
 	}
 	o.Faults = strings.Split(faults, ",")
 	for _, f := range o.Faults {
 		if !slices.Contains(ClusterFaults, f) {
-			return fmt.Errorf("chaos -cluster: unknown fault %q (known: %s)", f, strings.Join(ClusterFaults, ", "))
+			return cli.UsageError{Err: fmt.Errorf("chaos -cluster: unknown fault %q (known: %s)", f, strings.Join(ClusterFaults, ", "))}
 		}
 	}
 	if o.Intents < 1 || o.Rate < 0 || o.Batch < 0 || o.Batch > jsinbox.MaxBatch || o.Rounds < 1 {
-		return fmt.Errorf("chaos -cluster: -intents and -rounds must be at least 1, -rate at least 0, -batch 0..%d", jsinbox.MaxBatch)
+		return cli.UsageError{Err: fmt.Errorf("chaos -cluster: -intents and -rounds must be at least 1, -rate at least 0, -batch 0..%d", jsinbox.MaxBatch)}
 	}
 	rows, rep, stats, err := RunCluster(ctx, o)
 	if err != nil {
