@@ -351,7 +351,10 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 // client reconnects to another one.
 func connectAll(cl *testenv.Cluster, name string) (*nats.Conn, error) {
 	nc, err := nats.Connect(cl.URLs(), nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
-		nats.ReconnectJitter(50*time.Millisecond, 50*time.Millisecond))
+		nats.ReconnectJitter(50*time.Millisecond, 50*time.Millisecond),
+		// A write to a server that just died is what this harness is
+		// for: keep nats.go's default handler from printing it.
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 	if err != nil {
 		return nil, fmt.Errorf("chaos: connect %s: %w", name, err)
 	}
