@@ -286,9 +286,11 @@ func consumersOnR3(ctx context.Context, o ClusterOptions, res *ClusterResult, sa
 		if err != nil {
 			return err
 		}
-		cons, err := js.CreateOrUpdateConsumer(ctx, stream.Name, jetstream.ConsumerConfig{
+		cctx, cancel := context.WithTimeout(ctx, time.Minute)
+		cons, err := testenv.CreateConsumer(cctx, js, stream.Name, jetstream.ConsumerConfig{
 			Durable: durable, AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 50_000, AckWait: time.Minute, MaxDeliver: 20,
 		})
+		cancel()
 		if err != nil {
 			pool.Close()
 			return err

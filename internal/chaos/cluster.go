@@ -170,10 +170,9 @@ type clusterRun struct {
 	durable string
 
 	// armDie, when set, makes worker 0 stop the node it is connected to
-	// as it acks its next batch; dieFired is closed then.
-	armDie   atomic.Pointer[chan struct{}]
-	workerNC [2]atomic.Pointer[nats.Conn]
-	crashes  atomic.Int64
+	// as it acks its next batch, and close the channel.
+	armDie  atomic.Pointer[chan struct{}]
+	crashes atomic.Int64
 
 	statsMu sync.Mutex
 	stats   jsinbox.ConsumerStats // of the consumers' ended lives
@@ -459,19 +458,11 @@ func (r *clusterRun) fault(ctx context.Context, fault string) (string, error) {
 		}
 		return r.killAndRestart(ctx, l, "consumer leader")
 	case "step-downs":
-		sl := r.cl.StreamLeader(r.stream)
-		if err := testenv.StepDownStream(ctx, r.nc, r.stream); err != nil {
-			return "", err
-		}
-		nsl, err := r.waitNewLeader(ctx, sl, func() int { return r.cl.StreamLeader(r.stream) })
+		sl, nsl, err := r.cl.MoveStreamLeader(ctx, r.nc, r.stream)
 		if err != nil {
 			return "", err
 		}
-		cl := r.cl.ConsumerLeader(r.stream, r.durable)
-		if err := testenv.StepDownConsumer(ctx, r.nc, r.stream, r.durable); err != nil {
-			return "", err
-		}
-		ncl, err := r.waitNewLeader(ctx, cl, func() int { return r.cl.ConsumerLeader(r.stream, r.durable) })
+		cl, ncl, err := r.cl.MoveConsumerLeader(ctx, r.nc, r.stream, r.durable)
 		if err != nil {
 			return "", err
 		}
@@ -587,7 +578,6 @@ func (r *clusterRun) runWorker(ctx context.Context, w int) error {
 		return err
 	}
 	defer nc.Close()
-	r.workerNC[w].Store(nc)
 	js, _ := jetstream.New(nc)
 	proc, err := inbox.NewProcessor(r.pool, inbox.Config{Scope: effects.DefaultScope, Handler: effects.NewLedger()})
 	if err != nil {

@@ -14,12 +14,11 @@ import (
 	"testing"
 	"time"
 
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
+
+	"github.com/jetinbox/jetinbox/internal/faultconn"
 )
 
 // ClusterSize is the number of nodes a [Cluster] runs: the smallest that
@@ -41,7 +40,7 @@ type ClusterOptions struct {
 
 // Cluster is three embedded nats-servers with JetStream, clustered over
 // loopback routes. Every route runs through an in-process TCP proxy
-// (toxiproxy), one per ordered pair of nodes, so that a node can be cut
+// (faultconn.Proxy), one per ordered pair of nodes, so that a node can be cut
 // off from the others (Partition) while its clients stay connected to it.
 // Nodes can be stopped, started and restarted on the same ports and store;
 // stream and consumer leaders can be asked to step down.
@@ -51,13 +50,12 @@ type Cluster struct {
 
 	clientPorts [ClusterSize]int
 	routePorts  [ClusterSize]int
-	proxySrv    *toxiproxy.ApiServer
 	// sink accepts and drops every connection: every node advertises it
 	// as its route address, so that a route learned by gossip leads
 	// nowhere and every route runs through the proxies.
 	sink net.Listener
 	// proxies[i][j] carries node i's route to node j (nil for i == j).
-	proxies [ClusterSize][ClusterSize]*toxiproxy.Proxy
+	proxies [ClusterSize][ClusterSize]*faultconn.Proxy
 
 	mu          sync.Mutex
 	srv         [ClusterSize]*server.Server
@@ -100,18 +98,16 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 			conn.Close()
 		}
 	}(c.sink)
-	c.proxySrv = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
 	for i := range ClusterSize {
 		for j := range ClusterSize {
 			if i == j {
 				continue
 			}
-			p := toxiproxy.NewProxy(c.proxySrv, fmt.Sprintf("route-%d-%d", i+1, j+1),
-				fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", c.routePorts[j]))
-			ports = ports[1:]
-			if err := p.Start(); err != nil {
-				return nil, fmt.Errorf("testenv: route proxy %s: %w", p.Name, err)
+			p, err := faultconn.NewProxy(fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", c.routePorts[j]))
+			if err != nil {
+				return nil, fmt.Errorf("testenv: route proxy n%d → n%d: %w", i+1, j+1, err)
 			}
+			ports = ports[1:]
 			c.proxies[i][j] = p
 		}
 	}
@@ -212,7 +208,7 @@ func (c *Cluster) Start(i int) error {
 	}
 	for j := range ClusterSize {
 		if j != i {
-			u, _ := url.Parse("nats-route://" + c.proxies[i][j].Listen)
+			u, _ := url.Parse("nats-route://" + c.proxies[i][j].Addr())
 			o.Routes = append(o.Routes, u)
 		}
 	}
@@ -271,8 +267,8 @@ func (c *Cluster) Partition(i int) {
 	c.partitioned[i] = true
 	for j := range ClusterSize {
 		if j != i {
-			c.proxies[i][j].Stop()
-			c.proxies[j][i].Stop()
+			c.proxies[i][j].Cut()
+			c.proxies[j][i].Cut()
 		}
 	}
 }
@@ -288,9 +284,9 @@ func (c *Cluster) Heal(i int) error {
 		if j == i || c.partitioned[j] {
 			continue
 		}
-		for _, p := range []*toxiproxy.Proxy{c.proxies[i][j], c.proxies[j][i]} {
-			if perr := p.Start(); perr != nil && !errors.Is(perr, toxiproxy.ErrProxyAlreadyStarted) {
-				err = errors.Join(err, fmt.Errorf("testenv: heal %s: %w", p.Name, perr))
+		for _, p := range []*faultconn.Proxy{c.proxies[i][j], c.proxies[j][i]} {
+			if perr := p.Mend(); perr != nil {
+				err = errors.Join(err, fmt.Errorf("testenv: heal n%d: %w", i+1, perr))
 			}
 		}
 	}
@@ -305,7 +301,7 @@ func (c *Cluster) Close() {
 	for i := range ClusterSize {
 		for j := range ClusterSize {
 			if p := c.proxies[i][j]; p != nil {
-				p.Stop()
+				p.Close()
 			}
 		}
 	}
@@ -416,6 +412,40 @@ func (c *Cluster) WaitHealthy(ctx context.Context) error {
 	})
 }
 
+// MoveStreamLeader asks stream's leader to step down until another node
+// leads it (a step-down may end with the same node elected again, or be
+// refused while a replica catches up) and returns both nodes.
+func (c *Cluster) MoveStreamLeader(ctx context.Context, nc *nats.Conn, stream string) (from, to int, err error) {
+	return c.moveLeader(ctx, func() int { return c.StreamLeader(stream) }, func() error { return StepDownStream(ctx, nc, stream) })
+}
+
+// MoveConsumerLeader is MoveStreamLeader for a consumer.
+func (c *Cluster) MoveConsumerLeader(ctx context.Context, nc *nats.Conn, stream, consumer string) (from, to int, err error) {
+	return c.moveLeader(ctx, func() int { return c.ConsumerLeader(stream, consumer) }, func() error { return StepDownConsumer(ctx, nc, stream, consumer) })
+}
+
+func (c *Cluster) moveLeader(ctx context.Context, leader func() int, stepDown func() error) (from, to int, err error) {
+	if err := poll(ctx, "a leader", func() bool { from = leader(); return from >= 0 }); err != nil {
+		return -1, -1, err
+	}
+	var last error
+	for ctx.Err() == nil {
+		if last = stepDown(); last == nil {
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := poll(wctx, "another leader", func() bool { to = leader(); return to >= 0 && to != from })
+			cancel()
+			if err == nil {
+				return from, to, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	return from, -1, fmt.Errorf("testenv: leadership did not move from %s: %w (last step-down: %v)", c.Name(from), ctx.Err(), last)
+}
+
 // StepDownStream asks stream's leader to hand leadership to another
 // replica, as `nats stream cluster step-down` does, through the JetStream
 // API ($JS.API.STREAM.LEADER.STEPDOWN.<stream>).
@@ -459,7 +489,7 @@ func CreateStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 	var s jetstream.Stream
 	var last error
 	err := poll(ctx, "stream "+cfg.Name+" to be created", func() bool {
-		actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		s, last = js.CreateOrUpdateStream(actx, cfg)
 		return last == nil
@@ -468,6 +498,24 @@ func CreateStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 		return nil, fmt.Errorf("%w (last error: %v)", err, last)
 	}
 	return s, nil
+}
+
+// CreateConsumer creates or updates a consumer, each attempt bounded to a
+// few seconds and retried: an API request can go unanswered while a Raft
+// group of a fresh or faulted cluster elects its leader.
+func CreateConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	var cons jetstream.Consumer
+	var last error
+	err := poll(ctx, "consumer "+cfg.Durable+" on "+stream+" to be created", func() bool {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		cons, last = js.CreateOrUpdateConsumer(actx, stream, cfg)
+		return last == nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w (last error: %v)", err, last)
+	}
+	return cons, nil
 }
 
 // poll checks ok every 50ms until it holds or ctx ends.

@@ -28,7 +28,7 @@ func TestClusterFaults(t *testing.T) {
 	if _, err := CreateStream(ctx, js, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Replicas: 3, Storage: jetstream.FileStorage}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy, Replicas: 3}); err != nil {
+	if _, err := CreateConsumer(ctx, js, "S", jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy, Replicas: 3}); err != nil {
 		t.Fatal(err)
 	}
 	seq := 0
@@ -69,22 +69,11 @@ func TestClusterFaults(t *testing.T) {
 	}
 
 	// Step-downs move stream and consumer leadership.
-	l = c.StreamLeader("S")
-	if err := StepDownStream(ctx, nc, "S"); err != nil {
-		t.Fatal(err)
+	if from, to, err := c.MoveStreamLeader(ctx, nc, "S"); err != nil || from == to {
+		t.Fatalf("stream leader %d → %d: %v", from, to, err)
 	}
-	if err := poll(ctx, "another stream leader", func() bool { n := c.StreamLeader("S"); return n >= 0 && n != l }); err != nil {
-		t.Fatal(err)
-	}
-	cl, err := c.WaitConsumerLeader(ctx, "S", "d")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := StepDownConsumer(ctx, nc, "S", "d"); err != nil {
-		t.Fatal(err)
-	}
-	if err := poll(ctx, "another consumer leader", func() bool { n := c.ConsumerLeader("S", "d"); return n >= 0 && n != cl }); err != nil {
-		t.Fatal(err)
+	if from, to, err := c.MoveConsumerLeader(ctx, nc, "S", "d"); err != nil || from == to {
+		t.Fatalf("consumer leader %d → %d: %v", from, to, err)
 	}
 	if err := StepDownStream(ctx, nc, "NOPE"); err == nil {
 		t.Error("step-down of a missing stream succeeded")
