@@ -89,6 +89,12 @@ func TestClusterFaults(t *testing.T) {
 	defer minority.Close()
 	mjs, _ := jetstream.New(minority)
 	c.Partition(l)
+	// Cut off means no route at all: none through the proxies, and none
+	// the nodes found by gossip around them.
+	if err := poll(ctx, "the cut-off node to lose every route", func() bool { return c.Server(l).NumRoutes() == 0 }); err != nil {
+		rz, _ := c.Server(l).Routez(nil)
+		t.Fatalf("%v: %s still has %d routes: %+v", err, c.Name(l), c.Server(l).NumRoutes(), rz)
+	}
 	if err := poll(ctx, "a leader in the majority", func() bool {
 		for i := range ClusterSize {
 			if i != l && c.Server(i).JetStreamIsStreamLeader("$G", "S") {
