@@ -77,13 +77,13 @@ func publishThroughElections(t *testing.T, batch int) {
 			t.Fatal(err)
 		}
 	}
-	// A quarter in: the stream leader dies.
+	// A quarter in: the stream leader is killed.
 	<-at
 	l, err := cl.WaitStreamLeader(ctx, cfg.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl.Stop(l)
+	cl.Kill(l)
 	if _, err := cl.WaitStreamLeader(ctx, jsinbox.DefaultStream); err != nil {
 		t.Fatal(err)
 	}
@@ -96,13 +96,13 @@ func publishThroughElections(t *testing.T, batch int) {
 	if err := testenv.StepDownStream(ctx, nc, jsinbox.DefaultStream); err != nil {
 		t.Fatal(err)
 	}
-	// Three quarters: the producer's own server dies.
+	// Three quarters: the producer's own server is killed.
 	<-at
 	mine := cl.Node(nc.ConnectedServerName())
 	if mine < 0 {
 		t.Fatalf("producer connected to %q, no node of the cluster", nc.ConnectedServerName())
 	}
-	cl.Stop(mine)
+	cl.Kill(mine)
 	if _, err := cl.WaitStreamLeader(ctx, jsinbox.DefaultStream); err != nil {
 		t.Fatal(err)
 	}

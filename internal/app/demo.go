@@ -170,9 +170,12 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	intents := pipeline.Generate(pipeline.Load{Count: *n, Accounts: *accounts, Prefix: "demo-" + run, Subject: subject, Seed: rand.Uint64()})
 	pubFP := failpoint.New()
 	pubFP.EnableEvery(failpoint.LosePubAck, 40, -1)
+	retry := jitter.Policy{Kind: jitter.Full, Base: 20 * time.Millisecond, Cap: 250 * time.Millisecond, MaxAttempts: 8}
+	if nodes != nil {
+		retry = clusterRetry // the budget must outlast a leader election
+	}
 	pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{
-		Stream: streamOpts.Name, MaxInFlight: 1024, AckTimeout: time.Second,
-		Retry: jitter.Policy{Kind: jitter.Full, Base: 20 * time.Millisecond, Cap: 250 * time.Millisecond, MaxAttempts: 8},
+		Stream: streamOpts.Name, MaxInFlight: 1024, AckTimeout: time.Second, Retry: retry,
 	})
 	if err != nil {
 		return err

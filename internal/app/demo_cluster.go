@@ -12,7 +12,15 @@ import (
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
+	"github.com/jetinbox/jetinbox/jitter"
 )
+
+// clusterRetry times the demo producer's retries on a cluster. A killed
+// leader is replaced after the followers' election timeout, several
+// seconds in which every publish times out or finds no responder: a
+// budget of a few hundred milliseconds (the one-node demo's) gives up on
+// those intents. Production's default budget is 100 s.
+var clusterRetry = jitter.Policy{Kind: jitter.Full, Base: 50 * time.Millisecond, Cap: time.Second, MaxElapsed: time.Minute}
 
 // demoSetup is pipeline.Setup; on a fresh cluster it retries while the
 // meta group is still placing the first R3 stream.
@@ -32,8 +40,8 @@ func demoSetup(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, 
 	}
 }
 
-// killStreamLeader stops the node leading stream while the producer goes
-// on publishing, waits until the other two elected a new leader, and
+// killStreamLeader kills the node leading stream (no leadership handed
+// over) while the producer goes on publishing, waits until the other two elected a new leader, and
 // starts the node again once its replicas caught up. The channel gets the
 // outcome.
 func killStreamLeader(ctx context.Context, nodes *testenv.Cluster, stream string, say func(string, ...any)) <-chan error {
@@ -47,7 +55,7 @@ func killStreamLeader(ctx context.Context, nodes *testenv.Cluster, stream string
 				return err
 			}
 			t0 := time.Now()
-			nodes.Stop(l)
+			nodes.Kill(l)
 			say("killed %s, the leader of stream %s, halfway through publishing", nodes.Name(l), stream)
 			nl, err := nodes.WaitStreamLeader(wctx, stream)
 			if err != nil {

@@ -523,16 +523,16 @@ func (r *clusterRun) fault(ctx context.Context, fault string) (string, error) {
 		if err := r.cl.Start(dead); err != nil {
 			return "", err
 		}
-		return fmt.Sprintf("%s died as consumer 1 acked a batch; the consumer reconnected to another node; %s restarted", r.cl.Name(dead), r.cl.Name(dead)), nil
+		return fmt.Sprintf("%s killed as consumer 1 acked a batch; the consumer reconnected to another node; %s restarted", r.cl.Name(dead), r.cl.Name(dead)), nil
 	}
 	return "", fmt.Errorf("unknown fault %q", fault)
 }
 
-// killAndRestart stops node i, waits for the groups to elect elsewhere,
-// and starts it again.
+// killAndRestart kills node i (no leadership handed over), waits for the
+// groups to elect elsewhere, and starts it again.
 func (r *clusterRun) killAndRestart(ctx context.Context, i int, role string) (string, error) {
-	r.cl.Stop(i)
-	r.say("  stopped %s (%s)", r.cl.Name(i), role)
+	r.cl.Kill(i)
+	r.say("  killed %s (%s)", r.cl.Name(i), role)
 	sl, err := r.cl.WaitStreamLeader(ctx, r.stream)
 	if err != nil {
 		return "", err
@@ -545,7 +545,7 @@ func (r *clusterRun) killAndRestart(ctx context.Context, i int, role string) (st
 	if err := r.cl.Start(i); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("%s (%s) stopped; stream leader %s, consumer leader %s; restarted", r.cl.Name(i), role, r.cl.Name(sl), r.cl.Name(cl)), nil
+	return fmt.Sprintf("%s (%s) killed; stream leader %s, consumer leader %s; restarted", r.cl.Name(i), role, r.cl.Name(sl), r.cl.Name(cl)), nil
 }
 
 func (r *clusterRun) waitNewLeader(ctx context.Context, old int, leader func() int) (int, error) {
@@ -601,8 +601,8 @@ func (r *clusterRun) runWorker(ctx context.Context, w int) error {
 			}
 			if n := r.cl.Node(nc.ConnectedServerName()); n >= 0 {
 				go func() {
-					r.cl.Stop(n)
-					r.say("  stopped %s, consumer 1's server, as it acked a batch", r.cl.Name(n))
+					r.cl.Kill(n)
+					r.say("  killed %s, consumer 1's server, as it acked a batch", r.cl.Name(n))
 					close(*fired)
 				}()
 			} else {

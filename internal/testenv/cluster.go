@@ -60,6 +60,7 @@ type Cluster struct {
 	mu          sync.Mutex
 	srv         [ClusterSize]*server.Server
 	partitioned [ClusterSize]bool
+	killed      [ClusterSize]bool // cut off by Kill, healed by Start
 }
 
 // StartCluster starts three clustered nodes on loopback and waits until
@@ -233,7 +234,12 @@ func (c *Cluster) Start(i int) error {
 	}
 	c.mu.Lock()
 	c.srv[i] = s
+	killed := c.killed[i]
+	c.killed[i] = false
 	c.mu.Unlock()
+	if killed {
+		return c.Heal(i)
+	}
 	return nil
 }
 
@@ -249,6 +255,21 @@ func (c *Cluster) Stop(i int) {
 		s.Shutdown()
 		s.WaitForShutdown()
 	}
+}
+
+// Kill stops node i as a crash would: its routes are cut first, so it
+// cannot hand the leaderships it holds to the others (Stop's shutdown
+// does); they find it gone and elect among themselves after their
+// election timeout. Its clients lose their connection. Its files are
+// flushed as the kernel would flush a killed process's writes: what a
+// power loss takes is out of reach in-process. Start brings it back with
+// its routes.
+func (c *Cluster) Kill(i int) {
+	c.Partition(i)
+	c.mu.Lock()
+	c.killed[i] = true
+	c.mu.Unlock()
+	c.Stop(i)
 }
 
 // Restart stops node i and starts it again on the same ports and store.

@@ -47,18 +47,18 @@ func TestClusterFaults(t *testing.T) {
 	}
 	publishEventually()
 
-	// Stop the stream leader: another node takes over.
+	// Kill the stream leader: the other two elect a new one.
 	l, err := c.WaitStreamLeader(ctx, "S")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.Stop(l)
+	c.Kill(l)
 	nl, err := c.WaitStreamLeader(ctx, "S")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if nl == l {
-		t.Fatalf("stopped node %s still leads", c.Name(l))
+		t.Fatalf("killed node %s still leads", c.Name(l))
 	}
 	publishEventually()
 	if err := c.Start(l); err != nil {
