@@ -81,7 +81,7 @@ func processConsumers(ctx context.Context, js jetstream.JetStream, urls, stream 
 	if err := checkLedger(ctx, pool, o.N, want); err != nil {
 		return ConsumerRate{}, err
 	}
-	r := ConsumerRate{Approach: "jetinbox processes", Consumers: k, Rate: float64(o.N) / el.Seconds(), CPUPerMsg: cpu / time.Duration(o.N)}
+	r := ConsumerRate{Approach: "jetinbox (processes)", Consumers: k, Rate: float64(o.N) / el.Seconds(), CPUPerMsg: cpu / time.Duration(o.N)}
 	var walBytes, xacts float64
 	if wal1, err := walLSN(ctx, pool); werr == nil && err == nil {
 		_ = pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)`, wal1, wal0).Scan(&walBytes)
