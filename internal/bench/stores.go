@@ -50,6 +50,17 @@ func openDatabases(ctx context.Context, store string) (databases, error) {
 	return nil, fmt.Errorf("-store %q: want postgres or sqlite", store)
 }
 
+// benchDB is a migrated database with accounts 1..accounts on the
+// throwaway server, as a pool: the cluster measurements also read
+// PostgreSQL's own statistics (WAL, transactions).
+func benchDB(ctx context.Context, pg *testenv.Postgres, name string, accounts int) (*pgxpool.Pool, error) {
+	s, err := pgDatabases{pg}.create(ctx, name, accounts)
+	if err != nil {
+		return nil, err
+	}
+	return s.PG, nil
+}
+
 // pgDatabases are databases of a throwaway PostgreSQL server (fsync on).
 type pgDatabases struct{ pg *testenv.Postgres }
 
