@@ -352,7 +352,7 @@ func consumersOnR3(ctx context.Context, o ClusterOptions, res *ClusterResult, sa
 		if err := pg.Settle(ctx, 30*time.Second); err != nil {
 			return err
 		}
-		run, err := latencyPhase(ctx, js, pgDatabases{pg}, Options{Accounts: o.Accounts, Batch: o.Batch, InFlight: o.InFlight, Consumers: 1, Rate: o.Rate, Latency: o.Latency}, o.Rate, "cluster_latency")
+		run, err := latencyPhase(ctx, js, pgDatabases{pg}, Options{Accounts: o.Accounts, Batch: o.Batch, InFlight: o.InFlight, Consumers: 1, Rate: o.Rate, Latency: o.Latency}, o.Rate, "latency")
 		if err != nil {
 			return err
 		}
