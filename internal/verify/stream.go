@@ -54,6 +54,10 @@ type Message struct {
 	Header  map[string]string
 }
 
+// readStall is how long a stream read waits for the next message before it
+// reports the read as stopped short.
+const readStall = 30 * time.Second
+
 // ReadStream reads every message currently in stream with an ordered
 // consumer, which creates no durable state and disturbs no other consumer.
 func ReadStream(ctx context.Context, js jetstream.JetStream, stream string) ([]Message, error) {
@@ -129,7 +133,11 @@ func walkRange(ctx context.Context, js jetstream.JetStream, stream string, rg Ra
 		return err
 	}
 	for {
-		nctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		// The stream said how many messages it holds, so a pause is a slow
+		// server (a busy machine, an ordered consumer recreated after a
+		// missed heartbeat), not the end: wait a while before calling the
+		// read short.
+		nctx, cancel := context.WithTimeout(ctx, readStall)
 		m, err := it.Next(jetstream.NextContext(nctx))
 		cancel()
 		switch {
