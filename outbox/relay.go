@@ -1,0 +1,469 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/hook"
+	"github.com/jetinbox/jetinbox/jitter"
+)
+
+// Channel is the PostgreSQL notification channel the outbox table's trigger
+// notifies at each COMMIT that added rows, and relays LISTEN on.
+const Channel = "jetinbox_outbox"
+
+// RelayConfig configures a [Relay].
+type RelayConfig struct {
+	// Stream is the stream every row must be stored in: a row whose
+	// subject another stream captures is refused for good (see
+	// [jsinbox.ErrWrongStream]) and marked failed. Required.
+	Stream string
+	// Batch is the most rows one round locks, publishes and marks, in one
+	// transaction. Default 500.
+	Batch int
+	// Publisher configures the publisher the relay sends through; its
+	// Stream is the relay's. Its Retry bounds how long one round retries
+	// a publish before leaving the row pending for a later round; the
+	// default is shorter than the publisher's own (5 retries, 30 s in
+	// all), since the round's rows stay locked meanwhile. Batch > 1 sends
+	// JetStream atomic batches.
+	Publisher jsinbox.PublisherConfig
+	// Idle times the waits between rounds when there is nothing to send:
+	// a relay wakes at once on a notification from PostgreSQL, and polls
+	// after these jittered waits (growing from Base to Cap while idle)
+	// in case a notification was missed. Default: Decorrelated, 1 s to
+	// 10 s.
+	Idle jitter.Policy
+	// Retry times the waits after a round failed (the database or NATS
+	// unreachable, publishes left pending). Default: Decorrelated, 100 ms
+	// to 10 s, no limit.
+	Retry jitter.Policy
+	// NoListen turns LISTEN/NOTIFY off: the relay only polls, with Idle's
+	// waits.
+	NoListen bool
+	// Logger receives a line per failed round and per row refused for
+	// good. Default: discard.
+	Logger *slog.Logger
+	// OnSent, if set, is called after each round that marked rows sent,
+	// with how long each row waited from its transaction's start to being
+	// marked (both by PostgreSQL's clock). For metrics and measurements.
+	OnSent func(lags []time.Duration)
+}
+
+func (c RelayConfig) withDefaults() RelayConfig {
+	if c.Batch <= 0 {
+		c.Batch = 500
+	}
+	if unset(c.Publisher.Retry) {
+		c.Publisher.Retry = jitter.Policy{Kind: jitter.Decorrelated, Base: 100 * time.Millisecond, Cap: 5 * time.Second, MaxAttempts: 5, MaxElapsed: 30 * time.Second}
+	}
+	c.Publisher.Stream = c.Stream
+	if unset(c.Idle) {
+		c.Idle = jitter.Policy{Kind: jitter.Decorrelated, Base: time.Second, Cap: 10 * time.Second}
+	}
+	if unset(c.Retry) {
+		c.Retry = jitter.Policy{Kind: jitter.Decorrelated, Base: 100 * time.Millisecond, Cap: 10 * time.Second}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// unset reports a policy left at its zero value, which takes the relay's
+// default rather than jitter's.
+func unset(p jitter.Policy) bool {
+	return p.Kind == 0 && p.Base == 0 && p.Cap == 0 && p.MaxAttempts == 0 && p.MaxElapsed == 0
+}
+
+func (c RelayConfig) validate() error {
+	var errs []error
+	if c.Stream == "" {
+		errs = append(errs, errors.New("outbox: relay: Stream is required"))
+	}
+	for _, p := range []struct {
+		name string
+		p    jitter.Policy
+	}{{"Idle", c.Idle}, {"Retry", c.Retry}, {"Publisher.Retry", c.Publisher.Retry}} {
+		if err := p.p.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("outbox: relay: %s: %w", p.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RelayStats counts what a relay did.
+type RelayStats struct {
+	// Rounds that locked at least one row.
+	Rounds int64
+	// Sent: rows marked sent (their publish acknowledged, as new or as a
+	// duplicate of a copy the stream already held).
+	Sent int64
+	// Duplicates: of those, rows the stream already held (published
+	// before by a relay that died before marking them).
+	Duplicates int64
+	// Failed: rows refused for good and marked failed (an ID the stream
+	// holds with another payload, a subject another stream captures).
+	Failed int64
+	// Retried: rows left pending by a round whose publish did not get
+	// through in time; a later round sends them.
+	Retried int64
+}
+
+// Relay publishes the outbox's pending rows to JetStream and marks them sent.
+// Run it in every process that should help, or in one: relays share the rows
+// without a leader (see the package documentation).
+type Relay struct {
+	pool *pgxpool.Pool
+	js   jetstream.JetStream
+	cfg  RelayConfig
+
+	mu  sync.Mutex
+	pub *jsinbox.Publisher
+
+	rounds, sent, duplicates, failed, retried atomic.Int64
+
+	// hook, nil unless a harness attached one (internal/hook), stops the
+	// relay at its points; it is attached to the publisher too.
+	hook hook.Func
+}
+
+func init() {
+	hook.Register(func(target any, f hook.Func) bool {
+		r, ok := target.(*Relay)
+		if ok {
+			r.mu.Lock()
+			r.hook = f
+			hook.Attach(r.pub, f)
+			r.mu.Unlock()
+		}
+		return ok
+	})
+}
+
+func (r *Relay) fires(pt hook.Point) bool { return r.hook != nil && r.hook(pt) }
+
+// NewRelay returns a relay that reads the outbox through pool and publishes
+// through js. [Relay.Run] runs it.
+func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg RelayConfig) (*Relay, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if pool == nil || js == nil {
+		return nil, errors.New("outbox: relay: a pool and a JetStream client are required")
+	}
+	r := &Relay{pool: pool, js: js, cfg: cfg}
+	pub, err := jsinbox.NewPublisher(js, cfg.Publisher)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: relay: %w", err)
+	}
+	r.pub = pub
+	return r, nil
+}
+
+// Stats returns the counters so far.
+func (r *Relay) Stats() RelayStats {
+	return RelayStats{Rounds: r.rounds.Load(), Sent: r.sent.Load(), Duplicates: r.duplicates.Load(), Failed: r.failed.Load(), Retried: r.retried.Load()}
+}
+
+// Close stops the relay's publisher, abandoning publishes in flight (their
+// rows stay pending). Run closes it when it returns; call Close after using
+// only [Relay.Round]. It is safe to call more than once.
+func (r *Relay) Close() { r.publisher().Close() }
+
+// Run relays until ctx ends, then returns nil. It returns early only for a
+// crash simulated by a harness. Errors of a round (the database or NATS
+// away) are logged and retried after a jittered wait.
+func (r *Relay) Run(ctx context.Context) error {
+	defer r.Close()
+	var ln *pgx.Conn
+	defer func() {
+		if ln != nil {
+			_ = ln.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	idle, fail := r.cfg.Idle.NewBackOff(), r.cfg.Retry.NewBackOff()
+	for {
+		if ln == nil && !r.cfg.NoListen {
+			var err error
+			if ln, err = r.listen(ctx); err != nil && ctx.Err() == nil {
+				r.cfg.Logger.Warn("outbox: relay: LISTEN failed; polling until it works", "err", err)
+			}
+		}
+		n, err := r.Round(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var crash *hook.Crash
+		if errors.As(err, &crash) {
+			return err
+		}
+		var d time.Duration
+		switch {
+		case err != nil:
+			r.cfg.Logger.Warn("outbox: relay: round failed", "err", err)
+			d = next(fail, r.cfg.Retry)
+		case n >= r.cfg.Batch:
+			fail.Reset()
+			idle.Reset()
+			continue
+		default:
+			fail.Reset()
+			if n > 0 {
+				idle.Reset()
+			}
+			d = next(idle, r.cfg.Idle)
+		}
+		if ln == nil || err != nil {
+			if !sleep(ctx, d) {
+				return nil
+			}
+			continue
+		}
+		if werr := wait(ctx, ln, d); werr != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			r.cfg.Logger.Warn("outbox: relay: lost the listener connection; polling until it is back", "err", werr)
+			_ = ln.Close(context.WithoutCancel(ctx))
+			ln = nil
+		}
+	}
+}
+
+// next returns the next wait of b, or p's Cap once b has stopped.
+func next(b backoff.BackOff, p jitter.Policy) time.Duration {
+	if d := b.NextBackOff(); d != backoff.Stop {
+		return d
+	}
+	return p.WithDefaults().Cap
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// listen opens a connection of its own (taken out of the pool, so that no
+// other user gets a connection that listens) and LISTENs on Channel.
+func (r *Relay) listen(ctx context.Context) (*pgx.Conn, error) {
+	pc, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	conn := pc.Hijack()
+	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return conn, nil
+}
+
+// wait returns when a notification arrives, d has passed (nil either way),
+// or the listener connection failed (its error).
+func wait(ctx context.Context, ln *pgx.Conn, d time.Duration) error {
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	_, err := ln.WaitForNotification(wctx)
+	if err != nil && wctx.Err() != nil && ctx.Err() == nil {
+		// The poll's time is up. pgx closes a connection whose wait a
+		// context interrupted only if the interruption broke it.
+		if ln.IsClosed() {
+			return err
+		}
+		return nil
+	}
+	return err
+}
+
+func (r *Relay) publisher() *jsinbox.Publisher {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pub
+}
+
+// renewPublisher replaces the publisher: after a crash in the PubAck wait
+// (its publishes are abandoned, as a dead process's would be), or when its
+// list of failures has grown long.
+func (r *Relay) renewPublisher() error {
+	pub, err := jsinbox.NewPublisher(r.js, r.cfg.Publisher)
+	if err != nil {
+		return fmt.Errorf("outbox: relay: %w", err)
+	}
+	r.mu.Lock()
+	old := r.pub
+	r.pub = pub
+	if r.hook != nil {
+		hook.Attach(pub, r.hook)
+	}
+	r.mu.Unlock()
+	old.Close()
+	return nil
+}
+
+// pendingSQL locks the oldest pending rows that no other relay holds.
+const pendingSQL = `SELECT id, subject, payload FROM outbox
+WHERE sent_at IS NULL AND failed IS NULL
+ORDER BY seq
+LIMIT $1
+FOR UPDATE SKIP LOCKED`
+
+// markSQL marks rows sent and returns how long each waited.
+const markSQL = `UPDATE outbox SET sent_at = clock_timestamp()
+WHERE id = ANY($1)
+RETURNING extract(epoch FROM sent_at - created_at)::float8`
+
+// failSQL marks rows refused for good.
+const failSQL = `UPDATE outbox SET failed = f.reason FROM unnest($1::text[], $2::text[]) AS f(id, reason) WHERE outbox.id = f.id`
+
+// commitTimeout bounds a round's COMMIT, which runs under a context that
+// cannot be cancelled.
+const commitTimeout = 30 * time.Second
+
+// Round runs one round: it locks up to Batch pending rows (skipping rows
+// another relay holds), publishes them, waits for every PubAck, marks the
+// acknowledged rows sent and those refused for good failed, and commits. It
+// returns how many rows it locked. A row whose publish did not get through
+// stays pending for a later round, and the round returns an error saying
+// how many. Run calls Round in a loop; call it directly to drain the outbox
+// in a test or a one-off job.
+func (r *Relay) Round(ctx context.Context) (int, error) {
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: relay: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit this is a no-op
+	rows, err := tx.Query(ctx, pendingSQL, r.cfg.Batch)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: relay: %w", err)
+	}
+	var batch []jsinbox.Intent
+	for rows.Next() {
+		var in jsinbox.Intent
+		if err := rows.Scan(&in.ID, &in.Subject, &in.Payload); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("outbox: relay: %w", err)
+		}
+		batch = append(batch, in)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("outbox: relay: %w", err)
+	}
+	if len(batch) == 0 {
+		return 0, nil
+	}
+	r.rounds.Add(1)
+	if r.fires(hook.RelayBeforePublish) {
+		return len(batch), &hook.Crash{Point: hook.RelayBeforePublish}
+	}
+	pub := r.publisher()
+	before := len(pub.Failures())
+	dupBefore := pub.Stats().Duplicates
+	refused := map[string]string{}
+	for _, in := range batch {
+		if err := pub.Publish(ctx, in); err != nil {
+			if errors.Is(err, jsinbox.ErrBadIntent) {
+				refused[in.ID] = err.Error()
+				continue
+			}
+			return len(batch), fmt.Errorf("outbox: relay: publish: %w", err)
+		}
+	}
+	if r.fires(hook.RelayPubAckWait) {
+		// The process dies with publishes in flight: some stored, some
+		// not, none marked.
+		if err := r.renewPublisher(); err != nil {
+			return len(batch), err
+		}
+		return len(batch), &hook.Crash{Point: hook.RelayPubAckWait}
+	}
+	if err := pub.Flush(ctx); err != nil {
+		return len(batch), fmt.Errorf("outbox: relay: waiting for PubAcks: %w", err)
+	}
+	failures := pub.Failures()
+	pending := 0
+	unsent := map[string]bool{}
+	for _, f := range failures[before:] {
+		if errors.Is(f.Err, jsinbox.ErrConflict) || errors.Is(f.Err, jsinbox.ErrWrongStream) {
+			refused[f.ID] = f.Err.Error()
+			continue
+		}
+		unsent[f.ID] = true
+		pending++
+	}
+	if r.fires(hook.RelayBeforeMark) {
+		return len(batch), &hook.Crash{Point: hook.RelayBeforeMark}
+	}
+	ids := make([]string, 0, len(batch))
+	for _, in := range batch {
+		if _, bad := refused[in.ID]; !bad && !unsent[in.ID] {
+			ids = append(ids, in.ID)
+		}
+	}
+	var lags []time.Duration
+	if len(ids) > 0 {
+		rows, err := tx.Query(ctx, markSQL, ids)
+		if err != nil {
+			return len(batch), fmt.Errorf("outbox: relay: mark sent: %w", err)
+		}
+		secs, err := pgx.CollectRows(rows, pgx.RowTo[float64])
+		if err != nil {
+			return len(batch), fmt.Errorf("outbox: relay: mark sent: %w", err)
+		}
+		lags = make([]time.Duration, len(secs))
+		for i, s := range secs {
+			lags[i] = time.Duration(s * float64(time.Second))
+		}
+	}
+	if len(refused) > 0 {
+		fids, reasons := make([]string, 0, len(refused)), make([]string, 0, len(refused))
+		for id, why := range refused {
+			fids, reasons = append(fids, id), append(reasons, why)
+			r.cfg.Logger.Error("outbox: relay: the stream refused a row for good; marked failed", "id", id, "err", why)
+		}
+		if _, err := tx.Exec(ctx, failSQL, fids, reasons); err != nil {
+			return len(batch), fmt.Errorf("outbox: relay: mark failed: %w", err)
+		}
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	defer cancel()
+	if err := tx.Commit(cctx); err != nil {
+		// Unknown outcome at worst: the rows are published, and sent
+		// again with the same IDs if the marks did not commit.
+		return len(batch), fmt.Errorf("outbox: relay: commit: %w", err)
+	}
+	r.sent.Add(int64(len(ids)))
+	r.failed.Add(int64(len(refused)))
+	r.retried.Add(int64(pending))
+	r.duplicates.Add(pub.Stats().Duplicates - dupBefore)
+	if r.cfg.OnSent != nil && len(lags) > 0 {
+		r.cfg.OnSent(lags)
+	}
+	if len(failures) > 10_000 {
+		if err := r.renewPublisher(); err != nil {
+			return len(batch), err
+		}
+	}
+	if pending > 0 {
+		return len(batch), fmt.Errorf("outbox: relay: %d of %d rows not acknowledged in time; they stay pending", pending, len(batch))
+	}
+	return len(batch), nil
+}
