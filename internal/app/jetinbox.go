@@ -30,6 +30,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/jittersim"
 	"github.com/jetinbox/jetinbox/internal/verify"
+	"github.com/jetinbox/jetinbox/outbox"
 )
 
 type command struct {
@@ -42,7 +43,8 @@ func commands() map[string]command {
 		"demo":     {"the all-in-one run: embedded JetStream, throwaway PostgreSQL, producer, two consumers, faults, verified result", Demo},
 		"accounts": {"open ledger accounts (-open 1-1024), or list them with their balances (-list)", Accounts},
 		"dlq":      {"list a scope's dead letters by reason, -show one, -redrive a selection after fixing the cause", DLQ},
-		"migrate":  {"apply the inbox and ledger schemas (-print shows the SQL instead)", Migrate},
+		"migrate":  {"apply the inbox, ledger and outbox schemas (-print shows the SQL instead)", Migrate},
+		"relay":    {"publish the outbox's pending rows (follow-ups, services' own intents) with their IDs and mark them sent", Relay},
 		"verify":   {"check a stream against one scope's inbox and ledger: lost, duplicated, unexpected", Verify},
 		"consumer": {"the consumer (same as the consumer binary), for one-binary deployments and jetinbox bench", func(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return cli.Consumer(ctx, args, env, stdout, stderr)
@@ -97,11 +99,11 @@ func Jetinbox(ctx context.Context, args []string, env cli.Env, stdin io.Reader, 
 
 // ownUsage names the commands whose usage text (cli.NewFlagSet) already
 // ends with the exit-code convention; the dispatcher adds it to the others'.
-var ownUsage = map[string]bool{"demo": true, "accounts": true, "dlq": true, "migrate": true, "verify": true, "consumer": true, "replay": true, "prune": true}
+var ownUsage = map[string]bool{"demo": true, "accounts": true, "dlq": true, "migrate": true, "verify": true, "consumer": true, "replay": true, "prune": true, "relay": true}
 
 // Migrate applies the schemas, or prints them.
 func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
-	fs := cli.NewFlagSet("jetinbox migrate", "Apply the inbox and ledger schemas to DATABASE_URL. Nothing migrates implicitly.", stderr)
+	fs := cli.NewFlagSet("jetinbox migrate", "Apply the inbox, ledger and outbox schemas to DATABASE_URL. Nothing migrates implicitly.", stderr)
 	dbURL := cli.DatabaseFlag(fs, env, cli.DatabaseUsage)
 	print := fs.Bool("print", false, "print the SQL for your own migration tool instead of applying it")
 	status := fs.Bool("status", false, "list each migration as applied, pending, edited (applied with other SQL: exit 1) or unknown (from a newer release); apply nothing")
@@ -109,7 +111,7 @@ func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdou
 		return err
 	}
 	if *print {
-		fmt.Fprint(stdout, inbox.MigrationSQL(), effects.MigrationSQL())
+		fmt.Fprint(stdout, inbox.MigrationSQL(), effects.MigrationSQL(), outbox.MigrationSQL())
 		return nil
 	}
 	if err := cli.RequireDatabase(*dbURL); err != nil {
@@ -131,7 +133,11 @@ func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdou
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "applied %d inbox and %d ledger migrations\n", n, m)
+	o, err := outbox.Migrate(ctx, pool)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "applied %d inbox, %d ledger and %d outbox migrations\n", n, m, o)
 	return nil
 }
 
@@ -277,6 +283,11 @@ func migrationStatus(ctx context.Context, pool *pgxpool.Pool, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
+	out, err := outbox.MigrationStatus(ctx, pool)
+	if err != nil {
+		return err
+	}
+	led = append(led, out...)
 	edited := 0
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "component\tversion\tfile\tstate")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,6 +15,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/metrics"
+	"github.com/jetinbox/jetinbox/outbox"
 )
 
 // Consumer runs the inbox consumer until ctx ends (SIGTERM/SIGINT), then
@@ -41,6 +43,8 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		drainTimeout = fs.Duration("drain-timeout", envDuration(env, "JETINBOX_DRAIN_TIMEOUT", 30*time.Second, &envErrs), "longest wait for in-flight batches on shutdown (env JETINBOX_DRAIN_TIMEOUT)")
 		logFormat    = fs.String("log-format", env.Or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto (text on a terminal)")
 	)
+	var relay consumerRelay
+	relay.register(fs, env)
 	w := defaultWaits()
 	w.register(fs)
 	fs.DurationVar(&w.nak.Base, "nak-base", w.nak.Base, "base delay of a nak (NakWithDelay by delivery count)")
@@ -76,11 +80,15 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	bad.positive("nak-cap", w.nak.Cap)
 	bad.add(CheckLogFormat(*logFormat))
 	bad.add(CheckListenAddr("http", *httpAddr))
+	relay.check(&bad)
 	if err := bad.err(); err != nil {
 		return err
 	}
 	if *dbConns == 0 {
 		*dbConns = *inflight + 2
+		if relay.run {
+			*dbConns += 2 // the relay's rounds and its listener
+		}
 	}
 	log := NewLogger(stderr, *logFormat, slog.LevelInfo)
 
@@ -105,7 +113,12 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	defer stopTracing(context.WithoutCancel(ctx)) //nolint:errcheck // best effort at exit
 	txRetry := w.db
 	txRetry.Base, txRetry.Cap, txRetry.MaxAttempts = 5*time.Millisecond, 200*time.Millisecond, 3
-	proc, err := NewLedgerProcessor(pool, inbox.Config{Scope: *scope, Logger: log, TxRetry: txRetry, TracerProvider: tp})
+	if relay.followUps != "" {
+		if err := outbox.CheckSchema(ctx, pool); err != nil {
+			return UsageError{Err: err}
+		}
+	}
+	proc, err := NewLedgerProcessorWith(pool, inbox.Config{Scope: *scope, Logger: log, TxRetry: txRetry, TracerProvider: tp}, relay.followUps)
 	if err != nil {
 		return err
 	}
@@ -138,6 +151,24 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	log.Info("consumer: running", "stream", *stream, "scope", *scope, "durable", *durable, "batch", *batch, "inflight", *inflight)
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
+	stopRelay := func() {}
+	if relay.run {
+		r, relayDone, err := StartRelay(runCtx, pool, js, RelayConfigFor(relay.stream, relay.batch, 0, w.kind, log))
+		if err != nil {
+			return err
+		}
+		// The relay stops with the consumer, before NATS drains.
+		stopRelay = sync.OnceFunc(func() {
+			cancel()
+			if err := <-relayDone; err != nil {
+				log.Warn("relay: stopped", "err", err)
+			}
+			s := r.Stats()
+			log.Info("relay: stopped", "sent", s.Sent, "duplicates", s.Duplicates, "failed", s.Failed, "retried", s.Retried)
+		})
+		defer stopRelay()
+		log.Info("relay: running", "stream", relay.stream, "batch", relay.batch)
+	}
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
 	select {
@@ -151,6 +182,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 			return fmt.Errorf("in-flight batches did not finish within %v; unacked messages will be redelivered", *drainTimeout)
 		}
 	}
+	stopRelay()
 	var setup *jsinbox.SetupError
 	if errors.As(err, &setup) {
 		return UsageError{Err: err}
