@@ -168,8 +168,20 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	httpAddr := fs.String("http", ":9091", "-watch: address for /metrics and /healthz; empty disables")
 	checkpoint := fs.String("checkpoint", "", "-watch: keep the checkpoint (last sequence checked, violations so far) in this file across restarts; empty: in memory, a restart checks the stream from its start again")
 	textfile := fs.String("textfile", "", "also write jetinbox_verify_violations{kind} to this file in Prometheus text format (node_exporter's textfile collector); the JetinboxVerifyViolations alert reads the verify service's job (-watch), so point its job matcher here if you use this instead")
+	nextStream := fs.String("next-stream", "", "also check the chain into this stream: every applied message of -scope has its follow-up (ID <kind>:<message ID>, see -follow-up-kind) in it exactly once by ID, "+
+		"nothing is in it without an applied parent, and -next-scope applied each once")
+	nextScope := fs.String("next-scope", "", "-next-stream: the inbox scope that applies the follow-ups (its ledger entries are counted); empty: only the stream is checked")
+	kind := fs.String("follow-up-kind", "notify", "-next-stream: the kind of the follow-ups")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
+	}
+	if *nextStream != "" && *watch {
+		return cli.UsageError{Err: errors.New("verify: -next-stream is not checked by -watch")}
+	}
+	if *nextScope != "" {
+		if err := cli.CheckScope(*nextScope); err != nil {
+			return err
+		}
 	}
 	rg := verify.Range{FromSeq: *fromSeq, ToSeq: *toSeq}
 	for _, t := range []struct {
@@ -240,16 +252,34 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 			return err
 		}
 	}
+	var chain *verify.ChainReport
+	co := verify.ChainOptions{ParentScope: *scope, Kind: *kind, Stream: *nextStream, Scope: *nextScope, Ledger: true}
+	if *nextStream != "" {
+		if chain, err = verify.Chain(ctx, js, pool, co); err != nil {
+			return cli.UsageError{Err: streamMissing("verify", *nextStream, err)}
+		}
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(r); err != nil {
+		var v any = r
+		if chain != nil {
+			v = struct {
+				Report *verify.Report      `json:"report"`
+				Chain  *verify.ChainReport `json:"chain"`
+			}{r, chain}
+		}
+		if err := enc.Encode(v); err != nil {
 			return err
 		}
 	} else {
 		r.WriteTable(stdout)
+		if chain != nil {
+			fmt.Fprintf(stdout, "\nchain: follow-ups of scope %q in %s:\n", *scope, *nextStream)
+			chain.WriteTable(stdout, co)
+		}
 	}
-	if !r.Clean() {
+	if !r.Clean() || (chain != nil && !chain.Clean()) {
 		return errViolations
 	}
 	return nil
