@@ -49,7 +49,7 @@ func TestLedgerFollowUps(t *testing.T) {
 		msgs = append(msgs, inbox.Message{ID: fmt.Sprintf("m-%d", i), Payload: fmt.Appendf(nil, `{"account":%d,"amount":%d}`, 1+i%8, 10+i)})
 	}
 	msgs[7].Payload = []byte(`{"account":99,"amount":1}`) // unknown account: rejected
-	msgs[9].Payload = []byte(`{"account":1`)               // bad input: rejected
+	msgs[9].Payload = []byte(`{"account":1`)              // bad input: rejected
 	// Somebody emitted m-11's follow-up ID already, with other contents.
 	if err := outbox.Add(ctx, conn, outbox.Intent{ID: "notify:m-11", Subject: "notifications.4", Payload: []byte("other")}); err != nil {
 		t.Fatal(err)
