@@ -17,6 +17,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/outbox"
 )
 
 func benchDB(ctx context.Context, pg *testenv.Postgres, name string, accounts int) (*pgxpool.Pool, error) {
@@ -38,6 +39,10 @@ func benchDB(ctx context.Context, pg *testenv.Postgres, name string, accounts in
 		return nil, err
 	}
 	if _, err := effects.Migrate(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if _, err := outbox.Migrate(ctx, pool); err != nil {
 		pool.Close()
 		return nil, err
 	}
@@ -143,7 +148,11 @@ func consumeWith(ctx context.Context, js jetstream.JetStream, c jetstream.Consum
 	k := max(o.Consumers, 1)
 	all := make([]*jsinbox.Consumer, k)
 	for i := range all {
-		proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: effects.NewLedger()})
+		h, err := o.handler()
+		if err != nil {
+			return err
+		}
+		proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: h})
 		if err != nil {
 			return err
 		}

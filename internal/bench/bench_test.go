@@ -42,6 +42,10 @@ func TestBenchCommandSmoke(t *testing.T) {
 		`(?m)^jetinbox consumer +\d+  \d+\.\d\dx \(\d+\.\d\d–\d+\.\d\d\)$`,
 		`(?m)^publish-to-commit at 500 msg/s offered \(low load`,
 		`(?m)^publish-to-commit at \d+ msg/s offered \(50% of the jetinbox maximum`,
+		`(?m)^jetinbox \+ a follow-up per credit +\d+  \d+\.\d\dx`,
+		`(?m)^jetinbox \+ follow-ups / jetinbox: \d+\.\d\dx`,
+		`(?m)^outbox relay draining 3000 rows into a stream: \d+ rows/s`,
+		`(?m)^emit-to-publish at 500 msg/s offered \(relay beside the consumer`,
 		`(?m)^ledger verified`,
 	} {
 		if !regexp.MustCompile(want).MatchString(out.String()) {
