@@ -356,7 +356,11 @@ func (l *Ledger) emit(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, errs
 		out = append(out, outbox.Intent{ID: id, Subject: f.Subject + "." + strconv.FormatInt(in.Account%16, 10),
 			Payload: in.AppendJSON(make([]byte, 0, 48)), Parent: msgs[i].ID})
 	}
-	if err := outbox.Add(ctx, tx, out...); err != nil {
+	// The parents were claimed fresh in tx, so their follow-ups are new:
+	// AddFresh copies a big batch. If one is there after all, the batch
+	// fails and the processor applies its messages one at a time, where
+	// Add tells a repeat from a conflict.
+	if err := outbox.AddFresh(ctx, tx, out...); err != nil {
 		if errors.Is(err, outbox.ErrConflict) || errors.Is(err, outbox.ErrBadIntent) {
 			return inbox.Permanent(fmt.Errorf("effects: follow-ups: %w", err))
 		}

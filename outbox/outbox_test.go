@@ -508,3 +508,50 @@ func TestPruneKeepsPendingRows(t *testing.T) {
 		t.Fatal("prune without a horizon")
 	}
 }
+
+// TestAddFresh: a big batch of new intents goes in with COPY; one whose ID is
+// there already fails it with ErrNotFresh (the transaction is aborted), and
+// Add then takes the same batch, the repeat included.
+func TestAddFresh(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	batch := func(prefix string) []outbox.Intent {
+		var ins []outbox.Intent
+		for i := range 100 {
+			ins = append(ins, outbox.Intent{ID: fmt.Sprintf("%s-%d", prefix, i), Subject: "notifications.x", Payload: []byte{byte(i)}, Parent: fmt.Sprintf("m-%d", i)})
+		}
+		return ins
+	}
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.AddFresh(ctx, tx, batch("a")...); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mixed := append(batch("b"), batch("a")[42])
+	tx, err = e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.AddFresh(ctx, tx, mixed...); !errors.Is(err, outbox.ErrNotFresh) {
+		t.Fatalf("AddFresh with an ID already there: %v, want ErrNotFresh", err)
+	}
+	_ = tx.Rollback(ctx)
+	if err := outbox.Add(ctx, e.pool, mixed...); err != nil {
+		t.Fatalf("Add after ErrNotFresh: %v", err)
+	}
+	var n int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n); err != nil || n != 200 {
+		t.Fatalf("%d rows, %v; want 200", n, err)
+	}
+	r := quickRelay(t, e, outbox.RelayConfig{})
+	drain(t, r)
+	if got := e.copies(t); len(got) != 200 {
+		t.Fatalf("stream holds %d IDs", len(got))
+	}
+}
