@@ -526,7 +526,7 @@ func TestEveryDocumentedCommandExists(t *testing.T) {
 			named[f[0]] = true
 		}
 	}
-	for _, word := range []string{"demo", "verify", "replay", "prune", "migrate", "chaos", "bench", "jitter", "consumer"} {
+	for _, word := range []string{"demo", "verify", "replay", "prune", "migrate", "chaos", "bench", "jitter", "consumer", "relay"} {
 		if !named[word] {
 			t.Errorf("jetinbox %s is neither in the READMEs nor in -h", word)
 		}
