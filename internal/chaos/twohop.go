@@ -380,8 +380,8 @@ var relayPlans = [2][]hook.Point{
 }
 
 // superviseRelay runs a relay and starts it again when it crashes; after
-// its planned lives each life arms a random relay crash point with the
-// -crash odds, and loses PubAcks at the -lose-puback rate.
+// its planned lives each life dies at a random relay crash point within
+// 1/-crash rounds, and every life loses PubAcks at the -lose-puback rate.
 func (r *run) superviseRelay(ctx context.Context, relay int) {
 	names := map[hook.Point]string{
 		failpoint.RelayBeforePublish: "relay crashes before publish",
@@ -393,10 +393,13 @@ func (r *run) superviseRelay(ctx context.Context, relay int) {
 		switch {
 		case life < len(relayPlans[relay]):
 			fp.EnableEvery(relayPlans[relay][life], 2, 1)
-		case r.roll(r.o.Crash * 3):
+		case r.o.Crash > 0:
+			// Each later life dies at a random point within its first
+			// 1/Crash rounds: rounds are few, so odds per life would
+			// leave most runs with only the planned crashes.
 			points := []hook.Point{failpoint.RelayBeforePublish, failpoint.RelayPubAckWait, failpoint.RelayBeforeMark}
 			r.diceMu.Lock()
-			p, n := points[r.dice.IntN(len(points))], 1+r.dice.IntN(5)
+			p, n := points[r.dice.IntN(len(points))], 1+r.dice.IntN(max(1, int(1/r.o.Crash)))
 			r.diceMu.Unlock()
 			fp.EnableEvery(p, n, 1)
 		}
