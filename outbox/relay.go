@@ -344,7 +344,8 @@ const commitTimeout = 30 * time.Second
 // returns how many rows it locked. A row whose publish did not get through
 // stays pending for a later round, and the round returns an error saying
 // how many. Run calls Round in a loop; call it directly to drain the outbox
-// in a test or a one-off job.
+// in a test or a one-off job, never at the same time as Run or another
+// Round of the same relay (use another Relay for that).
 func (r *Relay) Round(ctx context.Context) (int, error) {
 	tx, err := r.pool.Begin(ctx)
 	if err != nil {
