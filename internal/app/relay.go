@@ -8,9 +8,13 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/jitter"
+	"github.com/jetinbox/jetinbox/metrics"
 )
 
 // reconnect is the default NATS reconnect policy with the chosen kind.
@@ -34,6 +38,7 @@ func Relay(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, stde
 		batch        = fs.Int("batch", 500, "most outbox rows per relay transaction")
 		publishBatch = fs.Int("publish-batch", 0, "publish in JetStream atomic batches of this many rows (0: one publish per row)")
 		create       = fs.String("create-stream", "", "create -stream, capturing SUBJECT.>, if it does not exist (e.g. -create-stream "+cli.DefaultFollowUpPrefix+")")
+		httpAddr     = fs.String("http", ":9092", "address for /metrics (jetinbox_outbox_*); empty disables")
 		noListen     = fs.Bool("no-listen", false, "poll only, without LISTEN/NOTIFY (for a connection pooler in transaction mode)")
 		logFormat    = fs.String("log-format", env.Or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto (text on a terminal)")
 	)
@@ -52,7 +57,7 @@ func Relay(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, stde
 	if *publishBatch < 0 || *publishBatch > jsinbox.MaxBatch {
 		bad = append(bad, fmt.Errorf("-publish-batch %d: must be within [0, %d]", *publishBatch, jsinbox.MaxBatch))
 	}
-	bad = append(bad, cli.CheckLogFormat(*logFormat))
+	bad = append(bad, cli.CheckLogFormat(*logFormat), cli.CheckListenAddr("http", *httpAddr))
 	if *stream == "" {
 		bad = append(bad, errors.New("-stream: empty"))
 	}
@@ -83,9 +88,24 @@ func Relay(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, stde
 	}
 	cfg := cli.RelayConfigFor(*stream, *batch, *publishBatch, kind, log)
 	cfg.NoListen = *noListen
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m, err := metrics.NewRelay(reg, pool)
+	if err != nil {
+		return err
+	}
+	cfg.OnSent = m.ObserveSent
 	r, done, err := cli.StartRelay(ctx, pool, js, cfg)
 	if err != nil {
 		return err
+	}
+	m.Attach(r)
+	if *httpAddr != "" {
+		srv, err := cli.ServeMetrics(*httpAddr, reg, log)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
 	}
 	log.Info("relay: running", "stream", *stream, "batch", *batch, "listen", !*noListen)
 	err = <-done

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
+	"net/http"
 	"regexp"
 	"strings"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
@@ -112,9 +115,40 @@ func TestTwoHopCommands(t *testing.T) {
 	if err := outbox.Add(ctx, pool, outbox.Intent{ID: "order-1", Subject: "notifications.orders", Payload: []byte(`{"account":1,"amount":1}`)}); err != nil {
 		t.Fatal(err)
 	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	var metrics string
 	runUntil(t, "jetinbox relay", func(ctx context.Context, stderr io.Writer) error {
-		return Jetinbox(ctx, []string{"relay"}, env, nil, io.Discard, stderr)
-	}, func() bool { return pendingRows(t, pool) == 0 })
+		return Jetinbox(ctx, []string{"relay", "-http", addr}, env, nil, io.Discard, stderr)
+	}, func() bool {
+		if pendingRows(t, pool) > 0 {
+			return false
+		}
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		metrics = string(b)
+		return strings.Contains(metrics, "jetinbox_outbox_sent_total 1\n")
+	})
+	problems, err := promlint.New(strings.NewReader(metrics)).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("metric lint: %s: %s", p.Metric, p.Text)
+	}
+	for _, want := range []string{"jetinbox_outbox_pending_rows 0", "jetinbox_outbox_oldest_pending_seconds 0", "jetinbox_outbox_emit_to_publish_seconds_count 1", "jetinbox_outbox_failed_total 0"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("relay /metrics lacks %q:\n%s", want, metrics)
+		}
+	}
 
 	// Something in NOTIFICATIONS that no applied intent emitted: red.
 	nc, err := nats.Connect(srv.URL())

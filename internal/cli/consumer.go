@@ -153,10 +153,17 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	defer cancel()
 	stopRelay := func() {}
 	if relay.run {
-		r, relayDone, err := StartRelay(runCtx, pool, js, RelayConfigFor(relay.stream, relay.batch, 0, w.kind, log))
+		rm, err := metrics.NewRelay(reg, pool)
 		if err != nil {
 			return err
 		}
+		cfg := RelayConfigFor(relay.stream, relay.batch, 0, w.kind, log)
+		cfg.OnSent = rm.ObserveSent
+		r, relayDone, err := StartRelay(runCtx, pool, js, cfg)
+		if err != nil {
+			return err
+		}
+		rm.Attach(r)
 		// The relay stops with the consumer, before NATS drains.
 		stopRelay = sync.OnceFunc(func() {
 			cancel()

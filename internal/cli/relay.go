@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
@@ -104,6 +106,12 @@ func StartRelay(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream,
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	return r, done, nil
+}
+
+// ServeMetrics serves /metrics from reg on addr until the returned
+// server is closed.
+func ServeMetrics(addr string, reg *prometheus.Registry, log *slog.Logger) (io.Closer, error) {
+	return serveHTTP(addr, nil, reg, log)
 }
 
 // NewLedgerProcessorWith is NewLedgerProcessor whose ledger emits a
