@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -125,9 +124,9 @@ type RelayStats struct {
 // Run it in every process that should help, or in one: relays share the rows
 // without a leader (see the package documentation).
 type Relay struct {
-	pool *pgxpool.Pool
-	js   jetstream.JetStream
-	cfg  RelayConfig
+	src Source
+	js  jetstream.JetStream
+	cfg RelayConfig
 
 	mu  sync.Mutex
 	pub *jsinbox.Publisher
@@ -154,17 +153,26 @@ func init() {
 
 func (r *Relay) fires(pt hook.Point) bool { return r.hook != nil && r.hook(pt) }
 
-// NewRelay returns a relay that reads the outbox through pool and publishes
-// through js. [Relay.Run] runs it.
+// NewRelay returns a relay that reads the outbox in PostgreSQL through pool
+// and publishes through js. [Relay.Run] runs it.
 func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg RelayConfig) (*Relay, error) {
+	if pool == nil {
+		return nil, errors.New("outbox: relay: a pool is required")
+	}
+	return NewRelayOn(Postgres(pool), js, cfg)
+}
+
+// NewRelayOn returns a relay that takes the outbox's rows from src and
+// publishes through js.
+func NewRelayOn(src Source, js jetstream.JetStream, cfg RelayConfig) (*Relay, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if pool == nil || js == nil {
-		return nil, errors.New("outbox: relay: a pool and a JetStream client are required")
+	if src == nil || js == nil {
+		return nil, errors.New("outbox: relay: a source and a JetStream client are required")
 	}
-	r := &Relay{pool: pool, js: js, cfg: cfg}
+	r := &Relay{src: src, js: js, cfg: cfg}
 	pub, err := jsinbox.NewPublisher(js, cfg.Publisher)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: relay: %w", err)
@@ -188,18 +196,20 @@ func (r *Relay) Close() { r.publisher().Close() }
 // away) are logged and retried after a jittered wait.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.Close()
-	var ln *pgx.Conn
+	var ln Waiter
 	defer func() {
 		if ln != nil {
-			_ = ln.Close(context.WithoutCancel(ctx))
+			ln.Close()
 		}
 	}()
+	listener, canListen := r.src.(Listener)
 	idle, fail := r.cfg.Idle.NewBackOff(), r.cfg.Retry.NewBackOff()
 	for {
-		if ln == nil && !r.cfg.NoListen {
+		if ln == nil && canListen && !r.cfg.NoListen {
 			var err error
-			if ln, err = r.listen(ctx); err != nil && ctx.Err() == nil {
-				r.cfg.Logger.Warn("outbox: relay: LISTEN failed; polling until it works", "err", err)
+			if ln, err = listener.Listen(ctx); err != nil && ctx.Err() == nil {
+				ln = nil
+				r.cfg.Logger.Warn("outbox: relay: listening for new rows failed; polling until it works", "err", err)
 			}
 		}
 		n, err := r.Round(ctx)
@@ -232,12 +242,12 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		if werr := wait(ctx, ln, d); werr != nil {
+		if werr := ln.Wait(ctx, d); werr != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			r.cfg.Logger.Warn("outbox: relay: lost the listener connection; polling until it is back", "err", werr)
-			_ = ln.Close(context.WithoutCancel(ctx))
+			ln.Close()
 			ln = nil
 		}
 	}
@@ -260,38 +270,6 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
-}
-
-// listen opens a connection of its own (taken out of the pool, so that no
-// other user gets a connection that listens) and LISTENs on Channel.
-func (r *Relay) listen(ctx context.Context) (*pgx.Conn, error) {
-	pc, err := r.pool.Acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	conn := pc.Hijack()
-	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
-		_ = conn.Close(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	return conn, nil
-}
-
-// wait returns when a notification arrives, d has passed (nil either way),
-// or the listener connection failed (its error).
-func wait(ctx context.Context, ln *pgx.Conn, d time.Duration) error {
-	wctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	_, err := ln.WaitForNotification(wctx)
-	if err != nil && wctx.Err() != nil && ctx.Err() == nil {
-		// The poll's time is up. pgx closes a connection whose wait a
-		// context interrupted only if the interruption broke it.
-		if ln.IsClosed() {
-			return err
-		}
-		return nil
-	}
-	return err
 }
 
 func (r *Relay) publisher() *jsinbox.Publisher {
@@ -319,25 +297,6 @@ func (r *Relay) renewPublisher() error {
 	return nil
 }
 
-// pendingSQL locks the oldest pending rows that no other relay holds.
-const pendingSQL = `SELECT id, subject, payload FROM outbox
-WHERE sent_at IS NULL AND failed IS NULL
-ORDER BY seq
-LIMIT $1
-FOR UPDATE SKIP LOCKED`
-
-// markSQL marks rows sent and returns how long each waited.
-const markSQL = `UPDATE outbox SET sent_at = clock_timestamp()
-WHERE id = ANY($1)
-RETURNING extract(epoch FROM sent_at - created_at)::float8`
-
-// failSQL marks rows refused for good.
-const failSQL = `UPDATE outbox SET failed = f.reason FROM unnest($1::text[], $2::text[]) AS f(id, reason) WHERE outbox.id = f.id`
-
-// commitTimeout bounds a round's COMMIT, which runs under a context that
-// cannot be cancelled.
-const commitTimeout = 30 * time.Second
-
 // Round runs one round: it locks up to Batch pending rows (skipping rows
 // another relay holds), publishes them, waits for every PubAck, marks the
 // acknowledged rows sent and those refused for good failed, and commits. It
@@ -347,26 +306,15 @@ const commitTimeout = 30 * time.Second
 // in a test or a one-off job, never at the same time as Run or another
 // Round of the same relay (use another Relay for that).
 func (r *Relay) Round(ctx context.Context) (int, error) {
-	tx, err := r.pool.Begin(ctx)
+	taken, err := r.src.Take(ctx, r.cfg.Batch)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: relay: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit this is a no-op
-	rows, err := tx.Query(ctx, pendingSQL, r.cfg.Batch)
-	if err != nil {
-		return 0, fmt.Errorf("outbox: relay: %w", err)
-	}
-	var batch []jsinbox.Intent
-	for rows.Next() {
-		var in jsinbox.Intent
-		if err := rows.Scan(&in.ID, &in.Subject, &in.Payload); err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("outbox: relay: %w", err)
-		}
-		batch = append(batch, in)
-	}
-	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("outbox: relay: %w", err)
+	defer taken.Abandon(context.WithoutCancel(ctx)) // after Finish this is a no-op
+	rows := taken.Rows()
+	batch := make([]jsinbox.Intent, len(rows))
+	for i, row := range rows {
+		batch[i] = jsinbox.Intent{ID: row.ID, Subject: row.Subject, Payload: row.Payload}
 	}
 	if len(batch) == 0 {
 		return 0, nil
@@ -419,37 +367,14 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 			ids = append(ids, in.ID)
 		}
 	}
-	var lags []time.Duration
-	if len(ids) > 0 {
-		rows, err := tx.Query(ctx, markSQL, ids)
-		if err != nil {
-			return len(batch), fmt.Errorf("outbox: relay: mark sent: %w", err)
-		}
-		secs, err := pgx.CollectRows(rows, pgx.RowTo[float64])
-		if err != nil {
-			return len(batch), fmt.Errorf("outbox: relay: mark sent: %w", err)
-		}
-		lags = make([]time.Duration, len(secs))
-		for i, s := range secs {
-			lags[i] = time.Duration(s * float64(time.Second))
-		}
+	for id, why := range refused {
+		r.cfg.Logger.Error("outbox: relay: the stream refused a row for good; marked failed", "id", id, "err", why)
 	}
-	if len(refused) > 0 {
-		fids, reasons := make([]string, 0, len(refused)), make([]string, 0, len(refused))
-		for id, why := range refused {
-			fids, reasons = append(fids, id), append(reasons, why)
-			r.cfg.Logger.Error("outbox: relay: the stream refused a row for good; marked failed", "id", id, "err", why)
-		}
-		if _, err := tx.Exec(ctx, failSQL, fids, reasons); err != nil {
-			return len(batch), fmt.Errorf("outbox: relay: mark failed: %w", err)
-		}
-	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
-	defer cancel()
-	if err := tx.Commit(cctx); err != nil {
+	lags, err := taken.Finish(ctx, ids, refused)
+	if err != nil {
 		// Unknown outcome at worst: the rows are published, and sent
 		// again with the same IDs if the marks did not commit.
-		return len(batch), fmt.Errorf("outbox: relay: commit: %w", err)
+		return len(batch), fmt.Errorf("outbox: relay: mark: %w", err)
 	}
 	r.sent.Add(int64(len(ids)))
 	r.failed.Add(int64(len(refused)))
