@@ -89,6 +89,13 @@ func validateKind(kind string) error {
 	return nil
 }
 
+// Validate checks what the outbox and the relay need of an intent before
+// anything is written: a valid ID (see inbox.ValidateID), a NATS subject to
+// publish to (no wildcards, no empty tokens), a valid parent ID if any.
+// Errors wrap [ErrBadIntent]. Add and AddFresh call it; a store of its own
+// calls it too.
+func (in *Intent) Validate() error { return in.validate() }
+
 // validate checks what the table and the relay need before anything is
 // written.
 func (in *Intent) validate() error {
