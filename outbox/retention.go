@@ -30,23 +30,34 @@ type PruneOptions struct {
 	BatchSize int
 }
 
+// CheckPrune fills the defaults of opts (Margin, BatchSize) and refuses
+// what [Prune] refuses: no ReplayHorizon, or an OlderThan that is not
+// strictly longer than ReplayHorizon + Margin (an error wrapping
+// [inbox.ErrUnsafeHorizon]). A store of its own calls it before deleting.
+func CheckPrune(opts *PruneOptions) error {
+	if opts.ReplayHorizon <= 0 {
+		return errors.New("outbox: prune: ReplayHorizon is required (how long the same work can add the same ID again)")
+	}
+	if opts.Margin <= 0 {
+		opts.Margin = inbox.DefaultPruneMargin
+	}
+	if least := opts.ReplayHorizon + opts.Margin; opts.OlderThan <= least || least < opts.ReplayHorizon {
+		return fmt.Errorf("outbox: prune: %w: OlderThan %v is not longer than ReplayHorizon %v + margin %v", inbox.ErrUnsafeHorizon, opts.OlderThan, opts.ReplayHorizon, opts.Margin)
+	}
+	if opts.BatchSize <= 0 {
+		opts.BatchSize = 10000
+	}
+	return nil
+}
+
 // Prune deletes sent outbox rows created longer than opts.OlderThan ago, in
 // batches, and returns how many it deleted. Pending rows and rows marked
 // failed are never deleted. It returns an error wrapping
 // [inbox.ErrUnsafeHorizon], deleting nothing, unless OlderThan is strictly
 // longer than ReplayHorizon + Margin.
 func Prune(ctx context.Context, db inbox.PruneDB, opts PruneOptions) (int64, error) {
-	if opts.ReplayHorizon <= 0 {
-		return 0, errors.New("outbox: prune: ReplayHorizon is required (how long the same work can add the same ID again)")
-	}
-	if opts.Margin <= 0 {
-		opts.Margin = inbox.DefaultPruneMargin
-	}
-	if least := opts.ReplayHorizon + opts.Margin; opts.OlderThan <= least || least < opts.ReplayHorizon {
-		return 0, fmt.Errorf("outbox: prune: %w: OlderThan %v is not longer than ReplayHorizon %v + margin %v", inbox.ErrUnsafeHorizon, opts.OlderThan, opts.ReplayHorizon, opts.Margin)
-	}
-	if opts.BatchSize <= 0 {
-		opts.BatchSize = 10000
+	if err := CheckPrune(&opts); err != nil {
+		return 0, err
 	}
 	var cutoff time.Time
 	if err := db.QueryRow(ctx, `SELECT now() - $1::bigint * interval '1 microsecond'`, opts.OlderThan.Microseconds()).Scan(&cutoff); err != nil {
