@@ -419,6 +419,28 @@ func TestRelayWakesOnCommit(t *testing.T) {
 		}
 		t.Logf("row %d published %v after its COMMIT", i, time.Since(start))
 	}
+	// Rows written with COPY (AddFresh) fire the trigger too.
+	start := time.Now()
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ins []outbox.Intent
+	for i := range 100 {
+		ins = append(ins, outbox.Intent{ID: fmt.Sprintf("copy-%d", i), Subject: "notifications.x"})
+	}
+	if err := outbox.AddFresh(ctx, tx, ins...); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for r.Stats().Sent < 103 {
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("rows added with COPY not published %v after their COMMIT", time.Since(start))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // TestRelayKeepsWhatDidNotGetThrough: a row whose publish gets no PubAck
