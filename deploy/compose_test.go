@@ -91,7 +91,7 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		check(err == nil, "%s %s does not exist", what, p)
 	}
 
-	want := []string{"accounts", "consumer", "db-grants", "migrate", "nats-1", "nats-2", "nats-3", "nats-setup", "postgres", "producer", "prometheus", "verify"}
+	want := []string{"accounts", "consumer", "db-grants", "migrate", "nats-1", "nats-2", "nats-3", "nats-setup", "postgres", "producer", "prometheus", "secrets-init", "verify"}
 	got := slices.Sorted(maps.Keys(p.Services))
 	check(slices.Equal(got, want), "services %v, want %v", got, want)
 
@@ -107,6 +107,30 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		check(beforeConsumer, "the consumer must wait for the accounts")
 	}
 
+	// secrets-init copies each service's secrets, by volume: "copy DIR
+	// SECRET..." into /out/DIR, where the volume is mounted.
+	copies := map[string][]string{}
+	if si, ok := p.Services["secrets-init"]; ok {
+		attached := map[string]bool{}
+		for _, sec := range si.Secrets {
+			attached[sec.Source] = true
+		}
+		volumeAt := map[string]string{}
+		for _, v := range si.Volumes {
+			volumeAt[v.Target] = v.Source
+		}
+		check(si.User == "0:0", "secrets-init must run as root to read the 0600 secret files")
+		script := strings.Join(si.Command, "\n")
+		for _, m := range regexp.MustCompile(`(?m)^\s*copy (\S+) (.+)$`).FindAllStringSubmatch(script, -1) {
+			vol := volumeAt["/out/"+m[1]]
+			check(vol != "", "secrets-init copies into /out/%s, where no volume is mounted", m[1])
+			for _, f := range strings.Fields(m[2]) {
+				check(attached[f], "secrets-init copies %s, which is not attached to it", f)
+				copies[vol] = append(copies[vol], f)
+			}
+		}
+		check(len(copies) > 0, "secrets-init copies nothing")
+	}
 	for name, s := range p.Services {
 		for _, v := range s.Volumes {
 			if v.Type == composetypes.VolumeTypeBind {
@@ -124,6 +148,18 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 			attached["/run/secrets/"+sec.Source] = true
 		}
 		// Every environment value naming a secret file names an attached one.
+		// The secrets copied into the volume mounted at /run/jetinbox.
+		copied := map[string]bool{}
+		for _, v := range s.Volumes {
+			if v.Target == "/run/jetinbox" {
+				check(v.Type == composetypes.VolumeTypeVolume && v.ReadOnly, "service %s: /run/jetinbox must be a read-only named volume", name)
+				for _, f := range copies[v.Source] {
+					copied["/run/jetinbox/"+f] = true
+				}
+				check(len(copies[v.Source]) > 0, "service %s: secrets-init copies nothing into volume %s", name, v.Source)
+				check(s.DependsOn["secrets-init"].Condition == composetypes.ServiceConditionCompletedSuccessfully, "service %s must wait for secrets-init to complete", name)
+			}
+		}
 		for k, v := range s.Environment {
 			if v == nil {
 				check(false, "service %s: %s has no value", name, k)
@@ -131,6 +167,17 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 			}
 			for _, m := range regexp.MustCompile(`/run/secrets/[A-Za-z0-9_.-]+`).FindAllString(*v, -1) {
 				check(attached[m], "service %s: %s refers to %s, which is not attached", name, k, m)
+			}
+			for _, m := range regexp.MustCompile(`/run/jetinbox/[A-Za-z0-9_.-]+`).FindAllString(*v, -1) {
+				check(copied[m], "service %s: %s refers to %s, which secrets-init does not copy into its volume", name, k, m)
+			}
+		}
+		// secrets/ is the host user's alone (0600): a container that does
+		// not start as root cannot read a bind-mounted secret.
+		if s.User != "" && !strings.HasPrefix(s.User, "0") {
+			check(len(s.Secrets) == 0, "service %s runs as %s and cannot read the 0600 secret files %v: give it copies from secrets-init", name, s.User, s.Secrets)
+			for _, v := range s.Volumes {
+				check(v.Type != composetypes.VolumeTypeBind || !strings.HasPrefix(v.Source, secretsDir), "service %s runs as %s and cannot read the bind-mounted %s", name, s.User, v.Source)
 			}
 		}
 	}
@@ -197,6 +244,9 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		for _, k := range []string{"NATS_URL", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY", "JETINBOX_STREAM"} {
 			check(env(svc, k) != "", "%s: %s is not set", svc, k)
 		}
+		role := strings.TrimSuffix(filepath.Base(env(svc, "NATS_NKEY")), "_nkey")
+		check(inboxPrefix[role] != "" && env(svc, "NATS_INBOX_PREFIX") == inboxPrefix[role],
+			"%s: NATS_INBOX_PREFIX %q, want its NATS user's own %q: the user may subscribe to nothing else", svc, env(svc, "NATS_INBOX_PREFIX"), inboxPrefix[role])
 		check(env(svc, "JETINBOX_STREAM") == js.intents.Name, "%s: JETINBOX_STREAM %q, the stream is %q", svc, env(svc, "JETINBOX_STREAM"), js.intents.Name)
 		for _, u := range strings.Split(env(svc, "NATS_URL"), ",") {
 			pu, err := url.Parse(u)
@@ -208,12 +258,16 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 	for _, k := range []string{"DATABASE_URL", "JETINBOX_SCOPE", "JETINBOX_DURABLE", "JETINBOX_DRAIN_TIMEOUT", "JETINBOX_HTTP_ADDR"} {
 		check(env("consumer", k) != "", "consumer: %s is not set", k)
 	}
+	// The binaries listen on loopback by default: a container that must be
+	// reached says where it listens.
+	check(strings.HasPrefix(env("consumer", "JETINBOX_HTTP_ADDR"), "0.0.0.0:"), "consumer: JETINBOX_HTTP_ADDR %q, want an explicit 0.0.0.0:port", env("consumer", "JETINBOX_HTTP_ADDR"))
 	check(env("consumer", "JETINBOX_DURABLE") == js.ledger.Durable, "consumer: JETINBOX_DURABLE %q, the durable is %q", env("consumer", "JETINBOX_DURABLE"), js.ledger.Durable)
 	for _, svc := range []string{"consumer", "migrate", "verify"} {
 		check(strings.Contains(env(svc, "DATABASE_URL"), "sslmode=verify-full"), "%s: DATABASE_URL must use sslmode=verify-full", svc)
 	}
 	check(strings.Contains(env("consumer", "DATABASE_URL"), "jetinbox_consumer@"), "consumer must connect as jetinbox_consumer")
 	check(strings.Contains(env("migrate", "DATABASE_URL"), "jetinbox_migrator@"), "migrate must connect as jetinbox_migrator")
+	check(strings.Contains(env("verify", "DATABASE_URL"), "jetinbox_verifier@"), "verify must connect as jetinbox_verifier, the role that may only read")
 	if c, ok := p.Services["consumer"]; ok {
 		drain, err := time.ParseDuration(env("consumer", "JETINBOX_DRAIN_TIMEOUT"))
 		check(err == nil, "consumer: JETINBOX_DRAIN_TIMEOUT: %v", err)
@@ -225,12 +279,12 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 	// /metrics where prometheus.yml scrapes it, and uses its own NATS user.
 	if v, ok := p.Services["verify"]; ok {
 		cmd := strings.Join(v.Command, " ")
-		check(strings.HasPrefix(cmd, "verify -watch ") && strings.Contains(cmd, "-http :"+verifyTarget[strings.LastIndex(verifyTarget, ":")+1:]),
+		check(strings.HasPrefix(cmd, "verify -watch ") && strings.Contains(cmd, "-http 0.0.0.0:"+verifyTarget[strings.LastIndex(verifyTarget, ":")+1:]),
 			"verify command %v must be verify -watch serving -http on the port prometheus.yml scrapes (%s)", v.Command, verifyTarget)
 		for _, k := range []string{"JETINBOX_SCOPE", "JETINBOX_DURABLE"} {
 			check(env("verify", k) == env("consumer", k), "verify: %s %q, the consumer's is %q", k, env("verify", k), env("consumer", k))
 		}
-		check(env("verify", "NATS_NKEY") == "/run/secrets/verify_nkey", "verify must connect as the verify NATS user, not %q", env("verify", "NATS_NKEY"))
+		check(env("verify", "NATS_NKEY") == "/run/jetinbox/verify_nkey", "verify must connect as the verify NATS user, not %q", env("verify", "NATS_NKEY"))
 		check(v.DependsOn["nats-setup"].Condition == composetypes.ServiceConditionCompletedSuccessfully, "verify must wait for nats-setup to complete")
 	}
 	if m, ok := p.Services["migrate"]; ok {

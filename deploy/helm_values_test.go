@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 )
 
 // natsValues mirrors the part of the official NATS Helm chart's values.yaml
@@ -182,6 +184,8 @@ func validateHelmValues(fsys files, tlsDir string) error {
 		check(opts.SyncAlways, "rendered config: sync_interval is not always")
 		check(opts.TLSConfig != nil && opts.TLSConfig.ClientAuth == tls.RequireAndVerifyClientCert, "rendered config: client TLS does not verify clients")
 		check(opts.Cluster.TLSCheckKnownURLs, "rendered config: routes do not check known URLs")
+		check(opts.MaxPayload >= jsinbox.DefaultMaxMsgSize+jsinbox.DeadLetterHeadroom && opts.MaxPayload <= 64<<10,
+			"rendered config: max_payload %d, want room for a dead letter (%d) and at most 64KB", opts.MaxPayload, jsinbox.DefaultMaxMsgSize+jsinbox.DeadLetterHeadroom)
 	}
 	return errors.Join(errs...)
 }

@@ -144,8 +144,10 @@ func applyOrder(text, prefix string) bool {
 	return adv >= 0 && rescue > adv && intents > rescue
 }
 
-// imageAtLeast reports whether image is repo:X.Y.Z[-suffix] with X.Y.Z >= min.
+// imageAtLeast reports whether image is repo:X.Y.Z[-suffix][@digest] with
+// X.Y.Z >= min.
 func imageAtLeast(image, repo string, min [3]int) bool {
+	image, _, _ = strings.Cut(image, "@")
 	r, tag, ok := strings.Cut(image, ":")
 	if !ok || r != repo {
 		return false

@@ -54,7 +54,7 @@ func checkStream(name string, c jetstream.StreamConfig, wantName, wantSubject st
 	check(c.MaxMsgs > 0, "max_msgs must be an explicit limit, is %d", c.MaxMsgs)
 	check(c.MaxBytes > 0, "max_bytes must be an explicit limit, is %d", c.MaxBytes)
 	check(c.MaxAge > 0, "max_age must be an explicit limit, is %v", c.MaxAge)
-	check(c.MaxMsgSize > 0 && c.MaxMsgSize <= 1<<20, "max_msg_size %d, want (0, 1MiB]", c.MaxMsgSize)
+	check(c.MaxMsgSize > 0 && c.MaxMsgSize <= 64<<10, "max_msg_size %d, want (0, 64KiB]: a consumer holds thousands of them", c.MaxMsgSize)
 	check(c.Duplicates == 2*time.Minute, "duplicate_window %v, want 2m", c.Duplicates)
 	check(c.DenyDelete, "deny_delete must be true")
 	check(c.DenyPurge, "deny_purge must be true")
@@ -75,6 +75,14 @@ func validateJetStream(fsys files) error {
 	errs := []error{
 		checkStream("intents-stream.json", d.intents, "INTENTS", "intents.>"),
 		checkStream("dlq-stream.json", d.dlq, "INTENTS_DLQ", "dlq.intents.>"),
+	}
+	// The ledger's intents are at most 4 KiB: the stream takes what jsinbox
+	// creates by default, and the dead letters that much plus their headers.
+	if d.intents.MaxMsgSize != jsinbox.DefaultMaxMsgSize {
+		errs = append(errs, fmt.Errorf("intents-stream.json: max_msg_size %d, want jsinbox's %d", d.intents.MaxMsgSize, jsinbox.DefaultMaxMsgSize))
+	}
+	for _, p := range jsinbox.CheckDeadLetterFit(d.intents, d.dlq, 0) {
+		errs = append(errs, fmt.Errorf("dlq-stream.json: %s", p))
 	}
 	c := d.ledger
 	check := func(ok bool, format string, args ...any) {

@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -177,6 +178,7 @@ func validateK8s(fsys files) error {
 	for _, name := range []string{"NATS_URL", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY", "DATABASE_URL", "JETINBOX_STREAM", "JETINBOX_SCOPE", "JETINBOX_DURABLE", "JETINBOX_HTTP_ADDR", "JETINBOX_DRAIN_TIMEOUT"} {
 		check(env[name].Value != "", "consumer env %s is not set", name)
 	}
+	check(env["NATS_INBOX_PREFIX"].Value == inboxPrefix["consumer"], "consumer NATS_INBOX_PREFIX %q, want the consumer user's own %q", env["NATS_INBOX_PREFIX"].Value, inboxPrefix["consumer"])
 	check(env["JETINBOX_STREAM"].Value == js.intents.Name, "consumer JETINBOX_STREAM %q, the stream is %q", env["JETINBOX_STREAM"].Value, js.intents.Name)
 	check(env["JETINBOX_DURABLE"].Value == js.ledger.Durable, "consumer JETINBOX_DURABLE %q, the durable is %q", env["JETINBOX_DURABLE"].Value, js.ledger.Durable)
 	check(strings.HasPrefix(env["NATS_URL"].Value, "tls://"), "consumer NATS_URL must be tls://")
@@ -186,7 +188,8 @@ func validateK8s(fsys files) error {
 	check(err == nil && drain >= 30*time.Second, "consumer JETINBOX_DRAIN_TIMEOUT %q", env["JETINBOX_DRAIN_TIMEOUT"].Value)
 	check(spec.TerminationGracePeriodSeconds != nil && time.Duration(*spec.TerminationGracePeriodSeconds)*time.Second > drain,
 		"terminationGracePeriodSeconds must exceed the drain timeout %v", drain)
-	_, portStr, _ := strings.Cut(env["JETINBOX_HTTP_ADDR"].Value, ":")
+	host, portStr, _ := strings.Cut(env["JETINBOX_HTTP_ADDR"].Value, ":")
+	check(host == "0.0.0.0", "consumer JETINBOX_HTTP_ADDR %q: want an explicit 0.0.0.0:port (the binary's default is loopback, which probes cannot reach)", env["JETINBOX_HTTP_ADDR"].Value)
 	port, _ := strconv.Atoi(portStr)
 	var httpPort int32
 	for _, p := range c.Ports {
@@ -203,6 +206,14 @@ func validateK8s(fsys files) error {
 	probe("readinessProbe", c.ReadinessProbe, "/readyz")
 	check(c.Resources.Requests.Cpu().Sign() > 0 && c.Resources.Requests.Memory().Sign() > 0, "consumer needs cpu and memory requests")
 	check(c.Resources.Limits.Memory().Sign() > 0, "consumer needs a memory limit")
+	// The messages it holds are bounded in bytes, at most a quarter of the
+	// memory limit: the rest is the runtime, the batches' work and slack.
+	if m := regexp.MustCompile(`^(\d+)MiB$`).FindStringSubmatch(env["JETINBOX_MAX_BYTES"].Value); m == nil {
+		check(false, "consumer JETINBOX_MAX_BYTES %q, want an explicit NMiB", env["JETINBOX_MAX_BYTES"].Value)
+	} else {
+		mib, _ := strconv.ParseInt(m[1], 10, 64)
+		check(mib<<20 <= c.Resources.Limits.Memory().Value()/4, "consumer JETINBOX_MAX_BYTES %s is more than a quarter of the memory limit %s", env["JETINBOX_MAX_BYTES"].Value, c.Resources.Limits.Memory())
+	}
 	checkSecure := func(what string, ps *corev1.PodSecurityContext, sc *corev1.SecurityContext) {
 		nonRoot := (ps != nil && ps.RunAsNonRoot != nil && *ps.RunAsNonRoot) || (sc != nil && sc.RunAsNonRoot != nil && *sc.RunAsNonRoot)
 		check(nonRoot, "%s must set runAsNonRoot", what)
@@ -270,7 +281,7 @@ func validateK8s(fsys files) error {
 		if len(v.Ports) > 0 {
 			port = strconv.Itoa(int(v.Ports[0].ContainerPort))
 		}
-		check(port != "" && strings.Contains(args, "-http :"+port), "verify: -http must serve on the container port %s: %q", port, args)
+		check(port != "" && strings.Contains(args, "-http 0.0.0.0:"+port), "verify: -http must serve on the container port %s of every interface (the default is loopback): %q", port, args)
 		check(k.vsvc.Annotations["prometheus.io/port"] == port, "verify Service scrape port %q, the container serves %s", k.vsvc.Annotations["prometheus.io/port"], port)
 		check(v.LivenessProbe != nil && v.LivenessProbe.HTTPGet != nil && v.LivenessProbe.HTTPGet.Path == "/healthz", "verify: liveness must probe /healthz")
 		ve, ce := envOf(v), map[string]corev1.EnvVar{}
@@ -280,12 +291,18 @@ func validateK8s(fsys files) error {
 		for _, key := range []string{"JETINBOX_SCOPE", "JETINBOX_DURABLE", "JETINBOX_STREAM"} {
 			check(ve[key].Value != "" && ve[key].Value == ce[key].Value, "verify: %s %q, the consumer's is %q", key, ve[key].Value, ce[key].Value)
 		}
+		check(ve["NATS_INBOX_PREFIX"].Value == inboxPrefix["verify"], "verify NATS_INBOX_PREFIX %q, want the verify user's own %q", ve["NATS_INBOX_PREFIX"].Value, inboxPrefix["verify"])
 		check(strings.Contains(ve["DATABASE_URL"].Value, "sslmode=verify-full"), "verify DATABASE_URL must use sslmode=verify-full")
+		check(strings.Contains(ve["DATABASE_URL"].Value, "jetinbox_verifier@"), "verify must connect as jetinbox_verifier, the role that may only read: %q", ve["DATABASE_URL"].Value)
 		check(v.SecurityContext != nil && v.SecurityContext.ReadOnlyRootFilesystem != nil && *v.SecurityContext.ReadOnlyRootFilesystem, "verify: read-only root filesystem")
 		check(v.Resources.Limits.Memory().Sign() > 0, "verify needs a memory limit")
 	}
 	vmounted := checkPodSecrets("verify Deployment", vspec)
 	check(slices.Contains(slices.Collect(maps.Values(vmounted)), "jetinbox-verify-nats"), "verify must use its own NATS Secret jetinbox-verify-nats, mounts %v", vmounted)
+	check(slices.Contains(slices.Collect(maps.Values(vmounted)), "jetinbox-verifier-db") && !slices.Contains(slices.Collect(maps.Values(vmounted)), "jetinbox-consumer-db"),
+		"verify must read the database with its own Secret jetinbox-verifier-db, not the consumer's: mounts %v", vmounted)
+
+	errs = append(errs, checkNetworkPolicies(fsys, k))
 
 	// The kustomization lists existing files.
 	var kust struct {
@@ -305,6 +322,87 @@ func validateK8s(fsys files) error {
 	for _, r := range kust.Resources {
 		_, ok := fsys["kubernetes/"+r]
 		check(ok, "kustomization.yaml lists %s, which does not exist", r)
+	}
+	check(slices.Contains(kust.Resources, "networkpolicy.yaml"), "kustomization.yaml does not apply networkpolicy.yaml")
+	return errors.Join(errs...)
+}
+
+// checkNetworkPolicies: the consumer and verify pods are each selected by
+// a policy that governs both directions and lets in only their http port
+// from named sources (the kubelet's probes come from the node, which
+// policies always admit), and lets out only NATS (4222), PostgreSQL (5432)
+// and DNS (53), each to named destinations.
+func checkNetworkPolicies(fsys files, k *k8sSet) error {
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("networkpolicy.yaml: "+format, args...))
+		}
+	}
+	b, err := fsys.get("kubernetes/networkpolicy.yaml")
+	if err != nil {
+		return err
+	}
+	var pols []networkingv1.NetworkPolicy
+	for i, doc := range splitYAML(b) {
+		var p networkingv1.NetworkPolicy
+		if err := yaml.UnmarshalStrict(doc, &p); err != nil {
+			return fmt.Errorf("networkpolicy.yaml document %d: %w", i+1, err)
+		}
+		check(p.APIVersion == "networking.k8s.io/v1" && p.Kind == "NetworkPolicy", "document %d is %s %s", i+1, p.APIVersion, p.Kind)
+		pols = append(pols, p)
+	}
+	allowedOut := map[string]bool{"TCP/4222": true, "TCP/5432": true, "UDP/53": true, "TCP/53": true}
+	for _, pod := range []struct {
+		name string
+		d    appsv1.Deployment
+	}{{"consumer", k.deploy}, {"verify", k.verify}} {
+		labels := pod.d.Spec.Template.Labels
+		var selected []networkingv1.NetworkPolicy
+		for _, p := range pols {
+			if len(p.Spec.PodSelector.MatchLabels) > 0 && len(p.Spec.PodSelector.MatchExpressions) == 0 && labelsMatch(p.Spec.PodSelector.MatchLabels, labels) {
+				selected = append(selected, p)
+			}
+		}
+		check(len(selected) == 1, "%s pods are selected by %d policies, want 1", pod.name, len(selected))
+		if len(selected) != 1 {
+			continue
+		}
+		spec := selected[0].Spec
+		check(slices.Contains(spec.PolicyTypes, networkingv1.PolicyTypeIngress) && slices.Contains(spec.PolicyTypes, networkingv1.PolicyTypeEgress),
+			"%s: policyTypes %v, want Ingress and Egress (a missing one allows everything that way)", pod.name, spec.PolicyTypes)
+		check(len(spec.Ingress) > 0, "%s: no ingress rule: Prometheus could not scrape", pod.name)
+		for _, r := range spec.Ingress {
+			check(len(r.From) > 0, "%s: an ingress rule without from admits every source", pod.name)
+			check(len(r.Ports) > 0, "%s: an ingress rule without ports admits every port", pod.name)
+			for _, p := range r.Ports {
+				check(p.Port != nil && p.Port.String() == "http" && (p.Protocol == nil || *p.Protocol == corev1.ProtocolTCP),
+					"%s: ingress to port %v, want only the http port", pod.name, p.Port)
+			}
+			for _, from := range r.From {
+				check(from.IPBlock == nil || from.IPBlock.CIDR != "0.0.0.0/0", "%s: ingress from anywhere", pod.name)
+			}
+		}
+		seen := map[string]bool{}
+		for _, r := range spec.Egress {
+			check(len(r.To) > 0, "%s: an egress rule without to reaches every destination", pod.name)
+			check(len(r.Ports) > 0, "%s: an egress rule without ports reaches every port", pod.name)
+			for _, p := range r.Ports {
+				proto := corev1.ProtocolTCP
+				if p.Protocol != nil {
+					proto = *p.Protocol
+				}
+				key := fmt.Sprintf("%s/%s", proto, p.Port)
+				check(p.Port != nil && allowedOut[key], "%s: egress to %s, want only NATS 4222, PostgreSQL 5432 and DNS 53", pod.name, key)
+				seen[key] = true
+			}
+			for _, to := range r.To {
+				check(to.IPBlock == nil || to.IPBlock.CIDR != "0.0.0.0/0", "%s: egress to anywhere", pod.name)
+			}
+		}
+		for k := range allowedOut {
+			check(seen[k], "%s: no egress to %s: it could not reach NATS, PostgreSQL or DNS", pod.name, k)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -113,6 +113,10 @@ func TestNATSClusterEnforcesTheConfig(t *testing.T) {
 			producer.expectPublishDenied(t, subj)
 		}
 		producer.expectSubscribeDenied(t, "intents.>")
+		// Replies are per role: the producer hears neither the shared
+		// default prefix nor the consumer's deliveries.
+		producer.expectSubscribeDenied(t, "_INBOX.>")
+		producer.expectSubscribeDenied(t, inboxPrefix["consumer"]+".>")
 		producer.expectSubscribeDenied(t, "$JS.EVENT.ADVISORY.>")
 	})
 
@@ -174,6 +178,7 @@ func TestNATSClusterEnforcesTheConfig(t *testing.T) {
 			consumer.expectPublishDenied(t, subj)
 		}
 		consumer.expectSubscribeDenied(t, "intents.>")
+		consumer.expectSubscribeDenied(t, inboxPrefix["producer"]+".>")
 		// Max-deliveries advisories are read from their stream, not heard
 		// on core NATS.
 		consumer.expectSubscribeDenied(t, "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.INTENTS.ledger")
@@ -309,7 +314,7 @@ func connectAs(t *testing.T, urls string, fx *secretsFixture, user string) *clie
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.nc, err = nats.Connect(urls, nkeyOpt, nats.Name(user),
+	opts := []nats.Option{nkeyOpt, nats.Name(user),
 		nats.RootCAs(filepath.Join(fx.dir, "tls", "ca.pem")),
 		nats.ClientCert(filepath.Join(fx.dir, "tls", user+".pem"), filepath.Join(fx.dir, "tls", user+"-key.pem")),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
@@ -317,7 +322,13 @@ func connectAs(t *testing.T, urls string, fx *secretsFixture, user string) *clie
 			case c.errs <- err:
 			default:
 			}
-		}))
+		})}
+	// Each role's replies under its own prefix (the only one it may
+	// subscribe to), as the shipped compose and Kubernetes files set it.
+	if p := inboxPrefix[user]; p != "" {
+		opts = append(opts, nats.CustomInboxPrefix(p))
+	}
+	c.nc, err = nats.Connect(urls, opts...)
 	if err != nil {
 		t.Fatalf("connect as %s: %v", user, err)
 	}

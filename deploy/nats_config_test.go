@@ -14,6 +14,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
+
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 )
 
 var natsNodes = []string{"nats-1", "nats-2", "nats-3"}
@@ -31,6 +33,8 @@ var (
 	}
 	consumerPublish = []string{
 		"$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.CONSUMER.INFO.INTENTS.ledger", "$JS.API.CONSUMER.MSG.NEXT.INTENTS.ledger",
+		// At start: does the largest intent fit the dead-letter stream?
+		"$JS.API.STREAM.INFO.INTENTS_DLQ",
 		"$JS.ACK.INTENTS.ledger.>", "dlq.intents.>", "$JS.API.STREAM.MSG.GET.INTENTS",
 		// The ledger durable's max-deliveries advisories, drained from the
 		// stream that keeps them: messages the server gave up on are read
@@ -48,8 +52,15 @@ var (
 		"$JS.API.CONSUMER.MSG.NEXT.INTENTS.*", "$JS.API.CONSUMER.MSG.NEXT.INTENTS_DLQ.*",
 		"$JS.API.STREAM.MSG.GET.INTENTS",
 	}
-	clientsSubscribe = []string{"_INBOX.>"}
+	// Each role's reply-subject prefix: it may subscribe under it and
+	// nowhere else, so no role reads another's replies (the consumer's
+	// pulled intents arrive on its reply subjects). The shipped compose and
+	// Kubernetes files give each client its role's prefix.
+	inboxPrefix = map[string]string{"producer": "_INBOX_producer", "consumer": "_INBOX_consumer", "verify": "_INBOX_verify"}
 )
+
+// roleSubscribe is what role may subscribe to: its own replies.
+func roleSubscribe(role string) []string { return []string{inboxPrefix[role] + ".>"} }
 
 // stageNATS writes the nats/*.conf files of fsys into dir, with the TLS paths
 // moved from /etc/nats/tls to tlsDir and, if auth is not nil, auth.conf
@@ -98,7 +109,10 @@ func validateNATSNode(path, node string) (*server.Options, error) {
 	check(opts.StoreDir == "/data", "jetstream store_dir %q, want /data (the volume compose and the chart mount)", opts.StoreDir)
 	check(opts.JetStreamMaxStore > 0, "jetstream max_file_store is not set")
 	check(opts.TLSConfig != nil && opts.TLSConfig.ClientAuth == tls.RequireAndVerifyClientCert, "client TLS with verify: true is not configured")
-	check(opts.MaxPayload > 0 && opts.MaxPayload <= 1<<20, "max_payload %d, want 1MB at most", opts.MaxPayload)
+	// Room for the largest dead letter (an intent of jetinbox's default
+	// max_msg_size plus the dead-letter headers) and little more.
+	check(opts.MaxPayload >= jsinbox.DefaultMaxMsgSize+jsinbox.DeadLetterHeadroom && opts.MaxPayload <= 64<<10,
+		"max_payload %d, want room for a dead letter (%d) and at most 64KB", opts.MaxPayload, jsinbox.DefaultMaxMsgSize+jsinbox.DeadLetterHeadroom)
 	check(opts.LameDuckDuration > 0, "lame_duck_duration is not set")
 	check(opts.HTTPPort > 0, "monitoring port (for /healthz) is not set")
 
@@ -138,19 +152,25 @@ func validateNATSNode(path, node string) (*server.Options, error) {
 			continue
 		}
 		check(len(p.Publish.Deny) == 0 && len(p.Subscribe.Deny) == 0, "user %s: use allow lists only", u.Nkey)
-		check(sameSet(p.Subscribe.Allow, clientsSubscribe), "user %s may subscribe to %v, want %v", u.Nkey, p.Subscribe.Allow, clientsSubscribe)
+		role := ""
 		switch {
 		case slices.Contains(p.Publish.Allow, "intents.>"):
 			producer++
+			role = "producer"
 			check(sameSet(p.Publish.Allow, producerPublish), "producer may publish to %v, want %v", p.Publish.Allow, producerPublish)
 		case slices.Contains(p.Publish.Allow, "dlq.intents.>"):
 			consumer++
+			role = "consumer"
 			check(sameSet(p.Publish.Allow, consumerPublish), "consumer may publish to %v, want %v", p.Publish.Allow, consumerPublish)
 		case slices.Contains(p.Publish.Allow, "$JS.API.CONSUMER.CREATE.INTENTS.*"):
 			verifier++
+			role = "verify"
 			check(sameSet(p.Publish.Allow, verifyPublish), "verify may publish to %v, want %v", p.Publish.Allow, verifyPublish)
 		default:
 			check(false, "user %s has permissions that are neither the producer's, the consumer's nor the verifier's: %v", u.Nkey, p.Publish.Allow)
+		}
+		if role != "" {
+			check(sameSet(p.Subscribe.Allow, roleSubscribe(role)), "%s may subscribe to %v, want its own replies only: %v", role, p.Subscribe.Allow, roleSubscribe(role))
 		}
 	}
 	check(producer == 1 && consumer == 1 && verifier == 1, "found %d producer, %d consumer and %d verify users, want one each", producer, consumer, verifier)

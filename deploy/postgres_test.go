@@ -49,8 +49,10 @@ func findPostgresBin() (string, error) {
 // PostgreSQL: postgresql.conf.snippet included (TLS on, with the dev
 // certificates), pg_hba.conf, roles.sql as the superuser, jetinbox's own
 // migrations as jetinbox_migrator, grants.sql, and then checks over
-// sslmode=verify-full that jetinbox_consumer can do its work and nothing
-// more, and that a connection without TLS is refused.
+// sslmode=verify-full that each role can do its work and nothing more:
+// the consumer appends and claims but cannot delete or rewrite history,
+// the verifier only reads, the maintainer only deletes inbox rows; and
+// that a connection without TLS is refused.
 func TestPostgresRolesAndSettings(t *testing.T) {
 	t.Parallel()
 	fx := fixture(t)
@@ -58,10 +60,15 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 
 	pg.superuser(t, "postgres", "CREATE DATABASE jetinbox")
 	pg.superuserFile(t, "jetinbox", "postgres/roles.sql")
-	pg.superuser(t, "jetinbox", "ALTER ROLE jetinbox_migrator PASSWORD 'migrator-pw'; ALTER ROLE jetinbox_consumer PASSWORD 'consumer-pw'")
+	// roles.sql is idempotent: an upgrade runs it again to add roles.
+	pg.superuserFile(t, "jetinbox", "postgres/roles.sql")
+	pg.superuser(t, "jetinbox", "ALTER ROLE jetinbox_migrator PASSWORD 'migrator-pw'; ALTER ROLE jetinbox_consumer PASSWORD 'consumer-pw'; "+
+		"ALTER ROLE jetinbox_verifier PASSWORD 'verifier-pw'; ALTER ROLE jetinbox_maintainer PASSWORD 'maintainer-pw'")
 
 	migrator := pg.as("jetinbox_migrator", "migrator-pw")
 	consumer := pg.as("jetinbox_consumer", "consumer-pw")
+	verifier := pg.as("jetinbox_verifier", "verifier-pw")
+	maintainer := pg.as("jetinbox_maintainer", "maintainer-pw")
 
 	// What `jetinbox migrate` does: its bookkeeping table, then each
 	// component's SQL files, as the schema owner.
@@ -80,34 +87,129 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 	migrator.mustFile(t, "postgres/grants.sql")
 	// grants.sql is idempotent: it runs after every migrate.
 	migrator.mustFile(t, "postgres/grants.sql")
+	// `jetinbox accounts -open` runs as the migrator.
+	migrator.must(t, `INSERT INTO accounts (id) VALUES (1), (2) ON CONFLICT DO NOTHING`)
+	migrator.must(t, `INSERT INTO inbox (scope, message_id, fingerprint, received_at) VALUES ('ledger', 'old', '\x01', now() - interval '60 days'), ('ledger', 'rejected', '\x01', now())`)
+	migrator.must(t, `UPDATE inbox SET status = 'rejected' WHERE message_id = 'rejected'`)
 
-	// The consumer's work: claim, record a conflict, apply the ledger effect,
-	// retention.
+	// The consumer's work, the statements inbox, effects and jsinbox run:
+	// claim, read what was there, record a rejection and a conflict, give
+	// back the claim of a message to retry, apply the ledger effect.
 	for _, q := range []string{
-		`INSERT INTO inbox (scope, message_id, fingerprint) VALUES ('ledger', 'm1', '\x01') ON CONFLICT DO NOTHING`,
-		`INSERT INTO inbox_conflicts (scope, message_id, fingerprint) VALUES ('ledger', 'm1', '\x02')`,
-		`INSERT INTO accounts (id, balance) VALUES (1, 0) ON CONFLICT (id) DO UPDATE SET balance = accounts.balance + 1`,
-		`INSERT INTO ledger_entries (message_id, account, amount) VALUES ('m1', 1, 5)`,
-		`UPDATE inbox SET status = 'rejected', reason = 'test' WHERE scope = 'ledger' AND message_id = 'm1'`,
-		`SELECT count(*) FROM inbox, inbox_conflicts, accounts, ledger_entries`,
-		`SELECT count(*) FROM jetinbox_migrations`,
-		`DELETE FROM inbox WHERE received_at < now() - interval '30 days'`,
+		`INSERT INTO inbox (scope, message_id, fingerprint, stream_seq, subject) SELECT 'ledger', t.id, '\x01', 1, 'intents.x' FROM unnest(ARRAY['m1']) AS t(id) ON CONFLICT (scope, message_id) DO NOTHING RETURNING message_id`,
+		`SELECT message_id, fingerprint, status, coalesce(reason, ''), stream_seq FROM inbox WHERE scope = 'ledger' AND message_id = ANY(ARRAY['m1'])`,
+		`UPDATE inbox SET status = 'rejected', reason = t.reason FROM unnest(ARRAY['m1'], ARRAY['test']) AS t(id, reason) WHERE inbox.scope = 'ledger' AND inbox.message_id = t.id`,
+		`INSERT INTO inbox_conflicts (scope, message_id, fingerprint, stream_seq, subject) SELECT 'ledger', 'm1', '\x02', 3, 'intents.x' ON CONFLICT (scope, message_id, stream_seq) DO NOTHING`,
+		`WITH upd AS (UPDATE accounts a SET balance = a.balance + u.total FROM unnest(ARRAY[1::bigint], ARRAY[5::bigint]) AS u(id, total) WHERE a.id = u.id) SELECT u.id FROM unnest(ARRAY[1::bigint]) AS u(id) WHERE NOT EXISTS (SELECT 1 FROM accounts a WHERE a.id = u.id)`,
+		`INSERT INTO ledger_entries (scope, message_id, account, amount) VALUES ('ledger', 'm1', 1, 5)`,
+		`SELECT coalesce(max(version), 0) FROM jetinbox_migrations WHERE component = 'inbox'`,
 	} {
 		consumer.must(t, q)
 	}
-	// ... and nothing else.
+	if got := consumer.must(t, `BEGIN; INSERT INTO inbox (scope, message_id, fingerprint) VALUES ('ledger', 'retry', '\x01'); SELECT inbox_release('ledger', ARRAY['retry']); COMMIT`); got != "1" {
+		t.Errorf("consumer: inbox_release of its own claim removed %q rows, want 1", got)
+	}
+	// inbox_release removes nothing committed: not the applied, the
+	// rejected or the old row, whoever asks.
+	if got := consumer.must(t, `SELECT inbox_release('ledger', ARRAY['m1', 'old', 'rejected', 'retry'])`); got != "0" {
+		t.Errorf("consumer: inbox_release of committed rows removed %q rows, want 0", got)
+	}
+	denied := []string{"permission denied", "must be owner"}
+	// ... and nothing else: no history rewritten, nothing deleted.
 	for _, q := range []string{
+		`UPDATE ledger_entries SET amount = 0`,
+		`DELETE FROM ledger_entries`,
+		`TRUNCATE ledger_entries`,
+		`INSERT INTO ledger_entries (scope, message_id, account, amount, created_at) VALUES ('ledger', 'm2', 1, 5, now() - interval '1 year')`,
+		`DELETE FROM inbox`,
+		`DELETE FROM inbox WHERE received_at < now() - interval '30 days'`,
+		`UPDATE inbox SET received_at = now()`,
+		`UPDATE inbox SET message_id = 'other' WHERE message_id = 'm1'`,
+		`UPDATE inbox SET fingerprint = '\x02'`,
+		`INSERT INTO inbox (scope, message_id, fingerprint, received_at) VALUES ('ledger', 'm3', '\x01', now())`,
+		`DELETE FROM accounts`,
+		`INSERT INTO accounts (id) VALUES (3)`,
+		`UPDATE accounts SET id = 4 WHERE id = 1`,
+		`UPDATE inbox_conflicts SET fingerprint = '\x03'`,
+		`DELETE FROM inbox_conflicts`,
 		`CREATE TABLE evil (id int)`,
 		`CREATE TABLE public.evil (id int)`,
+		`CREATE TEMP TABLE evil (id int)`,
 		`DROP TABLE inbox`,
 		`TRUNCATE inbox`,
 		`ALTER TABLE inbox ADD COLUMN evil int`,
+		`DROP FUNCTION inbox_release(text, text[])`,
 		`DELETE FROM jetinbox_migrations`,
 		`INSERT INTO jetinbox_migrations (component, version, name) VALUES ('x', 1, 'x')`,
 		`CREATE SCHEMA evil`,
 	} {
-		consumer.mustFail(t, q, "permission denied", "must be owner")
+		consumer.mustFail(t, q, denied...)
 	}
+	if got := migrator.must(t, `SELECT count(*) FROM inbox WHERE message_id IN ('m1', 'old', 'rejected')`); got != "3" {
+		t.Errorf("%s of the 3 committed inbox rows are left after the consumer's attempts", got)
+	}
+
+	// The verifier reads what verify reads, and writes nothing.
+	for _, q := range []string{
+		`SELECT count(*) FROM inbox, inbox_conflicts, accounts, ledger_entries`,
+		`SELECT count(*) FROM jetinbox_migrations`,
+	} {
+		verifier.must(t, q)
+	}
+	for _, q := range []string{
+		`INSERT INTO inbox (scope, message_id, fingerprint) VALUES ('ledger', 'v', '\x01')`,
+		`UPDATE inbox SET status = 'applied'`,
+		`DELETE FROM inbox`,
+		`INSERT INTO inbox_conflicts (scope, message_id, fingerprint) VALUES ('ledger', 'v', '\x01')`,
+		`DELETE FROM inbox_conflicts`,
+		`INSERT INTO ledger_entries (scope, message_id, account, amount) VALUES ('ledger', 'v', 1, 1)`,
+		`UPDATE ledger_entries SET amount = 0`,
+		`DELETE FROM ledger_entries`,
+		`UPDATE accounts SET balance = 0`,
+		`INSERT INTO accounts (id) VALUES (9)`,
+		`DELETE FROM accounts`,
+		`TRUNCATE inbox`,
+		`SELECT inbox_release('ledger', ARRAY['m1'])`,
+		`DELETE FROM jetinbox_migrations`,
+		`CREATE TEMP TABLE evil (id int)`,
+		`CREATE TABLE evil (id int)`,
+		// Even with read-only turned off, the grants refuse.
+		`SET default_transaction_read_only = off; DELETE FROM inbox`,
+		`BEGIN READ WRITE; INSERT INTO ledger_entries (scope, message_id, account, amount) VALUES ('ledger', 'v', 1, 1); COMMIT`,
+	} {
+		verifier.mustFail(t, q, append(denied, "read-only transaction")...)
+	}
+	if got := verifier.must(t, "SHOW default_transaction_read_only"); got != "on" {
+		t.Errorf("verifier default_transaction_read_only = %q, want on", got)
+	}
+
+	// The maintainer: retention (inbox.Prune's statements) and a dead
+	// letter's re-drive (jetinbox dlq -redrive), nothing else.
+	for _, q := range []string{
+		`DELETE FROM inbox WHERE ctid = ANY (ARRAY (SELECT ctid FROM inbox WHERE received_at < now() - interval '30 days' AND ('' = '' OR scope = '') LIMIT 10000))`,
+		`WITH del AS (DELETE FROM inbox WHERE scope = 'ledger' AND message_id = 'rejected' AND status = 'rejected' RETURNING status) SELECT coalesce((SELECT status FROM del), (SELECT status FROM inbox WHERE scope = 'ledger' AND message_id = 'rejected'), '')`,
+	} {
+		maintainer.must(t, q)
+	}
+	if got := migrator.must(t, `SELECT string_agg(message_id, ',' ORDER BY message_id) FROM inbox`); got != "m1" {
+		t.Errorf("inbox after retention and a re-drive: %q, want only m1 left", got)
+	}
+	for _, q := range []string{
+		`INSERT INTO inbox (scope, message_id, fingerprint) VALUES ('ledger', 'x', '\x01')`,
+		`UPDATE inbox SET status = 'applied'`,
+		`TRUNCATE inbox`,
+		`SELECT count(*) FROM ledger_entries`,
+		`DELETE FROM ledger_entries`,
+		`UPDATE accounts SET balance = 0`,
+		`DELETE FROM accounts`,
+		`DELETE FROM inbox_conflicts`,
+		`SELECT inbox_release('ledger', ARRAY['m1'])`,
+		`CREATE TABLE evil (id int)`,
+		`DROP TABLE inbox`,
+	} {
+		maintainer.mustFail(t, q, denied...)
+	}
+
 	// Per-role settings from roles.sql.
 	for setting, want := range map[string]string{"search_path": "jetinbox", "lock_timeout": "5s", "statement_timeout": "20s", "idle_in_transaction_session_timeout": "30s"} {
 		if got := consumer.must(t, "SHOW "+setting); got != want {

@@ -51,7 +51,8 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	consumerDSN := provisionPostgres(t, fx)
+	dsns := provisionPostgres(t, fx)
+	consumerDSN := dsns["jetinbox_consumer"]
 	urls := startNATSCluster(t, fsys, fx)
 	// Every client on one server, so that what a role published has reached
 	// the recorder once both connections have flushed.
@@ -177,8 +178,18 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 
 	t.Run("consumer", func(t *testing.T) {
 		rec := startRecording(t, admin.nc)
+		// The consumer's pull requests name the reply subject its intents
+		// are delivered on.
+		pulls, err := admin.nc.SubscribeSync("$JS.API.CONSUMER.MSG.NEXT." + stream + "." + durable)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pulls.Unsubscribe()
+		if err := admin.nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
 		consumer := connectAs(t, one, fx, "consumer")
-		c, pool := projectConsumer(t, ctx, consumer, consumerDSN, stream, durable)
+		c, _ := projectConsumer(t, ctx, consumer, consumerDSN, stream, durable)
 		runCtx, stop := context.WithCancel(context.Background())
 		defer stop()
 		done := make(chan error, 1)
@@ -209,7 +220,28 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 		consumer.nc.Close()
 		rec.check(t, "consumer", consumerPublish)
 
+		// The producer's user may not listen where the consumer's intents
+		// arrive: not on the consumer's delivery subject, not under its
+		// prefix, not on the shared default prefix.
+		pull, err := pulls.NextMsg(time.Second)
+		if err != nil {
+			t.Fatalf("no pull request of the consumer recorded: %v", err)
+		}
+		if !strings.HasPrefix(pull.Reply, inboxPrefix["consumer"]+".") {
+			t.Errorf("the consumer pulls with reply subject %q, want it under its own prefix %s", pull.Reply, inboxPrefix["consumer"])
+		}
+		spy := connectAs(t, one, fx, "producer")
+		for _, subj := range []string{pull.Reply, inboxPrefix["consumer"] + ".>", "_INBOX.>", ">"} {
+			spy.expectSubscribeDenied(t, subj)
+		}
+
 		// The effects: the rescued intent applied once, the poison rejected.
+		// Read as the verifier: the consumer cannot read the ledger back.
+		pool, err := pgxpool.New(ctx, dsns["jetinbox_verifier"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
 		var applied, rejected, entries, balance int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'applied'), count(*) FILTER (WHERE status = 'rejected') FROM inbox WHERE scope = $1`, durable).Scan(&applied, &rejected); err != nil {
 			t.Fatal(err)
@@ -262,8 +294,8 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 	})
 
 	// The verifier (jetinbox verify -watch, and a full verify) under its own
-	// user, reading the database as jetinbox_consumer: the settled pipeline
-	// is clean, and it is refused nothing.
+	// NATS user and its own database role, jetinbox_verifier (SELECT only):
+	// the settled pipeline is clean, and it is refused nothing.
 	t.Run("verify", func(t *testing.T) {
 		rec := startRecording(t, admin.nc)
 		verifier := connectAs(t, one, fx, "verify")
@@ -271,7 +303,7 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pool, err := pgxpool.New(ctx, consumerDSN)
+		pool, err := pgxpool.New(ctx, dsns["jetinbox_verifier"])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -439,7 +471,7 @@ func (r *recording) check(t *testing.T, role string, allow []string) {
 		// Replies, the server's advisories, and messages JetStream
 		// delivers (to a pull request's inbox, under their own subject)
 		// are not the client's.
-		if strings.HasPrefix(m.Subject, "_INBOX.") || strings.HasPrefix(m.Subject, "$JS.EVENT.") || strings.HasPrefix(m.Reply, "$JS.ACK.") {
+		if strings.HasPrefix(m.Subject, "_INBOX") || strings.HasPrefix(m.Subject, "$JS.EVENT.") || strings.HasPrefix(m.Reply, "$JS.ACK.") {
 			continue
 		}
 		i := slices.IndexFunc(allow, func(p string) bool { return subjectMatches(p, m.Subject) })
@@ -498,20 +530,22 @@ func (b *syncBuffer) String() string {
 // provisionPostgres sets up a throwaway PostgreSQL as an operator does with
 // deploy/postgres (roles.sql, passwords, jetinbox's migrations as
 // jetinbox_migrator, grants.sql), with the accounts the ledger intents name.
-// It returns the connection string of jetinbox_consumer (TCP,
-// sslmode=verify-full against the dev CA).
-func provisionPostgres(t *testing.T, fx *secretsFixture) string {
+// It returns the connection string of each login role of roles.sql (TCP,
+// sslmode=verify-full against the dev CA), by role name.
+func provisionPostgres(t *testing.T, fx *secretsFixture) map[string]string {
 	t.Helper()
 	pg := startPostgres(t, fx)
 	pg.superuser(t, "postgres", "CREATE DATABASE jetinbox")
 	pg.superuserFile(t, "jetinbox", "postgres/roles.sql")
-	pg.superuser(t, "jetinbox", "ALTER ROLE jetinbox_migrator PASSWORD 'migrator-pw'; ALTER ROLE jetinbox_consumer PASSWORD 'consumer-pw'")
-	dsn := func(user, password string) string {
-		return fmt.Sprintf("postgres://%s:%s@localhost:%d/jetinbox?sslmode=verify-full&sslrootcert=%s", user, password, pg.port, url.QueryEscape(pg.ca))
+	dsns := map[string]string{}
+	for _, role := range dbRoles {
+		pw := strings.TrimPrefix(role, "jetinbox_") + "-pw"
+		pg.superuser(t, "jetinbox", fmt.Sprintf("ALTER ROLE %s PASSWORD '%s'", role, pw))
+		dsns[role] = fmt.Sprintf("postgres://%s:%s@localhost:%d/jetinbox?sslmode=verify-full&sslrootcert=%s", role, pw, pg.port, url.QueryEscape(pg.ca))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	migrator, err := pgxpool.New(ctx, dsn("jetinbox_migrator", "migrator-pw"))
+	migrator, err := pgxpool.New(ctx, dsns["jetinbox_migrator"])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -527,5 +561,8 @@ func provisionPostgres(t *testing.T, fx *secretsFixture) string {
 	if _, err := migrator.Exec(ctx, `INSERT INTO accounts (id) VALUES (1), (2)`); err != nil {
 		t.Fatal(err)
 	}
-	return dsn("jetinbox_consumer", "consumer-pw")
+	return dsns
 }
+
+// dbRoles are the login roles of postgres/roles.sql.
+var dbRoles = []string{"jetinbox_migrator", "jetinbox_consumer", "jetinbox_verifier", "jetinbox_maintainer"}

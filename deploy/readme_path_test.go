@@ -38,13 +38,14 @@ var readmeRoles = map[string]readmeRole{
 	"accounts": {"", "jetinbox_migrator"},
 	"producer": {"producer", ""},
 	"consumer": {"consumer", "jetinbox_consumer"},
-	// The operator's tools: the admin user, and the role that owns the
-	// tables (verify, dlq and replay read them; prune deletes inbox rows;
-	// dlq -redrive would delete rejected ones).
-	"verify": {"admin", "jetinbox_migrator"},
-	"dlq":    {"admin", "jetinbox_migrator"},
-	"replay": {"admin", "jetinbox_migrator"},
-	"prune":  {"admin", "jetinbox_migrator"},
+	// The operator's tools: the admin user, and the database role of
+	// each one's job. verify only reads; replay does the consumer's work
+	// (rolled back unless -apply); prune and dlq -redrive delete inbox
+	// rows, which only the maintainer may.
+	"verify": {"admin", "jetinbox_verifier"},
+	"dlq":    {"admin", "jetinbox_maintainer"},
+	"replay": {"admin", "jetinbox_consumer"},
+	"prune":  {"admin", "jetinbox_maintainer"},
 }
 
 type readmeRole struct{ nats, db string }
@@ -62,8 +63,8 @@ func (r readmeRole) String() string {
 // Only the export line's values change: NATS_URL names the three servers,
 // DATABASE_URL keeps the README's database and sslmode with the local host
 // and the role's name, and each command gets the credentials of the role
-// that runs it (readmeRoles): NATS_NKEY, NATS_CERT, NATS_KEY, NATS_CA, and
-// PGPASSFILE (passwords never go into DATABASE_URL).
+// that runs it (readmeRoles): NATS_NKEY, NATS_CERT, NATS_KEY, NATS_CA,
+// NATS_INBOX_PREFIX (the role's own reply prefix), and PGPASSFILE (passwords never go into DATABASE_URL).
 //
 // migrate, accounts, the producer (the generated load and the README's
 // JSONL example), the consumer until SIGTERM, verify, dlq, replay and
@@ -107,7 +108,7 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 	pg.superuserFile(t, "jetinbox", "postgres/roles.sql")
 	passwords := map[string]string{}
 	pgpass := map[string]string{}
-	for _, role := range []string{"jetinbox_migrator", "jetinbox_consumer"} {
+	for _, role := range dbRoles {
 		pw, err := os.ReadFile(filepath.Join(fx.dir, "postgres", role+".password"))
 		if err != nil {
 			t.Fatal(err)
@@ -162,6 +163,11 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 				"NATS_CERT="+filepath.Join(tls, role.nats+".pem"),
 				"NATS_KEY="+filepath.Join(tls, role.nats+"-key.pem"),
 				"NATS_CA="+filepath.Join(tls, "ca.pem"))
+			// The role's own reply prefix, as compose and Kubernetes set it;
+			// the admin user may subscribe anywhere and keeps _INBOX.
+			if p := inboxPrefix[role.nats]; p != "" {
+				env = append(env, "NATS_INBOX_PREFIX="+p)
+			}
 		}
 		if role.db != "" {
 			u := *dbURL
@@ -308,6 +314,29 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 	}
 	if consumer == nil {
 		return
+	}
+	// A dead letter re-driven under the maintainer role: a poison intent is
+	// rejected and dead-lettered by the running consumer, and `jetinbox dlq
+	// -redrive` deletes its rejected inbox row as jetinbox_maintainer. (The
+	// stream still remembers the ID for its duplicate window, so the copy
+	// is dropped and reported; the row is gone either way.)
+	if _, err := adminJS.Publish(ctx, "intents.ledger", []byte(`{"account":1,"amount":"five"}`), jetstream.WithMsgID("readme-poison")); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitApplied(ctx, adminJS, defs.intents.Name, defs.ledger.Durable, defs.advisories.Name, exited); err != nil {
+		t.Fatalf("the poison intent: %v\n%s", err, lastOutputLines(consumerOut.String(), 30))
+	}
+	migrator := pg.as("jetinbox_migrator", passwords["jetinbox_migrator"])
+	if got := migrator.must(t, `SELECT status FROM inbox WHERE message_id = 'readme-poison'`); got != "rejected" {
+		t.Fatalf("the poison intent's inbox row: %q, want rejected", got)
+	}
+	ran["dlq -redrive"] = true
+	out := run("dlq", "bin/jetinbox dlq -redrive -id readme-poison")
+	if !strings.Contains(out, "readme-poison") && !strings.Contains(out, "re-driven 1") {
+		t.Errorf("dlq -redrive does not report the intent:\n%s", out)
+	}
+	if got := migrator.must(t, `SELECT count(*) FROM inbox WHERE message_id = 'readme-poison'`); got != "0" {
+		t.Errorf("dlq -redrive as jetinbox_maintainer left the rejected row (%s rows)", got)
 	}
 	// SIGTERM: the consumer drains and exits 0.
 	if err := consumer.Process.Signal(syscall.SIGTERM); err != nil {

@@ -98,7 +98,7 @@ func (p *Processor) claim(ctx context.Context, tx pgx.Tx, b *batch, isolate, fas
 		for k, e := range refused {
 			if e != nil {
 				i := b.valid[k]
-				b.out[i] = Outcome{Status: StatusRejected, Cause: CauseClaimRefused, Reason: e.Error(), Err: e}
+				b.out[i] = Outcome{Status: StatusRejected, Cause: CauseClaimRefused, Reason: SanitizeReason(e.Error()), Err: e}
 				if b.refused == nil {
 					b.refused = map[int]bool{}
 				}
@@ -153,7 +153,7 @@ func (p *Processor) classify(b *batch, res []ClaimResult) {
 		case ClaimDuplicate:
 			b.out[i] = Outcome{Status: StatusDuplicate, Redelivered: true, FirstSeq: r.PriorSeq}
 			if r.PriorStatus == RowRejected {
-				b.out[i] = Outcome{Status: StatusRejected, Cause: CauseRejectedBefore, Reason: r.PriorReason, Redelivered: true, FirstSeq: r.PriorSeq}
+				b.out[i] = Outcome{Status: StatusRejected, Cause: CauseRejectedBefore, Reason: SanitizeReason(r.PriorReason), Redelivered: true, FirstSeq: r.PriorSeq}
 			}
 		case ClaimConflict:
 			b.out[i] = Outcome{Status: StatusConflict, Cause: CauseConflict, Redelivered: true,
@@ -195,12 +195,12 @@ func (p *Processor) decide(b *batch, errs []error) (rejIDs, rejReasons, retryIDs
 		case e == nil:
 			out[i] = Outcome{Status: StatusApplied}
 		case IsPermanent(e):
-			out[i] = Outcome{Status: StatusRejected, Cause: rejectCause(e), Reason: e.Error(), Err: e}
+			out[i] = Outcome{Status: StatusRejected, Cause: rejectCause(e), Reason: SanitizeReason(e.Error()), Err: e}
 		case msgs[i].Final:
 			reason := fmt.Sprintf("gave up after %d deliveries: %v", msgs[i].Deliveries, e)
-			out[i] = Outcome{Status: StatusRejected, Cause: CauseGaveUp, Reason: reason, Err: e}
+			out[i] = Outcome{Status: StatusRejected, Cause: CauseGaveUp, Reason: SanitizeReason(reason), Err: e}
 		default:
-			out[i] = Outcome{Status: StatusRetry, Cause: CauseTransient, Reason: e.Error(), Err: e}
+			out[i] = Outcome{Status: StatusRetry, Cause: CauseTransient, Reason: SanitizeReason(e.Error()), Err: e}
 			retryIDs = append(retryIDs, msgs[i].ID)
 			continue
 		}
@@ -278,9 +278,17 @@ WHERE inbox.scope = $1 AND inbox.message_id = t.id`, p.cfg.Scope, rejIDs, rejRea
 		}
 	}
 	if len(retryIDs) > 0 {
-		if _, err := tx.Exec(ctx, `DELETE FROM inbox WHERE scope = $1 AND message_id = ANY($2::text[])`,
-			p.cfg.Scope, retryIDs); err != nil {
+		// inbox_release (migration 0002) removes only rows this transaction
+		// inserted, so the claiming role needs no DELETE on inbox. Every
+		// retried message was claimed fresh in this transaction: a row it
+		// did not remove would make the redelivery a duplicate, acked without
+		// its effect, so a short count fails the batch instead.
+		var n int64
+		if err := tx.QueryRow(ctx, `SELECT inbox_release($1, $2::text[])`, p.cfg.Scope, retryIDs).Scan(&n); err != nil {
 			return fmt.Errorf("inbox: release retried claims: %w", err)
+		}
+		if n != int64(len(retryIDs)) {
+			return fmt.Errorf("inbox: release retried claims: released %d of %d", n, len(retryIDs))
 		}
 	}
 	if len(conflicts) > 0 {

@@ -55,6 +55,17 @@
 // messages can come back (stream MaxAge, replays, dead-letter re-drives):
 // the inbox is the real dedupe and must outlive every way back.
 //
+// A [Processor] needs no DELETE on the inbox: the claim of a message whose
+// effect failed for a passing reason is given back through the function
+// inbox_release (migration 2), which removes only rows the calling
+// transaction inserted itself. The role that processes messages needs
+// SELECT on inbox; INSERT on its columns scope, message_id, fingerprint,
+// stream_seq and subject; UPDATE of status and reason; EXECUTE on
+// inbox_release; and INSERT on inbox_conflicts with SELECT of its key
+// columns (deploy/postgres/grants.sql). [Prune] needs DELETE and is best run
+// under a role of its own. A single owner role, as in a quick start, can do
+// all of it.
+//
 // # Transports
 //
 // Package [github.com/jetinbox/jetinbox/inbox/jsinbox] wires a Processor to

@@ -17,11 +17,19 @@ import (
 	"github.com/jetinbox/jetinbox/internal/hook"
 )
 
-// handle calls the handler, turning a panic into an error.
+// handle calls the handler, turning a panic into an error. The stack goes
+// to the log; the error, which becomes the reason of the row and of the
+// dead letter, carries the panic's value only.
 func (p *Processor) handle(ctx context.Context, tx pgx.Tx, msgs []Message, errs []error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = Permanent(fmt.Errorf("%w: %v\n%s", errEffectPanicked, r, debug.Stack()))
+			ids := make([]string, 0, min(len(msgs), 10))
+			for _, m := range msgs[:min(len(msgs), 10)] {
+				ids = append(ids, m.ID)
+			}
+			p.cfg.Logger.ErrorContext(ctx, "inbox: the effect panicked", "scope", p.cfg.Scope, "messages", len(msgs), "ids", ids,
+				"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			err = Permanent(fmt.Errorf("%w: %v", errEffectPanicked, r))
 		}
 	}()
 	if p.fires(hook.EffectPanic) {

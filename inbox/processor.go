@@ -291,7 +291,7 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Outcome, err
 	valid := make([]int, 0, len(msgs))
 	for i := range msgs {
 		if err := validateMessage(&msgs[i]); err != nil {
-			out[i] = Outcome{Status: StatusRejected, Cause: rejectCause(err), Reason: err.Error(), Err: Permanent(err)}
+			out[i] = Outcome{Status: StatusRejected, Cause: rejectCause(err), Reason: SanitizeReason(err.Error()), Err: Permanent(err)}
 			continue
 		}
 		valid = append(valid, i)
@@ -338,7 +338,7 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Outcome, err
 			}
 		}
 		for _, i := range valid {
-			out[i] = Outcome{Status: StatusRetry, Cause: CauseBatchFailed, Reason: err.Error(), Err: err}
+			out[i] = Outcome{Status: StatusRetry, Cause: CauseBatchFailed, Reason: SanitizeReason(err.Error()), Err: err}
 		}
 		return out, err
 	}

@@ -5,21 +5,60 @@
 --   psql "postgres://jetinbox_migrator@db:5432/jetinbox?sslmode=verify-full" \
 --        -v ON_ERROR_STOP=1 -f deploy/postgres/grants.sql
 --
--- Idempotent. Table by table on purpose, not ALTER DEFAULT PRIVILEGES: the
--- consumer gets exactly what it uses and nothing a later migration adds
--- (jetinbox_migrations, for instance, it may read but never change).
+-- Idempotent. Table by table and column by column on purpose, not ALTER
+-- DEFAULT PRIVILEGES: each role gets exactly the statements jetinbox runs
+-- under it and nothing a later migration adds (jetinbox_migrations, for
+-- instance, the consumer may read but never change). The first REVOKE takes
+-- back what an earlier version of this file granted; all of it runs in one
+-- transaction, so a running consumer never sees its grants half gone.
 
-SET search_path = jetinbox;
+BEGIN;
+SET LOCAL search_path = jetinbox;
 
--- The inbox and its conflict log: claim rows, record rejections, retention
--- deletes old rows. DELETE is for retention only.
-GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE inbox, inbox_conflicts TO jetinbox_consumer;
+REVOKE ALL ON ALL TABLES IN SCHEMA jetinbox FROM jetinbox_consumer, jetinbox_verifier, jetinbox_maintainer;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA jetinbox FROM jetinbox_consumer, jetinbox_verifier, jetinbox_maintainer;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA jetinbox FROM PUBLIC, jetinbox_consumer, jetinbox_verifier, jetinbox_maintainer;
 
--- The demo effect, the ledger.
-GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE accounts, ledger_entries TO jetinbox_consumer;
+-- jetinbox_consumer -------------------------------------------------------
+
+-- The inbox: a claim inserts the row (received_at is always the server's
+-- now(), which retention and inbox_release rely on: the consumer cannot
+-- set it), reads the rows that were already there, and a rejection sets
+-- status and reason. No DELETE: the claims of messages to retry go back
+-- through inbox_release, which removes only rows the calling transaction
+-- inserted and has not committed.
+GRANT SELECT ON TABLE inbox TO jetinbox_consumer;
+GRANT INSERT (scope, message_id, fingerprint, stream_seq, subject) ON TABLE inbox TO jetinbox_consumer;
+GRANT UPDATE (status, reason) ON TABLE inbox TO jetinbox_consumer;
+GRANT EXECUTE ON FUNCTION inbox_release(text, text[]) TO jetinbox_consumer;
+
+-- The conflict log: append only. ON CONFLICT (scope, message_id,
+-- stream_seq) DO NOTHING reads the key columns of its unique index.
+GRANT INSERT (scope, message_id, fingerprint, stream_seq, subject) ON TABLE inbox_conflicts TO jetinbox_consumer;
+GRANT SELECT (scope, message_id, stream_seq) ON TABLE inbox_conflicts TO jetinbox_consumer;
+
+-- The demo effect, the ledger: entries are appended, never changed or
+-- removed; a balance changes, an account's ID never. Accounts are opened
+-- by the migrator (`jetinbox accounts -open`).
+GRANT INSERT (scope, message_id, account, amount) ON TABLE ledger_entries TO jetinbox_consumer;
+GRANT SELECT ON TABLE accounts TO jetinbox_consumer;
+GRANT UPDATE (balance) ON TABLE accounts TO jetinbox_consumer;
 
 -- Read-only: lets a consumer check at start that the schema is migrated.
 GRANT SELECT ON TABLE jetinbox_migrations TO jetinbox_consumer;
 
--- Identity columns (inbox_conflicts.id) draw from sequences.
-GRANT USAGE ON ALL SEQUENCES IN SCHEMA jetinbox TO jetinbox_consumer;
+-- jetinbox_verifier -------------------------------------------------------
+
+-- `jetinbox verify` reads the inbox, the conflict log and the ledger, and
+-- writes nothing.
+GRANT SELECT ON TABLE inbox, inbox_conflicts, accounts, ledger_entries, jetinbox_migrations TO jetinbox_verifier;
+
+-- jetinbox_maintainer -----------------------------------------------------
+
+-- `jetinbox prune` deletes inbox rows older than the replay horizon;
+-- `jetinbox dlq -redrive` deletes the rejected row of an intent it
+-- publishes again. Both read the rows they delete. Nothing else: it can
+-- neither write an effect nor touch the ledger.
+GRANT SELECT, DELETE ON TABLE inbox TO jetinbox_maintainer;
+
+COMMIT;

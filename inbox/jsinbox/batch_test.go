@@ -95,14 +95,16 @@ func streamIDs(t *testing.T, js jetstream.JetStream) (msgs, ids int) {
 }
 
 // TestAtomicBatches: intents published in atomic batches are stored once
-// each, a batch per PubAck.
+// each.
 func TestAtomicBatches(t *testing.T) {
 	t.Parallel()
 	js := batchEnv(t, true)
 	intents := load(2500, "ab")
 	st := publishAll(t, context.Background(), js, jsinbox.PublisherConfig{Batch: 500}, intents)
-	if st.Published != 2500 || st.Batches < 5 || st.BatchFallbacks != 0 {
-		t.Fatalf("stats %+v, want 2500 published in 5+ batches, no fallback", st)
+	// Group commit measures batches against one by one and may publish
+	// part of the intents one at a time.
+	if st.Published != 2500 || st.Batches < 1 || st.BatchFallbacks != 0 {
+		t.Fatalf("stats %+v, want 2500 published, batches among them, no fallback", st)
 	}
 	if msgs, ids := streamIDs(t, js); msgs != 2500 || ids != 2500 {
 		t.Fatalf("stream holds %d messages with %d IDs, want 2500", msgs, ids)
@@ -151,7 +153,7 @@ func TestAtomicBatchPubAckLost(t *testing.T) {
 	fp := failpoint.New()
 	fp.Enable(failpoint.LosePubAck, 1)
 	intents := load(600, "al")
-	st := publishAll(t, context.Background(), js, jsinbox.PublisherConfig{Batch: 300}, intents, fp)
+	st := publishAll(t, context.Background(), js, jsinbox.PublisherConfig{Batch: 300, Linger: 50 * time.Millisecond}, intents, fp)
 	if fp.Hits(failpoint.LosePubAck) != 1 || st.BatchFallbacks != 1 || st.Duplicates == 0 || st.Published != 600 {
 		t.Fatalf("stats %+v after one lost batch PubAck, want one fallback whose copies are duplicates", st)
 	}

@@ -29,13 +29,45 @@ func CheckConsumer(c jetstream.ConsumerConfig) []string {
 	return p
 }
 
-// checkDeadLetter: dead letters must survive a restart; operators delete
-// them once handled, so deletes are allowed.
+// checkDeadLetter: dead letters are the record of what was rejected and
+// why: they survive a restart and age out, nobody deletes or purges them
+// (jetinbox dlq reads and re-drives them without deleting any).
 func checkDeadLetter(c jetstream.StreamConfig) []string {
+	var p []string
 	if c.Storage != jetstream.FileStorage {
-		return []string{"storage is not file: a restart loses every dead letter"}
+		p = append(p, "storage is not file: a restart loses every dead letter")
 	}
-	return nil
+	if !c.DenyDelete {
+		p = append(p, "DenyDelete is off: single dead letters can be deleted")
+	}
+	if !c.DenyPurge {
+		p = append(p, "DenyPurge is off: the dead letters can be purged")
+	}
+	return p
+}
+
+// CheckDeadLetterFit lists why the largest intent the intents stream
+// accepts might not fit the dead-letter stream once the dead-letter headers
+// are added ([DeadLetterHeadroom]): a consumer would then hold that intent
+// for ever on its last delivery. maxPayload is the server's max_payload
+// (nats.Conn.MaxPayload), which bounds every publish, dead letters
+// included; 0 skips that check.
+func CheckDeadLetterFit(intents, deadLetters jetstream.StreamConfig, maxPayload int64) []string {
+	var p []string
+	if intents.MaxMsgSize <= 0 {
+		return append(p, fmt.Sprintf("%s has no max_msg_size: intents up to the server's max_payload are accepted, "+
+			"and the largest cannot be dead-lettered with its reason; set max_msg_size (jetinbox default %d)", intents.Name, DefaultMaxMsgSize))
+	}
+	need := int64(intents.MaxMsgSize) + DeadLetterHeadroom
+	if deadLetters.MaxMsgSize > 0 && int64(deadLetters.MaxMsgSize) < need {
+		p = append(p, fmt.Sprintf("%s max_msg_size %d is below %s's %d plus %d bytes of dead-letter headers: the largest intents cannot be dead-lettered",
+			deadLetters.Name, deadLetters.MaxMsgSize, intents.Name, intents.MaxMsgSize, DeadLetterHeadroom))
+	}
+	if maxPayload > 0 && maxPayload < need {
+		p = append(p, fmt.Sprintf("the server's max_payload %d is below %s's max_msg_size %d plus %d bytes of dead-letter headers: the largest intents cannot be dead-lettered",
+			maxPayload, intents.Name, intents.MaxMsgSize, DeadLetterHeadroom))
+	}
+	return p
 }
 
 // CheckStream lists the settings of an existing stream that could lose or

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/hook"
@@ -59,9 +60,18 @@ type ConsumerConfig struct {
 	// MaxDeliver bounds deliveries; the last one dead-letters what still
 	// fails. Default 20.
 	MaxDeliver int
-	// MaxAckPending bounds unacked messages, and so memory. Default
-	// 4 × BatchSize × InFlight.
+	// MaxAckPending bounds unacked messages. Default 4 × BatchSize ×
+	// InFlight.
 	MaxAckPending int
+	// MaxBytes bounds the memory the messages take in the consumer, in
+	// bytes (payload, headers, subjects): half for the client's pull buffer
+	// (what the server sends ahead, jetstream.PullMaxBytes), half for the
+	// batches being formed and in flight (a message waits for room before
+	// it joins a batch). Counting messages alone is not enough: 12,000
+	// messages of 1 MiB are 12 GiB. At start Run refuses a budget that
+	// cannot hold [MinBytesPerMsgSize] messages of the stream's largest
+	// size. Default [DefaultConsumerMaxBytes] (64 MiB).
+	MaxBytes int64
 	// Nak times redeliveries of retried messages by delivery count
 	// (NakWithDelay; a bare Nak would redeliver at once). Default:
 	// decorrelated jitter from 250ms to 30s.
@@ -92,6 +102,16 @@ type ConsumerConfig struct {
 	Logger *slog.Logger
 }
 
+// DefaultConsumerMaxBytes is the default [ConsumerConfig.MaxBytes]: 64 MiB, well
+// inside the shipped consumer's 512 MiB memory limit.
+const DefaultConsumerMaxBytes = 64 << 20
+
+// MinBytesPerMsgSize is how many of the stream's largest messages
+// [ConsumerConfig.MaxBytes] must hold: each half (pull buffer, batches)
+// then takes at least two, so a pull request always has room for the
+// next message.
+const MinBytesPerMsgSize = 8
+
 // WithDefaults returns c with defaults filled in.
 func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 	if c.Stream == "" {
@@ -114,6 +134,9 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 	}
 	if c.MaxAckPending <= 0 {
 		c.MaxAckPending = 4 * c.BatchSize * c.InFlight
+	}
+	if c.MaxBytes <= 0 {
+		c.MaxBytes = DefaultConsumerMaxBytes
 	}
 	if c.Nak.Kind == 0 && c.Nak.Base == 0 && c.Nak.Cap == 0 {
 		c.Nak = jitter.Policy{Kind: jitter.Decorrelated, Base: 250 * time.Millisecond, Cap: 30 * time.Second}
@@ -172,6 +195,11 @@ type Consumer struct {
 
 	bound atomic.Pointer[jetstream.Consumer]
 
+	// budget holds the bytes of the messages in formed batches and in
+	// flight (half of MaxBytes); batchBytes is its size.
+	budget     *semaphore.Weighted
+	batchBytes int64
+
 	// hook, nil unless a harness attached one (internal/hook), drops the
 	// acks of a batch; the processor's own hook crashes it.
 	hook hook.Func
@@ -203,7 +231,9 @@ func NewConsumer(js jetstream.JetStream, proc *inbox.Processor, cfg ConsumerConf
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Consumer{js: js, proc: proc, cfg: cfg, tracer: tracer(cfg.TracerProvider)}, nil
+	batchBytes := max(cfg.MaxBytes/2, 1)
+	return &Consumer{js: js, proc: proc, cfg: cfg, tracer: tracer(cfg.TracerProvider),
+		budget: semaphore.NewWeighted(batchBytes), batchBytes: batchBytes}, nil
 }
 
 // Config returns the consumer's configuration with defaults filled in.
@@ -248,6 +278,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	c.bound.Store(&cons)
 	c.fitAckPending(cons.CachedInfo().Config.MaxAckPending)
+	if err := c.checkSizes(ctx); err != nil {
+		return err
+	}
 	// Messages the server gave up on after MaxDeliver, now or while no
 	// consumer ran, are rescued from their stored advisories.
 	rescueCons, err := c.bindRescue(ctx)
@@ -267,12 +300,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 		stop()
 		return err
 	}
-	// Open and prepare a connection per batch in flight before the first
-	// message: otherwise the first batches pay for it in latency. A
-	// database that is down now is handled like one that fails later.
-	if err := c.proc.Warm(ctx, c.cfg.InFlight); err != nil {
-		c.cfg.Logger.Warn("jsinbox: warming the database connections failed", "err", err)
-	}
+	// Open and prepare a connection per batch in flight while the first
+	// pull is on its way, not before it: a restarted or autoscaled worker
+	// then pulls at once, and the first batch waits for a connection only
+	// if it arrives before the connections are ready. A database that is
+	// down now is handled like one that fails later.
+	warmed := make(chan struct{})
+	go func() {
+		defer close(warmed)
+		if err := c.proc.Warm(ctx, c.cfg.InFlight); err != nil {
+			c.cfg.Logger.Warn("jsinbox: warming the database connections failed", "err", err)
+		}
+	}()
+	defer func() { <-warmed }()        // last: nothing of Run outlives it
 	work := context.WithoutCancel(ctx) // batches finish even when ctx ends
 	slots := make(chan struct{}, c.cfg.InFlight)
 	var wg sync.WaitGroup
@@ -286,6 +326,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	for {
 		msgs := make(chan jetstream.Msg, c.cfg.BatchSize)
 		stopped := make(chan struct{})
+		stoppedCtx, stopWaiting := context.WithCancel(context.WithoutCancel(ctx))
 		cc, err := cons.Consume(func(m jetstream.Msg) {
 			select {
 			case <-stopped: // once stopping, never into msgs: nobody reads it
@@ -293,16 +334,26 @@ func (c *Consumer) Run(ctx context.Context) error {
 				return
 			default:
 			}
+			// Room in the byte budget first: while the batches hold it
+			// all, this callback waits, and the client's pull buffer
+			// (PullMaxBytes) stops asking the server for more.
+			n := c.held(m)
+			if err := c.budget.Acquire(stoppedCtx, n); err != nil {
+				c.handBack(work, m)
+				return
+			}
 			select {
 			case msgs <- m:
 			case <-stopped:
+				c.budget.Release(n)
 				c.handBack(work, m)
 			}
-		}, jetstream.PullMaxMessages(2*c.cfg.BatchSize), jetstream.PullExpiry(5*time.Second),
+		}, jetstream.PullMaxBytes(int(c.cfg.MaxBytes-c.batchBytes)), jetstream.PullExpiry(5*time.Second),
 			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 				c.cfg.Logger.Debug("jsinbox: consume", "err", err)
 			}))
 		if err != nil {
+			stopWaiting()
 			return fmt.Errorf("jsinbox: consume: %w", err)
 		}
 		c.ready.Store(true)
@@ -311,6 +362,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			c.draining.Store(true)
 		}
 		close(stopped)
+		stopWaiting()
 		if reason == stopCrash {
 			cc.Stop() // a dead process hands nothing back
 		} else {
@@ -326,6 +378,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			for drained := false; !drained; {
 				select {
 				case m := <-msgs:
+					c.budget.Release(c.held(m))
 					c.handBack(work, m)
 				default:
 					drained = true
@@ -398,4 +451,60 @@ func (c *Consumer) fitAckPending(maxAckPending int) {
 	c.cfg.Logger.Warn("jsinbox: the durable's MaxAckPending cannot hold the batches in flight; lowering the batch size",
 		"durable", c.cfg.Durable, "max_ack_pending", maxAckPending, "batch", c.cfg.BatchSize, "in_flight", c.cfg.InFlight, "new_batch", batch)
 	c.cfg.BatchSize = batch
+}
+
+// held is what m takes of the batches' byte budget: its size (payload,
+// headers, subject, reply), at most the whole budget, so that one message
+// bigger than the budget still gets through alone instead of waiting for
+// ever.
+func (c *Consumer) held(m jetstream.Msg) int64 {
+	n := len(m.Data()) + len(m.Subject()) + len(m.Reply())
+	for k, vs := range m.Headers() {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4 // "k: v\r\n"
+		}
+	}
+	return min(int64(n), c.batchBytes)
+}
+
+// checkSizes looks at the intents stream and its dead-letter stream before
+// the first message: the largest intent with its dead-letter headers must
+// fit the dead-letter stream and the server's max_payload
+// ([CheckDeadLetterFit]), and MaxBytes must hold [MinBytesPerMsgSize] of
+// the largest messages. Either failing is a [SetupError]. A missing
+// dead-letter stream is only a warning: dead letters wait for it.
+func (c *Consumer) checkSizes(ctx context.Context) error {
+	s, err := c.js.Stream(ctx, c.cfg.Stream)
+	if err != nil {
+		return setupError(fmt.Errorf("jsinbox: stream %s: %w", c.cfg.Stream, err))
+	}
+	dlqName := DeadLetterStream(c.cfg.Stream)
+	maxPayload := c.js.Conn().MaxPayload()
+	intents := s.CachedInfo().Config
+	dlq, err := c.js.Stream(ctx, dlqName)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		// Not fatal: a message to dead-letter on its last delivery is held
+		// until the stream exists (see [ConsumerConfig.DeadLetterRetry]).
+		c.cfg.Logger.Warn("jsinbox: the dead-letter stream does not exist; messages to dead-letter are held until it does",
+			"dead_letter_stream", dlqName)
+		if problems := CheckDeadLetterFit(intents, jetstream.StreamConfig{Name: dlqName}, maxPayload); len(problems) > 0 {
+			return &SetupError{Err: fmt.Errorf("jsinbox: stream %s: %s", c.cfg.Stream, strings.Join(problems, "; "))}
+		}
+	case err != nil:
+		return setupError(fmt.Errorf("jsinbox: dead-letter stream %s: %w", dlqName, err))
+	default:
+		if problems := CheckDeadLetterFit(intents, dlq.CachedInfo().Config, maxPayload); len(problems) > 0 {
+			return &SetupError{Err: fmt.Errorf("jsinbox: streams %s and %s: %s", c.cfg.Stream, dlqName, strings.Join(problems, "; "))}
+		}
+	}
+	largest := int64(intents.MaxMsgSize)
+	if largest <= 0 || (maxPayload > 0 && maxPayload < largest) {
+		largest = maxPayload
+	}
+	if need := MinBytesPerMsgSize * largest; c.cfg.MaxBytes < need {
+		return &SetupError{Err: fmt.Errorf("jsinbox: MaxBytes %d cannot hold %d messages of %s's largest size %d: raise it to at least %d, or lower the stream's max_msg_size",
+			c.cfg.MaxBytes, MinBytesPerMsgSize, c.cfg.Stream, largest, need)}
+	}
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -60,7 +61,9 @@ func (c *Consumer) deadLetterCopy(m settleable, im *inbox.Message, status, reaso
 		}
 		h[k] = append([]string(nil), v...)
 	}
-	h.Set(HeaderReason, reason)
+	// One bounded line: a header cannot hold a newline, and a stack or a
+	// dump belongs in the log.
+	h.Set(HeaderReason, inbox.SanitizeReason(reason))
 	h.Set(HeaderStatus, status)
 	h.Set(HeaderScope, c.proc.Scope())
 	h.Set(HeaderStream, c.cfg.Stream)
@@ -115,8 +118,12 @@ func (c *Consumer) deadLetter(ctx context.Context, m settleable, im *inbox.Messa
 	}
 	c.deadLettered.Add(1)
 	c.dlLog.warn(c.cfg.Logger, reason, "id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "status", status)
-	if len(reason) > 256 {
-		reason = reason[:256]
+	reason = inbox.SanitizeReason(reason)
+	if cut := 256; len(reason) > cut {
+		for cut > 0 && !utf8.RuneStart(reason[cut]) {
+			cut--
+		}
+		reason = reason[:cut]
 	}
 	_ = m.TermWithReason(reason)
 	return true

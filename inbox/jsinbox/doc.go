@@ -18,8 +18,18 @@
 // PubAck says duplicate), and the publisher reads the stored message back
 // to check it carries the same payload: another payload under the same ID
 // is [ErrConflict]. After the window, the consumer's inbox catches copies.
-// Callers that hand over many intents at once can publish them in JetStream
-// atomic batches ([PublisherConfig].Batch).
+//
+// The publisher group-commits ([PublisherConfig].Batch): one group of
+// intents is published at a time, and the intents handed over meanwhile,
+// by one caller or by many goroutines, go out next as one JetStream atomic
+// batch, which a stream with sync_interval: always stores with one fsync
+// instead of one per intent. It never waits to fill a batch, and a small
+// group goes as single publishes. [Publisher.PublishWait] returns each
+// caller its own intent's PubAck or error; [Publisher.Publish] hands an
+// intent over and reports in Stats and Failures. A batch the stream refuses
+// as a whole is published again one intent at a time, so deduplication and
+// the conflict check stay per intent, and a stream that takes no atomic
+// batches is published to one intent at a time.
 //
 // # Consuming
 //

@@ -2,6 +2,7 @@ package jsinbox_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -24,7 +25,8 @@ func TestHostileInput(t *testing.T) {
 	e.publish(t, good[:50])
 	deep := strings.Repeat(`{"a":`, 500) + "1" + strings.Repeat("}", 500)
 	hostile := []struct{ id, payload, reason string }{
-		{"big", `{"account":1,"amount":5}` + strings.Repeat(" ", 100_000), "exceeds 4096"},
+		// As big as the stream takes: over the ledger's limit, so rejected.
+		{"big", `{"account":1,"amount":5}` + strings.Repeat(" ", jsinbox.DefaultMaxMsgSize-200), "exceeds 4096"},
 		{strings.Repeat("x", 300), `{"account":1,"amount":5}`, "more than 200"},
 		{"dup-keys", `{"account":1,"amount":5,"amount":500}`, "duplicate key"},
 		{"case-keys", `{"Account":1,"amount":5}`, `unknown field "Account"`},
@@ -36,6 +38,12 @@ func TestHostileInput(t *testing.T) {
 	}
 	for _, h := range hostile {
 		e.publishRaw(t, "intents.h", h.id, []byte(h.payload))
+	}
+	// Bigger than the stream's max_msg_size: refused at the door, never
+	// stored, never held by a consumer.
+	_, err := e.js.Publish(context.Background(), "intents.h", make([]byte, jsinbox.DefaultMaxMsgSize+1), jetstream.WithMsgID("too-big"))
+	if !errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) {
+		t.Fatalf("publishing %d bytes: %v, want the stream's max_msg_size to refuse it", jsinbox.DefaultMaxMsgSize+1, err)
 	}
 	// An empty ID header is as good as none.
 	m := &nats.Msg{Subject: "intents.h", Data: []byte(`{"account":1,"amount":5}`), Header: nats.Header{jetstream.MsgIDHeader: []string{""}}}

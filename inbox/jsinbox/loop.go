@@ -57,7 +57,16 @@ func (c *Consumer) formBatches(ctx, work context.Context, msgs chan jetstream.Ms
 		wg.Add(1)
 		c.inFlight.Add(1)
 		go func() {
-			defer func() { c.inFlight.Add(-1); <-slots; wg.Done() }()
+			defer func() {
+				var n int64
+				for _, m := range batch {
+					n += c.held(m)
+				}
+				c.budget.Release(n)
+				c.inFlight.Add(-1)
+				<-slots
+				wg.Done()
+			}()
 			if c.crashed.Load() {
 				return // a dead process acks nothing
 			}

@@ -70,20 +70,42 @@ type PublisherConfig struct {
 	// "jetinbox.publish") and carries its W3C trace context to the consumer
 	// in the message headers. Default: no tracing.
 	TracerProvider trace.TracerProvider
-	// Batch, above 1, publishes intents in JetStream atomic batches of up
-	// to Batch messages (at most [MaxBatch]): the server stores a batch
-	// with one fsync and one PubAck instead of one each, which is what
-	// limits a stream with sync_interval: always. The stream must allow
-	// atomic publishing (StreamConfig sets it). A batch the server refuses
-	// as a whole (an ID it already has, a timeout, a server without atomic
-	// publishing) is published again one intent at a time, with the same
-	// IDs, so per-intent deduplication is kept. Default 0: one publish per
-	// intent.
+	// Batch is the most intents one JetStream atomic batch holds (at most
+	// [MaxBatch]): group commit. One group of intents is published at a
+	// time; the intents handed over meanwhile, by one caller or by many
+	// goroutines, gather into the next group (up to Batch), which goes out
+	// as soon as the one before has its PubAcks. It never waits to fill. A
+	// group of MinBatch intents or more is one atomic batch: the server
+	// stores it with one fsync and one PubAck instead of one each, which is
+	// what limits a stream with sync_interval: always, and each intent
+	// still gets its own outcome (see [Publisher.PublishWait]). The stream
+	// should allow atomic publishing (StreamConfig sets it); one that does
+	// not refuses the first batch, and the publisher says so once in its
+	// log and publishes one intent at a time from then on. A batch the
+	// server refuses as a whole (an ID it already has, a timeout, a lost
+	// PubAck) is published again one intent at a time, with the same IDs,
+	// so that deduplication and the conflict check stay per intent.
+	// Default [DefaultBatch]; 1 turns group commit off: every intent is
+	// published on its own as soon as it is handed over.
 	Batch int
-	// Linger is how long a partial batch waits for more intents before it
-	// is sent. Default 1ms.
+	// MinBatch is the fewest intents sent as an atomic batch; a smaller
+	// group is published one intent at a time (pipelined), which costs the
+	// server less than staging a batch, and keeps a low rate from waiting
+	// behind batches. Default [DefaultMinBatch].
+	MinBatch int
+	// Linger, if set, makes a group wait for more intents until its first
+	// intent has waited Linger (or the group is full), even when no group
+	// is in flight. Default 0: a group goes as soon as the one before has
+	// its PubAcks (the group in flight is what lets the next one fill).
 	Linger time.Duration
 }
+
+// DefaultBatch and DefaultMinBatch are the defaults of
+// [PublisherConfig].Batch and MinBatch.
+const (
+	DefaultBatch    = 256
+	DefaultMinBatch = 32
+)
 
 // MaxBatch is the largest atomic batch a JetStream server accepts by
 // default.
@@ -108,10 +130,15 @@ func (c PublisherConfig) WithDefaults() PublisherConfig {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	c.Batch = min(c.Batch, MaxBatch)
-	if c.Linger <= 0 {
-		c.Linger = time.Millisecond
+	if c.Batch == 0 {
+		c.Batch = DefaultBatch
 	}
+	c.Batch = min(c.Batch, MaxBatch)
+	if c.MinBatch <= 0 {
+		c.MinBatch = DefaultMinBatch
+	}
+	c.MinBatch = min(c.MinBatch, max(c.Batch, 1))
+	c.Linger = max(c.Linger, 0)
 	return c
 }
 
@@ -171,6 +198,13 @@ var ErrWrongStream = errors.New("jsinbox: intent's subject belongs to another st
 // retried with the same Nats-Msg-Id after a jittered delay, so the stream (in
 // its duplicate window) or the consumer's inbox (after it) drops the copy.
 //
+// Intents handed over at the same time, by one caller or by many
+// goroutines, are published together in JetStream atomic batches (group
+// commit, see [PublisherConfig].Batch): one fsync and one PubAck a batch,
+// and each intent's own outcome. [Publisher.Publish] hands an intent over
+// and reports outcomes in Stats and Failures; [Publisher.PublishWait]
+// returns the intent's own PubAck or error to its caller.
+//
 // A PubAck must come from the publisher's stream. A duplicate PubAck
 // is checked: the publisher reads the stored message it names (the
 // STREAM.MSG.GET API, so the producer's NATS user needs publish permission
@@ -181,11 +215,18 @@ type Publisher struct {
 	cfg    PublisherConfig
 	tracer trace.Tracer
 	sem    chan struct{}
-	wg     sync.WaitGroup
+	wg     sync.WaitGroup // intents handed over and not settled yet
+	bg     sync.WaitGroup // the publisher's goroutines
 	ctx    context.Context
 	stop   context.CancelFunc
 	// pending holds sent publishes awaiting a PubAck, in send order.
 	pending chan *tracker
+
+	// closeMu guards closed: what hands an intent to pending or batchIn
+	// holds it for reading, so that Close, once it holds it, knows that
+	// nothing is added any more and settles what is left.
+	closeMu sync.RWMutex
+	closed  bool
 
 	published, duplicates, conflicts, retries, failed atomic.Int64
 	batches, batchFallbacks                           atomic.Int64
@@ -193,10 +234,12 @@ type Publisher struct {
 	// msgGet is the STREAM.MSG.GET API subject of cfg.Stream.
 	msgGet string
 
-	// batchIn feeds the batching goroutine when Batch > 1; noBatch is set
-	// once the stream turns out not to allow atomic batches.
-	batchIn chan *tracker
-	noBatch atomic.Bool
+	// batchIn feeds the group-commit goroutine when Batch > 1, which
+	// batchDone tells of each batch settled; noBatch is set once the
+	// stream turns out not to allow atomic batches.
+	batchIn   chan *tracker
+	batchDone chan struct{}
+	noBatch   atomic.Bool
 
 	mu       sync.Mutex
 	failures []Failure
@@ -208,6 +251,9 @@ type Publisher struct {
 
 // NewPublisher returns a Publisher on js. [Publisher.Close] stops it.
 func NewPublisher(js jetstream.JetStream, cfg PublisherConfig) (*Publisher, error) {
+	if cfg.Batch < 0 {
+		return nil, fmt.Errorf("jsinbox: publisher: Batch %d: want 0 (default %d), 1 (one publish per intent) or up to %d", cfg.Batch, DefaultBatch, MaxBatch)
+	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Retry.Validate(); err != nil {
 		return nil, fmt.Errorf("jsinbox: publisher: %w", err)
@@ -216,9 +262,12 @@ func NewPublisher(js jetstream.JetStream, cfg PublisherConfig) (*Publisher, erro
 	p := &Publisher{js: js, cfg: cfg, tracer: tracer(cfg.TracerProvider), sem: make(chan struct{}, cfg.MaxInFlight),
 		pending: make(chan *tracker, cfg.MaxInFlight), ctx: ctx, stop: stop,
 		msgGet: apiPrefix(js.Options()) + "STREAM.MSG.GET." + cfg.Stream}
+	p.bg.Add(1)
 	go p.waitLoop()
 	if cfg.Batch > 1 {
 		p.batchIn = make(chan *tracker, cfg.Batch)
+		p.batchDone = make(chan struct{}, 1)
+		p.bg.Add(1)
 		go p.gatherBatches()
 	}
 	return p, nil
@@ -228,25 +277,80 @@ func NewPublisher(js jetstream.JetStream, cfg PublisherConfig) (*Publisher, erro
 // subject. The publisher never invents an ID.
 var ErrBadIntent = errors.New("jsinbox: bad intent")
 
+// ErrClosed is returned for an intent handed to a closed [Publisher], and
+// is the error of every intent not settled yet when Close was called:
+// such an intent may or may not be stored.
+var ErrClosed = errors.New("jsinbox: publisher closed")
+
 // Publish starts publishing in; it returns once the intent holds a slot of
 // the in-flight window. Its outcome shows in Stats and Failures after Flush.
 func (p *Publisher) Publish(ctx context.Context, in Intent) error {
+	_, err := p.start(ctx, in, false)
+	return err
+}
+
+// PublishWait publishes in and waits for its outcome: the PubAck of the
+// stream that stored it (Duplicate set, with the sequence of the message
+// stored first, when the stream already held the ID with the same payload),
+// or the reason it was not published, which wraps [ErrConflict],
+// [ErrWrongStream], [ErrClosed] or the last publish error once the retry
+// budget is spent. Call it from as many goroutines as there are requests:
+// intents published at the same time share atomic batches (see
+// [PublisherConfig].Batch), and each caller gets its own intent's outcome.
+// Its failures are counted in Stats but not listed in Failures.
+//
+// If ctx ends first, PublishWait returns ctx's error; an intent already
+// handed over is still published (publishing it again with the same ID is
+// safe), and Flush waits for it.
+func (p *Publisher) PublishWait(ctx context.Context, in Intent) (*jetstream.PubAck, error) {
+	t, err := p.start(ctx, in, true)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-t.res:
+		if t.err != nil {
+			return nil, t.err
+		}
+		ack := t.ack
+		return &ack, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("jsinbox: intent %s: outcome not known yet: %w", in.ID, ctx.Err())
+	}
+}
+
+// start validates in, takes a slot of the window and hands the intent over.
+func (p *Publisher) start(ctx context.Context, in Intent, wait bool) (*tracker, error) {
 	if err := inbox.ValidateID(in.ID); err != nil {
-		return fmt.Errorf("%w: %w", ErrBadIntent, err)
+		return nil, fmt.Errorf("%w: %w", ErrBadIntent, err)
 	}
 	if in.Subject == "" {
-		return fmt.Errorf("%w: %s: empty subject", ErrBadIntent, in.ID)
+		return nil, fmt.Errorf("%w: %s: empty subject", ErrBadIntent, in.ID)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	select {
 	case p.sem <- struct{}{}:
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
+	case <-p.ctx.Done():
+		return nil, ErrClosed
 	}
-	p.wg.Add(1)
 	t := &tracker{p: p, in: in, header: nats.Header{jetstream.MsgIDHeader: []string{in.ID}}}
+	if wait {
+		t.res = make(chan struct{})
+	}
 	if !p.cfg.SkipExpectedStreamHeader {
 		t.header[jetstream.ExpectedStreamHeader] = []string{p.cfg.Stream}
 	}
+	p.closeMu.RLock()
+	if p.closed {
+		p.closeMu.RUnlock()
+		<-p.sem
+		return nil, ErrClosed
+	}
+	p.wg.Add(1)
 	if p.cfg.TracerProvider != nil {
 		var sctx context.Context
 		sctx, t.span = p.tracer.Start(ctx, "jetinbox.publish", trace.WithSpanKind(trace.SpanKindProducer),
@@ -256,13 +360,16 @@ func (p *Publisher) Publish(ctx context.Context, in Intent) error {
 	if p.batchIn != nil && !p.noBatch.Load() {
 		select {
 		case p.batchIn <- t:
+			p.closeMu.RUnlock()
 		case <-p.ctx.Done():
-			t.retry(p.ctx.Err()) // closed: reported as failed
+			p.closeMu.RUnlock()
+			t.fail(ErrClosed)
 		}
-		return nil
+		return t, nil
 	}
+	p.closeMu.RUnlock()
 	t.send()
-	return nil
+	return t, nil
 }
 
 // Flush waits until every intent handed to Publish was acknowledged or
@@ -278,8 +385,38 @@ func (p *Publisher) Flush(ctx context.Context) error {
 	}
 }
 
-// Close abandons pending retries.
-func (p *Publisher) Close() { p.stop() }
+// Close stops the publisher: every intent not settled yet fails with
+// [ErrClosed] (it may or may not have been stored) and its waiting caller
+// returns; the publisher's goroutines have ended when Close returns. Call
+// Flush first to wait for the intents in flight.
+func (p *Publisher) Close() {
+	p.stop()
+	p.closeMu.Lock()
+	already := p.closed
+	p.closed = true
+	p.closeMu.Unlock()
+	if already {
+		return
+	}
+	p.bg.Wait()
+	// Nothing is added to these any more; their loops have ended.
+	for {
+		select {
+		case t := <-p.pending:
+			t.fail(ErrClosed)
+			continue
+		case t := <-p.batchIn: // nil without group commit
+			t.fail(ErrClosed)
+			continue
+		default:
+		}
+		break
+	}
+	// Intents between two attempts or reading a duplicate back see ctx
+	// end and settle at once.
+	p.wg.Wait()
+	p.bg.Wait()
+}
 
 // Stats returns the counters so far.
 func (p *Publisher) Stats() PublisherStats {
@@ -287,7 +424,8 @@ func (p *Publisher) Stats() PublisherStats {
 		Failed: p.failed.Load(), Batches: p.batches.Load(), BatchFallbacks: p.batchFallbacks.Load()}
 }
 
-// Failures returns the intents that could not be published.
+// Failures returns the intents handed to Publish that could not be
+// published.
 func (p *Publisher) Failures() []Failure {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -303,18 +441,34 @@ type tracker struct {
 	span     trace.Span // nil unless tracing
 	future   jetstream.PubAckFuture
 	sent     time.Time
+	// grp, while set, is the group commit's group this intent was
+	// published one by one in.
+	grp *group
+	// res, for PublishWait, is closed once ack or err is set.
+	res chan struct{}
+	ack jetstream.PubAck
+	err error
 }
 
 func (t *tracker) send() {
+	t.p.closeMu.RLock()
+	if t.p.closed {
+		t.p.closeMu.RUnlock()
+		t.fail(ErrClosed)
+		return
+	}
 	t.attempts++
 	msg := &nats.Msg{Subject: t.in.Subject, Data: t.in.Payload, Header: t.header}
 	f, err := t.p.js.PublishMsgAsync(msg)
 	if err != nil {
+		t.p.closeMu.RUnlock()
+		t.leaveGroup()
 		t.retry(err)
 		return
 	}
 	t.future, t.sent = f, time.Now()
-	t.p.pending <- t
+	t.p.pending <- t // never blocks: the window bounds the trackers
+	t.p.closeMu.RUnlock()
 }
 
 // waitLoop settles publishes in the order they were sent, which is the
@@ -322,6 +476,7 @@ func (t *tracker) send() {
 // one per publish. A publish whose PubAck is late is retried when its
 // AckTimeout has passed.
 func (p *Publisher) waitLoop() {
+	defer p.bg.Done()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -347,6 +502,7 @@ func (t *tracker) wait(timer *time.Timer) {
 	t.future = nil
 	select {
 	case ack := <-f.Ok():
+		t.leaveGroup()
 		if t.p.hook != nil && t.p.hook(hook.LosePubAck) {
 			t.retry(errors.New("PubAck lost (simulated)"))
 			return
@@ -359,57 +515,100 @@ func (t *tracker) wait(timer *time.Timer) {
 			// Reading the stored message back takes a round trip: off
 			// this loop, and the intent stays in flight (Flush waits)
 			// until it is settled.
-			go t.checkDuplicate(ack.Sequence)
+			t.p.goBG(func() { t.checkDuplicate(*ack) }, func() { t.fail(ErrClosed) })
 			return
 		}
 		t.p.published.Add(1)
+		t.ack = *ack
 		t.done()
 	case err := <-f.Err():
+		t.leaveGroup()
 		if isStreamNotMatch(err) {
-			go t.wrongStream(err)
+			t.p.goBG(func() { t.wrongStream(err) }, func() { t.fail(ErrClosed) })
 			return
 		}
 		t.retry(err)
 	case <-timer.C:
+		t.leaveGroup()
 		t.retry(fmt.Errorf("no PubAck within %v: %w", t.p.cfg.AckTimeout, context.DeadlineExceeded))
 	case <-t.p.ctx.Done():
+		t.leaveGroup()
 		t.retry(t.p.ctx.Err())
 	}
 }
 
+// goBG runs f on a goroutine Close waits for, or, once Close began, runs
+// closed instead, at once.
+func (p *Publisher) goBG(f, closed func()) {
+	p.closeMu.RLock()
+	if p.closed {
+		p.closeMu.RUnlock()
+		closed()
+		return
+	}
+	p.bg.Add(1)
+	p.closeMu.RUnlock()
+	go func() {
+		defer p.bg.Done()
+		f()
+	}()
+}
+
 func (t *tracker) retry(err error) {
+	if t.p.ctx.Err() != nil {
+		t.fail(fmt.Errorf("%w: %w", ErrClosed, err))
+		return
+	}
 	if t.bo == nil { // most publishes never retry: no backoff until one does
 		t.bo = t.p.cfg.Retry.NewBackOff()
 	}
 	d := t.bo.NextBackOff()
-	if d < 0 || t.p.ctx.Err() != nil || !retryable(err) {
+	if d < 0 || !retryable(err) {
 		t.fail(err)
 		return
 	}
 	t.p.retries.Add(1)
-	time.AfterFunc(d, t.send)
+	closed := func() { t.fail(fmt.Errorf("%w: %w", ErrClosed, err)) }
+	t.p.goBG(func() {
+		timer := time.NewTimer(d)
+		defer timer.Stop()
+		select {
+		case <-timer.C:
+			t.send()
+		case <-t.p.ctx.Done():
+			closed()
+		}
+	}, closed)
 }
 
 // fail reports the intent as not published, for good.
 func (t *tracker) fail(err error) {
+	t.leaveGroup()
 	if errors.Is(err, ErrConflict) {
 		t.p.conflicts.Add(1)
 	}
 	t.p.failed.Add(1)
-	t.p.mu.Lock()
-	t.p.failures = append(t.p.failures, Failure{ID: t.in.ID, Ref: t.in.Ref, Attempts: t.attempts, Err: err})
-	t.p.mu.Unlock()
+	if t.res == nil { // PublishWait returns it instead
+		t.p.mu.Lock()
+		t.p.failures = append(t.p.failures, Failure{ID: t.in.ID, Ref: t.in.Ref, Attempts: t.attempts, Err: err})
+		t.p.mu.Unlock()
+	}
 	t.p.cfg.Logger.Warn("jsinbox: intent not published", "id", t.in.ID, "attempts", t.attempts, "err", err)
 	if t.span != nil {
 		t.span.SetStatus(codes.Error, err.Error())
 	}
+	t.err = err
 	t.done()
 }
 
+// done settles the intent: t.ack or t.err is set.
 func (t *tracker) done() {
 	if t.span != nil {
 		t.span.SetAttributes(attribute.Int("jetinbox.publish.attempts", t.attempts))
 		t.span.End()
+	}
+	if t.res != nil {
+		close(t.res)
 	}
 	<-t.p.sem
 	t.p.wg.Done()
@@ -418,8 +617,10 @@ func (t *tracker) done() {
 // retryable: timeouts, no responders, disconnects and stalls are worth a
 // retry with the same ID; a rejection by the stream (full with DiscardNew)
 // is too, within the budget, since space may free up. A subject another
-// stream captures is not.
+// stream captures is not, nor a message bigger than the stream's
+// max_msg_size or the server's max_payload.
 func retryable(err error) bool {
 	return !errors.Is(err, jetstream.ErrInvalidSubject) && !errors.Is(err, nats.ErrBadSubject) && !errors.Is(err, nats.ErrMaxPayload) &&
+		!errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) &&
 		!errors.Is(err, ErrWrongStream) && !errors.Is(err, ErrConflict) && !isStreamNotMatch(err)
 }

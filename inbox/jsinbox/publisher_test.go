@@ -194,7 +194,7 @@ func TestDuplicateThatCannotBeReadBackFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	intents := load(3, "nr")
-	cfg := jsinbox.PublisherConfig{AckTimeout: 200 * time.Millisecond,
+	cfg := jsinbox.PublisherConfig{Batch: 1, AckTimeout: 200 * time.Millisecond,
 		Retry: jitter.Policy{Kind: jitter.Full, Base: time.Millisecond, Cap: 10 * time.Millisecond, MaxAttempts: 2}}
 	if st, f := publishOutcome(t, producer, cfg, intents); len(f) > 0 || st.Published != 3 {
 		t.Fatalf("first publish: %+v, failures %v", st, f)
@@ -212,7 +212,7 @@ func TestDuplicateThatCannotBeReadBackFails(t *testing.T) {
 // server refuses it; without, the other stream's PubAck gives it away.
 func TestPublisherPinsItsStream(t *testing.T) {
 	t.Parallel()
-	for _, batch := range []int{0, 50} {
+	for _, batch := range []int{1, 50} {
 		for _, expect := range []bool{false, true} {
 			t.Run(fmt.Sprintf("batch=%d,expect=%v", batch, expect), func(t *testing.T) {
 				t.Parallel()
@@ -231,7 +231,7 @@ func TestPublisherPinsItsStream(t *testing.T) {
 					t.Fatalf("failures %+v, want the 2 intents on dead-letter subjects", f)
 				}
 				attempts := 1
-				if batch > 0 {
+				if batch > 1 {
 					attempts = 2 // the refused batch, then on its own
 				}
 				for _, x := range f {

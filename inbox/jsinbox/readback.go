@@ -17,12 +17,13 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 )
 
-// checkDuplicate settles an intent the stream acknowledged as a duplicate
-// of the message at seq: the same payload is a duplicate (published), a
+// checkDuplicate settles an intent the stream acknowledged (ack) as a
+// duplicate of the message at ack.Sequence: the same payload is a duplicate (published), a
 // different one is a conflict. If the message cannot be read back, the
 // intent is published again (same ID) within its retry budget, which gives
 // a new PubAck to check.
-func (t *tracker) checkDuplicate(seq uint64) {
+func (t *tracker) checkDuplicate(ack jetstream.PubAck) {
+	seq := ack.Sequence
 	stored, err := t.p.storedMsg(seq)
 	if err == nil && stored.Header.Get(jetstream.MsgIDHeader) != t.in.ID {
 		err = fmt.Errorf("it holds ID %q", stored.Header.Get(jetstream.MsgIDHeader))
@@ -38,6 +39,7 @@ func (t *tracker) checkDuplicate(seq uint64) {
 	}
 	t.p.duplicates.Add(1)
 	t.p.published.Add(1)
+	t.ack = ack
 	t.done()
 }
 
@@ -132,7 +134,12 @@ func (p *Publisher) streamOf(subject string) string {
 	if err != nil {
 		return ""
 	}
-	var ack batchAck
+	var ack struct {
+		Stream string `json:"stream"`
+		Error  *struct {
+			ErrCode int `json:"err_code"`
+		} `json:"error"`
+	}
 	if json.Unmarshal(resp.Data, &ack) != nil || ack.Error == nil || ack.Error.ErrCode != errStreamNotMatch {
 		return ""
 	}

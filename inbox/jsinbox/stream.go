@@ -24,6 +24,18 @@ const (
 	DefaultDeadLetterMaxMsgs  = 1_000_000
 	DefaultDeadLetterMaxBytes = 1 << 30
 	DefaultDeadLetterMaxAge   = 30 * 24 * time.Hour
+	// DefaultMaxMsgSize is the intents stream's largest message, headers
+	// included: room for a 4 KiB intent (the ledger's limit,
+	// effects.MaxIntentSize) with its ID, trace and batch headers. The
+	// server refuses a bigger publish, so no consumer ever holds one.
+	DefaultMaxMsgSize = 8 << 10
+	// DeadLetterHeadroom is what a dead-letter copy may add to an intent:
+	// jetinbox's headers (reason at most [inbox.MaxReasonLen] bytes, status,
+	// scope, stream, sequence, deliveries, message ID) and its own
+	// Nats-Msg-Id and Nats-Expected-Stream. The dead-letter stream's
+	// max_msg_size must be at least the intents stream's plus this, or the
+	// largest intent could not be dead-lettered.
+	DeadLetterHeadroom = 4 << 10
 )
 
 // StreamConfig describes the intents stream. Every limit is explicit: the
@@ -46,6 +58,13 @@ type StreamConfig struct {
 	// drop publish retries. It must cover the producer's retry horizon.
 	// Default 2 minutes.
 	DuplicateWindow time.Duration
+	// MaxMsgSize is the largest message the stream accepts, headers
+	// included; a bigger publish is refused. It bounds what a consumer
+	// holds per message. Default [DefaultMaxMsgSize] (8 KiB).
+	MaxMsgSize int32
+	// DeadLetterMaxMsgSize is the dead-letter stream's largest message.
+	// Default MaxMsgSize + [DeadLetterHeadroom]; less is refused.
+	DeadLetterMaxMsgSize int32
 	// DeadLetterMaxMsgs, DeadLetterMaxBytes and DeadLetterMaxAge bound the
 	// dead-letter stream. Defaults 1 million messages, 1 GiB, 30 days.
 	DeadLetterMaxMsgs  int64
@@ -76,6 +95,12 @@ func (o StreamConfig) WithDefaults() StreamConfig {
 	if o.DuplicateWindow == 0 {
 		o.DuplicateWindow = DefaultDuplicateWindow
 	}
+	if o.MaxMsgSize == 0 {
+		o.MaxMsgSize = DefaultMaxMsgSize
+	}
+	if o.DeadLetterMaxMsgSize == 0 && o.MaxMsgSize > 0 {
+		o.DeadLetterMaxMsgSize = o.MaxMsgSize + DeadLetterHeadroom
+	}
 	if o.DeadLetterMaxMsgs == 0 {
 		o.DeadLetterMaxMsgs = DefaultDeadLetterMaxMsgs
 	}
@@ -101,6 +126,7 @@ func (o StreamConfig) Config() jetstream.StreamConfig {
 		MaxMsgs:     o.MaxMsgs,
 		MaxBytes:    o.MaxBytes,
 		MaxAge:      o.MaxAge,
+		MaxMsgSize:  o.MaxMsgSize,
 		Duplicates:  o.DuplicateWindow,
 		DenyDelete:  true,
 		DenyPurge:   true,
@@ -126,6 +152,7 @@ func (o StreamConfig) DeadLetterConfig() jetstream.StreamConfig {
 		c.Subjects[i] = DeadLetterPrefix + s
 	}
 	c.MaxMsgs, c.MaxBytes, c.MaxAge = o.DeadLetterMaxMsgs, o.DeadLetterMaxBytes, o.DeadLetterMaxAge
+	c.MaxMsgSize = o.DeadLetterMaxMsgSize
 	return c
 }
 
@@ -136,7 +163,9 @@ const DeadLetterPrefix = "dlq."
 // EnsureStream creates the stream, its dead-letter stream and its advisory
 // stream (see [AdvisoryStream]), or checks that existing ones are safe: file
 // storage, DiscardNew, deny delete and purge, no rollup or per-message TTL
-// headers, and a duplicate window at least as long as asked. It never
+// headers, a duplicate window at least as long as asked, and a dead-letter
+// stream that takes the largest intent with its dead-letter headers
+// ([CheckDeadLetterFit]). It never
 // changes an existing stream; it returns an error naming every unsafe
 // setting instead. Creation is all or nothing: if one stream cannot be
 // created (no room on the servers, say), the ones this call created are
@@ -155,6 +184,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, o StreamConfig) (
 			}
 		}
 	}()
+	var dlq jetstream.StreamConfig
 	for _, e := range []struct {
 		cfg   jetstream.StreamConfig
 		check func(jetstream.StreamConfig) []string
@@ -170,6 +200,12 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, o StreamConfig) (
 		if made {
 			created = append(created, e.cfg.Name)
 		}
+		if e.cfg.Name == DeadLetterStream(o.Name) {
+			dlq = s.CachedInfo().Config
+		}
+	}
+	if problems := CheckDeadLetterFit(s.CachedInfo().Config, dlq, js.Conn().MaxPayload()); len(problems) > 0 {
+		return nil, fmt.Errorf("jsinbox: streams %s and %s: %s", o.Name, dlq.Name, strings.Join(problems, "; "))
 	}
 	return s, nil
 }

@@ -105,6 +105,14 @@ func TestHelpDocumentsFlags(t *testing.T) {
 		if strings.Contains(help.String(), "also the inbox scope") {
 			t.Errorf("%s -h still ties the scope to the durable", name)
 		}
+		// Listeners default to loopback; every NATS client takes its own
+		// reply prefix.
+		if name == "verify" && !strings.Contains(help.String(), `(default "127.0.0.1:9091")`) {
+			t.Errorf("verify -h: -http does not default to loopback:\n%s", help.String())
+		}
+		if name != "demo" && !strings.Contains(help.String(), "NATS_INBOX_PREFIX") {
+			t.Errorf("%s -h lacks NATS_INBOX_PREFIX", name)
+		}
 	}
 }
 

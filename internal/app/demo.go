@@ -99,7 +99,7 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 			return err
 		}
 		defer pg.Close()
-		say("throwaway PostgreSQL on 127.0.0.1:%d (fsync on), started in %v", pg.Port(), time.Since(t0).Round(time.Millisecond))
+		say("throwaway PostgreSQL on the Unix socket in %s, yours alone (fsync on), started in %v", pg.SocketDir(), time.Since(t0).Round(time.Millisecond))
 		dbURL = pg.URL("postgres")
 	} else {
 		searchPath = "jetinbox_demo_" + run

@@ -165,7 +165,7 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	redrive := fs.Bool("dlq-redrive", true, "count dead-letter re-drives in the horizon, as jetinbox prune does")
 	watch := fs.Bool("watch", false, "keep running: every -interval, check the messages after the checkpoint up to the durable's ack floor (settled ones only) and export jetinbox_verify_violations{kind} and friends on -http; range flags do not apply")
 	interval := fs.Duration("interval", 5*time.Minute, "-watch: time between rounds")
-	httpAddr := fs.String("http", ":9091", "-watch: address for /metrics and /healthz; empty disables")
+	httpAddr := fs.String("http", "127.0.0.1:9091", "-watch: address for /metrics and /healthz (loopback only by default; 0.0.0.0:9091 to serve a scraper elsewhere); empty disables")
 	checkpoint := fs.String("checkpoint", "", "-watch: keep the checkpoint (last sequence checked, violations so far) in this file across restarts; empty: in memory, a restart checks the stream from its start again")
 	textfile := fs.String("textfile", "", "also write jetinbox_verify_violations{kind} to this file in Prometheus text format (node_exporter's textfile collector); the JetinboxVerifyViolations alert reads the verify service's job (-watch), so point its job matcher here if you use this instead")
 	nextStream := fs.String("next-stream", "", "also check the chain into this stream: every applied message of -scope has its follow-up (ID <kind>:<message ID>, see -follow-up-kind) in it exactly once by ID, "+

@@ -104,6 +104,7 @@ func runNaive(ctx context.Context, c jetstream.Consumer, pool *pgxpool.Pool, n i
 
 type countObserver struct {
 	applied atomic.Int64
+	first   atomic.Pointer[time.Time] // when the first batch committed
 	done    chan struct{}
 	n       int64
 	once    sync.Once
@@ -113,6 +114,10 @@ type countObserver struct {
 }
 
 func (o *countObserver) ObserveBatch(b jsinbox.BatchReport) {
+	if o.first.Load() == nil {
+		ended := b.Ended
+		o.first.CompareAndSwap(nil, &ended)
+	}
 	var k int64
 	for i, out := range b.Outcomes {
 		if out.Ackable() {

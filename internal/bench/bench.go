@@ -42,6 +42,7 @@ type Options struct {
 	PayloadPad int
 	SyncAlways bool
 	PubBatch   int
+	Callers    int
 	Latency    time.Duration
 	Rate       int
 	// LoadLatency adds a latency phase at half the measured jetinbox
@@ -72,6 +73,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.Rounds, "rounds", 5, "rounds; rates and ratios are the median over rounds, ratios paired round by round")
 	fs.IntVar(&o.PayloadPad, "payload-pad", 0, "extra payload bytes per message")
 	fs.IntVar(&o.PubBatch, "publish-batch", 0, "producer: intents per JetStream atomic batch (0: one publish per intent)")
+	fs.IntVar(&o.Callers, "callers", 64, "producer: also measure this many callers publishing one intent at a time, group commit vs one by one, on a node with sync_interval always (0 skips it)")
 	fs.BoolVar(&o.SyncAlways, "sync-always", false, "JetStream fsyncs every write (production setting; the producer rate drops)")
 	fs.DurationVar(&o.Latency, "latency", 5*time.Second, "length of each latency phase (0 skips them)")
 	fs.IntVar(&o.Rate, "rate", 1000, "offered msg/s in the low-load latency phase")
@@ -101,7 +103,7 @@ func (o Options) validate(extra int) error {
 	}{
 		{"n", o.N, 1}, {"naive-max", o.NaiveMax, 1}, {"accounts", o.Accounts, 1}, {"batch", o.Batch, 1},
 		{"inflight", o.InFlight, 1}, {"consumers", o.Consumers, 1}, {"rounds", o.Rounds, 1},
-		{"payload-pad", o.PayloadPad, 0}, {"publish-batch", o.PubBatch, 0}, {"rate", o.Rate, 1},
+		{"payload-pad", o.PayloadPad, 0}, {"publish-batch", o.PubBatch, 0}, {"rate", o.Rate, 1}, {"callers", o.Callers, 0},
 	} {
 		if f.v < f.min {
 			errs = append(errs, fmt.Errorf("-%s %d: must be at least %d", f.name, f.v, f.min))
@@ -196,7 +198,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	// Publish the messages once; every approach reads the same ones.
 	intents := pipeline.Generate(pipeline.Load{Count: o.N, Accounts: o.Accounts, HotAccount: o.Hot, Prefix: "b", Seed: 7, PayloadPad: o.PayloadPad})
 	t0 := time.Now()
-	pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{MaxInFlight: 8192, Batch: o.PubBatch})
+	pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{MaxInFlight: 8192, Batch: max(o.PubBatch, 1)}) // 0 and 1: one publish per intent
 	if err != nil {
 		return err
 	}
@@ -229,6 +231,12 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	ps := pub.Stats()
 	say("published %d messages at %.0f msg/s (sync_interval always: %v, %s: %d batches stored, %d refused and published one by one)",
 		o.N, pubRate, o.SyncAlways, pubMode(o.PubBatch), ps.Batches, ps.BatchFallbacks)
+	var callers *callersResult
+	if o.Callers > 0 {
+		if callers, err = callersPhase(ctx, o, say); err != nil {
+			return err
+		}
+	}
 
 	if o.CPUProfile != "" {
 		// Profile the consumers, not the publishing above.
@@ -329,6 +337,14 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		}
 	}
 
+	var startup []time.Duration
+	if want("jetinbox") {
+		if startup, err = startupPhase(ctx, js, pg, o); err != nil {
+			return err
+		}
+		say("start-up: time to first commit %v", startup)
+	}
+
 	var lats []*latencyRun
 	if o.Latency > 0 && want("jetinbox") {
 		// Latency at a low rate and at half the measured jetinbox maximum,
@@ -365,6 +381,9 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 
 	fmt.Fprintf(stdout, "\njetinbox bench: %d messages, %d accounts%s, %d consumer(s), batch ≤ %d, %d in flight, payload %d B, %d round(s), median\n",
 		o.N, o.Accounts, map[bool]string{true: " (hot: all on account 1)"}[o.Hot], o.Consumers, o.Batch, o.InFlight, payloadSize, o.Rounds)
+	if callers != nil {
+		callers.write(stdout)
+	}
 	fmt.Fprintf(stdout, "producer: %.0f msg/s into a local stream (sync_interval always: %v, %s)\n\n", pubRate, o.SyncAlways, pubMode(o.PubBatch))
 	fmt.Fprintf(stdout, "%-38s %10s  %s\n", "approach", "msg/s", "vs raw (median of per-round ratios, min–max)")
 	raw := results["raw"]
@@ -409,6 +428,10 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if l := outboxLat; l != nil {
 		fmt.Fprintf(stdout, "emit-to-publish at %d msg/s offered (relay beside the consumer, %.0f achieved): p50 %v  p99 %v  max %v  (%d follow-ups)\n",
 			l.offered, l.achieved, pct(l.relayLat, 50), pct(l.relayLat, 99), pct(l.relayLat, 100), len(l.relayLat))
+	}
+	if len(startup) > 0 {
+		fmt.Fprintf(stdout, "time to first commit of a cold consumer (Run to commit, no open connection, a message waiting): median %v, max %v (%d starts)\n",
+			pct(startup, 50), pct(startup, 100), len(startup))
 	}
 	if child != nil {
 		fmt.Fprintf(stdout, "consumer as its own process (jetinbox consumer, batch ≤ %d, %d in flight): %.0f msg/s, peak RSS %s (%s after the first %d messages)\n",

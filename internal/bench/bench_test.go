@@ -46,6 +46,7 @@ func TestBenchCommandSmoke(t *testing.T) {
 		`(?m)^jetinbox \+ follow-ups / jetinbox: \d+\.\d\dx`,
 		`(?m)^outbox relay draining 3000 rows into a stream: \d+ rows/s`,
 		`(?m)^emit-to-publish at 500 msg/s offered \(relay beside the consumer`,
+		`(?m)^time to first commit of a cold consumer .*: median \d`,
 		`(?m)^ledger verified`,
 	} {
 		if !regexp.MustCompile(want).MatchString(out.String()) {

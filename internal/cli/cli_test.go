@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -27,7 +28,12 @@ import (
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.MainNoLeaks(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(childConsumerEnv) != "" {
+		os.Exit(runChildConsumer())
+	}
+	testenv.MainNoLeaks(m)
+}
 
 func mapEnv(m map[string]string) Env { return func(k string) string { return m[k] } }
 
@@ -145,6 +151,12 @@ func TestFlagAndEnvErrors(t *testing.T) {
 		{"consumer unlimited deliveries", func(w io.Writer) error {
 			return Consumer(context.Background(), []string{"-max-deliver", "-1"}, mapEnv(map[string]string{"DATABASE_URL": "postgres://x"}), io.Discard, w)
 		}, "max-deliver", 2},
+		{"consumer bad byte budget", func(w io.Writer) error {
+			return Consumer(context.Background(), nil, mapEnv(map[string]string{"JETINBOX_MAX_BYTES": "plenty", "DATABASE_URL": "postgres://x"}), io.Discard, w)
+		}, "JETINBOX_MAX_BYTES", 2},
+		{"consumer wildcard inbox prefix", func(w io.Writer) error {
+			return Consumer(context.Background(), nil, mapEnv(map[string]string{"NATS_INBOX_PREFIX": "_INBOX.>", "DATABASE_URL": "postgres://x"}), io.Discard, w)
+		}, "inbox prefix", 2},
 		{"producer bad dup fraction", func(w io.Writer) error {
 			return Producer(context.Background(), []string{"-dup-fraction", "2"}, mapEnv(nil), nil, io.Discard, w)
 		}, "dup-fraction", 2},
@@ -184,7 +196,10 @@ func TestHelpDocumentsFlags(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) || ExitCode(err) != 0 {
 		t.Fatalf("-h: %v", err)
 	}
-	for _, want := range []string{"-database-url", "-batch", "(default 6000)", "-ack-wait", "(default 30s)", "NATS_CREDS", "-drain-timeout"} {
+	// The HTTP listener defaults to loopback: /metrics is not offered to
+	// the network unless asked for.
+	for _, want := range []string{"-database-url", "-batch", "(default 6000)", "-ack-wait", "(default 30s)", "NATS_CREDS", "-drain-timeout",
+		`-http string`, `(default "127.0.0.1:8080")`, "-max-bytes", "JETINBOX_MAX_BYTES", "-inbox-prefix", "NATS_INBOX_PREFIX"} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("consumer -h lacks %q", want)
 		}

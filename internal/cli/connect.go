@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/net/proxy"
 	"golang.org/x/term"
 
 	"github.com/jetinbox/jetinbox/jitter"
@@ -77,6 +79,8 @@ func (e Env) Or(name, def string) string {
 // the environment, the environment over the context.
 type NATSFlags struct {
 	url, creds, nkey, ca, cert, key, user, password, token, context string
+	inboxPrefix, jsDomain, jsAPIPrefix, socksProxy, userJWT         string
+	tlsFirst                                                        bool
 
 	env      Env
 	ctxName  string // the context in use, if any
@@ -84,8 +88,8 @@ type NATSFlags struct {
 }
 
 // Register adds the connection flags to fs: -s (also -server, -nats-url),
-// -creds, -nkey, -tlscert, -tlskey, -tlsca, -user, -password, -token and
-// -context, and the older -nats-creds, -nats-nkey, -nats-ca, -nats-cert,
+// -creds, -nkey, -tlscert, -tlskey, -tlsca, -user, -password, -token,
+// -inbox-prefix and -context, and the older -nats-creds, -nats-nkey, -nats-ca, -nats-cert,
 // -nats-key. Their defaults come from env after parsing (see Validate), so
 // no secret from the environment is ever shown by -h.
 func (n *NATSFlags) Register(fs FlagSet, env Env) {
@@ -107,11 +111,17 @@ func (n *NATSFlags) Register(fs FlagSet, env Env) {
 		{&n.user, []string{"user"}, "NATS_USER", "NATS user name"},
 		{&n.password, []string{"password"}, "NATS_PASSWORD", "NATS password (prefer the environment: flags show in ps)"},
 		{&n.token, []string{"token"}, "NATS_TOKEN", "NATS authentication token (prefer the environment: flags show in ps)"},
+		{&n.jsDomain, []string{"js-domain"}, "NATS_JS_DOMAIN", "JetStream domain of the streams (a leaf node's or another cluster's)"},
+		{&n.jsAPIPrefix, []string{"js-api-prefix"}, "NATS_JS_API_PREFIX", "JetStream API subject prefix, for streams imported from another account"},
+		{&n.socksProxy, []string{"socks-proxy"}, "NATS_SOCKS_PROXY", "SOCKS5 proxy to dial the servers through, host:port"},
+		{&n.inboxPrefix, []string{"inbox-prefix"}, "NATS_INBOX_PREFIX", "prefix of the reply subjects (request replies, PubAcks, pulled messages) instead of _INBOX; " +
+			"give each user its own and let it subscribe to that alone, so no other user can read its replies"},
 	} {
 		for _, name := range f.names {
 			fs.StringVar(f.p, name, "", f.use+" (env "+f.envVar+")")
 		}
 	}
+	fs.BoolVar(&n.tlsFirst, "tlsfirst", false, "TLS handshake before the server's greeting, for servers with handshake_first (or the context's tls_first)")
 	fs.StringVar(&n.context, "context", "", "nats CLI context to take unset connection settings from: a name in ~/.config/nats/context, or a file path "+
 		"(env NATS_CONTEXT; else the context the nats CLI has selected)")
 }
@@ -131,7 +141,9 @@ func (n *NATSFlags) resolve() error {
 		p      *string
 		envVar string
 	}{{&n.url, "NATS_URL"}, {&n.creds, "NATS_CREDS"}, {&n.nkey, "NATS_NKEY"}, {&n.ca, "NATS_CA"}, {&n.cert, "NATS_CERT"}, {&n.key, "NATS_KEY"},
-		{&n.user, "NATS_USER"}, {&n.password, "NATS_PASSWORD"}, {&n.token, "NATS_TOKEN"}, {&n.context, "NATS_CONTEXT"}} {
+		{&n.user, "NATS_USER"}, {&n.password, "NATS_PASSWORD"}, {&n.token, "NATS_TOKEN"}, {&n.inboxPrefix, "NATS_INBOX_PREFIX"},
+		{&n.jsDomain, "NATS_JS_DOMAIN"}, {&n.jsAPIPrefix, "NATS_JS_API_PREFIX"}, {&n.socksProxy, "NATS_SOCKS_PROXY"},
+		{&n.context, "NATS_CONTEXT"}} {
 		if *f.p == "" {
 			*f.p = env(f.envVar)
 		}
@@ -145,11 +157,13 @@ func (n *NATSFlags) resolve() error {
 		dst *string
 		v   string
 	}{{&n.url, c.URL}, {&n.creds, c.Creds}, {&n.nkey, c.NKey}, {&n.ca, c.CA}, {&n.cert, c.Cert}, {&n.key, c.Key},
-		{&n.user, c.User}, {&n.password, c.Password}, {&n.token, c.Token}} {
+		{&n.user, c.User}, {&n.password, c.Password}, {&n.token, c.Token}, {&n.inboxPrefix, c.InboxPrefix},
+		{&n.jsDomain, c.JSDomain}, {&n.jsAPIPrefix, c.JSAPIPrefix}, {&n.socksProxy, c.SocksProxy}, {&n.userJWT, c.UserJWT}} {
 		if *f.dst == "" {
 			*f.dst = f.v
 		}
 	}
+	n.tlsFirst = n.tlsFirst || c.TLSFirst
 	if n.url == "" {
 		n.url = nats.DefaultURL
 	}
@@ -185,6 +199,20 @@ func (n *NATSFlags) Validate() error {
 	}
 	if n.password != "" && n.user == "" {
 		return errors.New("a NATS password (-password, NATS_PASSWORD) needs a user (-user, NATS_USER)")
+	}
+	if err := CheckInboxPrefix(n.inboxPrefix); err != nil {
+		return err
+	}
+	if n.jsDomain != "" && n.jsAPIPrefix != "" {
+		return errors.New("set a JetStream domain (-js-domain) or an API prefix (-js-api-prefix), not both")
+	}
+	if n.userJWT != "" && n.nkey == "" {
+		return errors.New("the nats context's user_jwt needs the user's seed in nkey")
+	}
+	if n.socksProxy != "" {
+		if _, err := socksAddr(n.socksProxy); err != nil {
+			return err
+		}
 	}
 	for _, f := range []struct{ name, path string }{{"NATS_CREDS", n.creds}, {"NATS_NKEY", n.nkey}, {"NATS_CA", n.ca}, {"NATS_CERT", n.cert}, {"NATS_KEY", n.key}} {
 		if f.path == "" {
@@ -226,12 +254,33 @@ func (n *NATSFlags) Connect(name string, reconnect jitter.Policy, log *slog.Logg
 	if n.token != "" {
 		opts = append(opts, nats.Token(n.token))
 	}
-	if n.nkey != "" {
+	switch {
+	case n.nkey != "" && n.userJWT != "":
+		seed, err := os.ReadFile(n.nkey)
+		if err != nil {
+			return nil, nil, fmt.Errorf("NATS_NKEY: %w", err)
+		}
+		opts = append(opts, nats.UserJWTAndSeed(n.userJWT, strings.TrimSpace(string(seed))))
+	case n.nkey != "":
 		o, err := nats.NkeyOptionFromSeed(n.nkey)
 		if err != nil {
 			return nil, nil, fmt.Errorf("NATS_NKEY: %w", err)
 		}
 		opts = append(opts, o)
+	}
+	if n.tlsFirst {
+		opts = append(opts, nats.TLSHandshakeFirst())
+	}
+	if n.socksProxy != "" {
+		addr, _ := socksAddr(n.socksProxy) // checked by Validate
+		d, err := proxy.SOCKS5("tcp", addr, nil, &net.Dialer{Timeout: 5 * time.Second})
+		if err != nil {
+			return nil, nil, fmt.Errorf("NATS SOCKS proxy %s: %w", addr, err)
+		}
+		opts = append(opts, nats.SetCustomDialer(socksDialer{d}))
+	}
+	if n.inboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(n.inboxPrefix))
 	}
 	if n.ca != "" {
 		opts = append(opts, nats.RootCAs(n.ca))
@@ -243,12 +292,71 @@ func (n *NATSFlags) Connect(name string, reconnect jitter.Policy, log *slog.Logg
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to NATS at %s: %w", Redact(n.url), err)
 	}
-	js, err := jetstream.New(nc)
+	var js jetstream.JetStream
+	switch {
+	case n.jsDomain != "":
+		js, err = jetstream.NewWithDomain(nc, n.jsDomain)
+	case n.jsAPIPrefix != "":
+		js, err = jetstream.NewWithAPIPrefix(nc, n.jsAPIPrefix)
+	default:
+		js, err = jetstream.New(nc)
+	}
 	if err != nil {
 		nc.Close()
 		return nil, nil, fmt.Errorf("jetstream: %w", err)
 	}
 	return nc, js, nil
+}
+
+// socksAddr takes a SOCKS5 proxy as host:port or socks5://host:port.
+func socksAddr(s string) (string, error) {
+	addr := s
+	if strings.Contains(s, "://") {
+		u, err := url.Parse(s)
+		if err != nil || u.Scheme != "socks5" || u.Host == "" {
+			return "", fmt.Errorf("SOCKS proxy %q: want host:port or socks5://host:port", s)
+		}
+		addr = u.Host
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return "", fmt.Errorf("SOCKS proxy %q: want host:port or socks5://host:port: %w", s, err)
+	}
+	return addr, nil
+}
+
+// socksDialer adapts a proxy.Dialer to nats.CustomDialer.
+type socksDialer struct{ d proxy.Dialer }
+
+func (s socksDialer) Dial(network, address string) (net.Conn, error) {
+	return s.d.Dial(network, address)
+}
+
+// InboxPrefix returns the reply-subject prefix in use ("" for nats.go's
+// default, _INBOX), once the settings are resolved.
+func (n *NATSFlags) InboxPrefix() string { return n.inboxPrefix }
+
+// CheckInboxPrefix checks a reply-subject prefix (-inbox-prefix,
+// NATS_INBOX_PREFIX, a context's inbox_prefix): empty (the default,
+// _INBOX), or subject tokens without wildcards, spaces or control
+// characters, not ending in a dot.
+func CheckInboxPrefix(p string) error {
+	if p == "" {
+		return nil
+	}
+	bad := func(why string) error {
+		return fmt.Errorf("NATS inbox prefix %q (-inbox-prefix, NATS_INBOX_PREFIX, a context's inbox_prefix): %s", p, why)
+	}
+	for _, tok := range strings.Split(p, ".") {
+		switch {
+		case tok == "":
+			return bad("empty subject token (a leading, trailing or double dot)")
+		case tok == "*" || tok == ">" || strings.ContainsAny(tok, "*>"):
+			return bad("wildcards are not allowed")
+		case strings.IndexFunc(tok, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0:
+			return bad("spaces and control characters are not allowed")
+		}
+	}
+	return nil
 }
 
 // Redact hides passwords in URLs before they reach a log or an error.

@@ -29,20 +29,24 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	nf.Register(fs, env)
 	var envErrs []error
 	var (
-		dbURL        = DatabaseFlag(fs, env, DatabaseUsage+"; required")
-		stream       = StreamFlag(fs, env, StreamUsage)
-		scope        = ScopeFlag(fs, env)
-		durable      = DurableFlag(fs, env)
-		batch        = fs.Int("batch", 6000, "most messages per transaction (batches never wait to fill)")
-		inflight     = fs.Int("inflight", 2, "batches processed at once, each in its own transaction")
-		ackWait      = fs.Duration("ack-wait", 30*time.Second, "AckWait: redelivery timer, above the p99 batch time")
-		maxDeliver   = fs.Int("max-deliver", 20, "deliveries before a failing message is dead-lettered (finite)")
-		maxAck       = fs.Int("max-ack-pending", 0, "unacked messages in flight (0: 4 × batch × inflight)")
-		dbConns      = fs.Int("db-conns", 0, "PostgreSQL pool size (0: inflight + 2)")
-		httpAddr     = fs.String("http", env.Or("JETINBOX_HTTP_ADDR", ":8080"), "address for /metrics, /healthz and /readyz (env JETINBOX_HTTP_ADDR); empty disables")
+		dbURL      = DatabaseFlag(fs, env, DatabaseUsage+"; required")
+		stream     = StreamFlag(fs, env, StreamUsage)
+		scope      = ScopeFlag(fs, env)
+		durable    = DurableFlag(fs, env)
+		batch      = fs.Int("batch", 6000, "most messages per transaction (batches never wait to fill)")
+		inflight   = fs.Int("inflight", 2, "batches processed at once, each in its own transaction")
+		ackWait    = fs.Duration("ack-wait", 30*time.Second, "AckWait: redelivery timer, above the p99 batch time")
+		maxDeliver = fs.Int("max-deliver", 20, "deliveries before a failing message is dead-lettered (finite)")
+		maxAck     = fs.Int("max-ack-pending", 0, "unacked messages in flight (0: 4 × batch × inflight)")
+		dbConns    = fs.Int("db-conns", 0, "PostgreSQL pool size (0: inflight + 2)")
+		httpAddr   = fs.String("http", env.Or("JETINBOX_HTTP_ADDR", DefaultHTTPAddr), "address for /metrics, /healthz and /readyz (env JETINBOX_HTTP_ADDR); "+
+			"loopback only by default: set 0.0.0.0:8080 (or the pod's address) where probes and scrapes come from elsewhere; empty disables")
 		drainTimeout = fs.Duration("drain-timeout", envDuration(env, "JETINBOX_DRAIN_TIMEOUT", 30*time.Second, &envErrs), "longest wait for in-flight batches on shutdown (env JETINBOX_DRAIN_TIMEOUT)")
 		logFormat    = fs.String("log-format", env.Or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto (text on a terminal)")
 	)
+	maxBytes := envSize(env, "JETINBOX_MAX_BYTES", &envErrs)
+	fs.Var(&maxBytes, "max-bytes", "most bytes of messages held at once, e.g. 64MiB: half for the pull buffer, half for the batches formed and in flight; "+
+		"keep it well inside the memory limit (env JETINBOX_MAX_BYTES; 0: 64MiB)")
 	var relay consumerRelay
 	relay.register(fs, env)
 	w := defaultWaits()
@@ -130,7 +134,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	}
 	c, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{
 		Stream: *stream, Durable: *durable, BatchSize: *batch, InFlight: *inflight, AckWait: *ackWait,
-		MaxDeliver: *maxDeliver, MaxAckPending: *maxAck, Nak: nak, DBWait: w.db, DB: pool, Logger: log, Observer: m, TracerProvider: tp,
+		MaxDeliver: *maxDeliver, MaxAckPending: *maxAck, MaxBytes: int64(maxBytes), Nak: nak, DBWait: w.db, DB: pool, Logger: log, Observer: m, TracerProvider: tp,
 	})
 	if err != nil {
 		return UsageError{Err: err}
@@ -148,7 +152,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		defer srv.Close()
 	}
 
-	log.Info("consumer: running", "stream", *stream, "scope", *scope, "durable", *durable, "batch", *batch, "inflight", *inflight)
+	log.Info("consumer: running", "stream", *stream, "scope", *scope, "durable", *durable, "batch", *batch, "inflight", *inflight, "max_bytes", c.Config().MaxBytes)
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	stopRelay := func() {}

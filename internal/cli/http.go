@@ -14,6 +14,12 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 )
 
+// DefaultHTTPAddr is the consumer's default -http: loopback only, so that a
+// consumer started by hand does not offer /metrics to the network. The
+// shipped compose and Kubernetes files set their listen address
+// explicitly.
+const DefaultHTTPAddr = "127.0.0.1:8080"
+
 // serveHTTP serves /metrics, and for a consumer /healthz (the process is
 // alive) and /readyz (consuming with NATS and PostgreSQL reachable; 503
 // while draining).

@@ -22,6 +22,46 @@ type natsContext struct {
 	User     string `json:"user"`
 	Password string `json:"password"`
 	Token    string `json:"token"`
+	// InboxPrefix is the reply-subject prefix (the nats CLI's
+	// --inbox-prefix).
+	InboxPrefix string `json:"inbox_prefix"`
+	// UserJWT with NKey's seed is a decentralised-auth user without a
+	// creds file.
+	UserJWT string `json:"user_jwt"`
+	// TLSFirst does the TLS handshake before the server's INFO.
+	TLSFirst bool `json:"tls_first"`
+	// SocksProxy is a SOCKS5 proxy (host:port, or socks5://host:port)
+	// to dial the servers through.
+	SocksProxy string `json:"socks_proxy"`
+	// JSDomain and JSAPIPrefix address JetStream in another domain or
+	// account.
+	JSDomain    string `json:"jetstream_domain"`
+	JSAPIPrefix string `json:"jetstream_api_prefix"`
+
+	// Settings read only to refuse them: the connection they describe
+	// cannot be made faithfully here, and quietly connecting some other
+	// way would be worse than saying so.
+	NSCLookup     string `json:"nsc"`
+	JSEventPrefix string `json:"jetstream_event_prefix"`
+	WinCertStore  string `json:"windows_cert_store"`
+}
+
+// unsupported reports the context settings jetinbox cannot honour, with
+// what to do instead.
+func (c natsContext) unsupported(name string) error {
+	var errs []error
+	if c.NSCLookup != "" {
+		errs = append(errs, fmt.Errorf("nats context %q: nsc lookups (%q) are not run by jetinbox: "+
+			"export the user's credentials (nsc generate creds) and set creds in the context, or NATS_CREDS", name, c.NSCLookup))
+	}
+	if c.JSEventPrefix != "" {
+		errs = append(errs, fmt.Errorf("nats context %q: jetstream_event_prefix is not supported: jetinbox keeps "+
+			"max-deliveries advisories under $JS.EVENT.ADVISORY and would miss events published elsewhere", name))
+	}
+	if c.WinCertStore != "" {
+		errs = append(errs, fmt.Errorf("nats context %q: windows certificate stores are not supported: give cert, key and ca files", name))
+	}
+	return errors.Join(errs...)
 }
 
 // natsConfigDir is where the nats CLI keeps its contexts: under
@@ -74,6 +114,9 @@ func loadNATSContext(env Env, name string) (natsContext, string, error) {
 	var c natsContext
 	if err := json.Unmarshal(b, &c); err != nil {
 		return natsContext{}, "", fmt.Errorf("nats context %q (%s): %w", name, path, err)
+	}
+	if err := c.unsupported(name); err != nil {
+		return natsContext{}, "", err
 	}
 	home := env("HOME")
 	for _, p := range []*string{&c.Creds, &c.NKey, &c.Cert, &c.Key, &c.CA} {

@@ -50,7 +50,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		dupFrac   = fs.Float64("dup-fraction", 0, "fraction of generated intents published a second time (same ID, same payload)")
 		prefix    = fs.String("prefix", "", "ID prefix for generated intents (default: a random run ID)")
 		inFlight  = fs.Int("max-inflight", 4096, "publishes awaiting a PubAck at once")
-		batch     = fs.Int("batch", 0, "intents per JetStream atomic batch, at most 1000: one fsync and one PubAck per batch, for servers with sync_interval: always; 0 publishes each intent on its own")
+		batch     = fs.Int("batch", 0, "group commit: most intents per JetStream atomic batch, at most 1000; the intents handed over while one batch is stored go out together as the next, one fsync and one PubAck per batch, which is what counts with sync_interval: always; 0: 256; 1 publishes each intent on its own")
 		ackTO     = fs.Duration("ack-timeout", 5*time.Second, "wait for one PubAck before retrying")
 		attempts  = fs.Int("retry-attempts", 10, "retries per intent before it is reported as failed")
 		retryFor  = fs.Duration("retry-for", 100*time.Second, "give an intent up after this long in all, PubAck waits included: keep it inside the stream's duplicate window (2 minutes by default), or a late retry of a publish that did land is stored twice")
@@ -63,6 +63,9 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	maxBytes, dlqBytes := envSize(env, "JETINBOX_STREAM_MAX_BYTES", &envErrs), envSize(env, "JETINBOX_DLQ_MAX_BYTES", &envErrs)
 	fs.Var(&maxBytes, "stream-max-bytes", "intents stream MaxBytes when creating it, e.g. 16GiB or plain bytes; 0: 16GiB (env JETINBOX_STREAM_MAX_BYTES)")
 	fs.Var(&dlqBytes, "dlq-max-bytes", "dead-letter stream MaxBytes when creating it, e.g. 1GiB; 0: 1GiB (env JETINBOX_DLQ_MAX_BYTES)")
+	msgSize := envSize(env, "JETINBOX_STREAM_MAX_MSG_SIZE", &envErrs)
+	fs.Var(&msgSize, "stream-max-msg-size", fmt.Sprintf("intents stream's largest message (headers included) when creating it; the dead-letter stream gets %d bytes more; 0: %s (env JETINBOX_STREAM_MAX_MSG_SIZE)",
+		jsinbox.DeadLetterHeadroom, ptr(Size(jsinbox.DefaultMaxMsgSize)).String()))
 	maxMsgs := fs.Int64("stream-max-msgs", envInt64(env, "JETINBOX_STREAM_MAX_MSGS", &envErrs), "intents stream MaxMsgs when creating it; 0: 50 million (env JETINBOX_STREAM_MAX_MSGS)")
 	maxAge := fs.Duration("stream-max-age", envDuration(env, "JETINBOX_STREAM_MAX_AGE", 0, &envErrs),
 		"intents stream MaxAge when creating it, part of the replay horizon; 0: 168h (env JETINBOX_STREAM_MAX_AGE)")
@@ -105,6 +108,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	bad.within("replicas", *replicas, 1, 5)
 	bad.positive("duplicate-window", *window)
 	bad.atLeast("stream-max-msgs", int(min(*maxMsgs, math.MaxInt)), 0)
+	bad.within("stream-max-msg-size", int(min(int64(msgSize), math.MaxInt32)), 0, math.MaxInt32-jsinbox.DeadLetterHeadroom)
 	if *maxAge < 0 {
 		bad.positive("stream-max-age", *maxAge)
 	}
@@ -122,7 +126,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	defer nc.Close()
 	st, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{
 		Name: *stream, Subjects: []string{*subject + ".>"}, Replicas: *replicas, DuplicateWindow: *window,
-		MaxBytes: int64(maxBytes), MaxMsgs: *maxMsgs, MaxAge: *maxAge, DeadLetterMaxBytes: int64(dlqBytes),
+		MaxBytes: int64(maxBytes), MaxMsgs: *maxMsgs, MaxAge: *maxAge, DeadLetterMaxBytes: int64(dlqBytes), MaxMsgSize: int32(min(int64(msgSize), math.MaxInt32)),
 	})
 	if err != nil {
 		return err
@@ -163,7 +167,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		elapsed := time.Since(start)
 		fmt.Fprintf(stdout, "%spublished %d (%.0f/s)  server-side duplicates %d  conflicts %d  retries %d  failed %d  bad input lines %d",
 			prefix, s.Published, float64(s.Published)/elapsed.Seconds(), s.Duplicates, s.Conflicts, s.Retries, s.Failed, badLines)
-		if *batch > 1 {
+		if *batch != 1 {
 			fmt.Fprintf(stdout, "  atomic batches %d (refused and published one by one %d)", s.Batches, s.BatchFallbacks)
 		}
 		fmt.Fprintln(stdout)
@@ -404,3 +408,5 @@ func parseLine(line []byte, subject string) (jsinbox.Intent, error) {
 	}
 	return jsinbox.Intent{ID: l.ID, Subject: l.Subject, Payload: compact.Bytes()}, nil
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -31,10 +31,10 @@ func streamMsgs(t *testing.T, srv *testenv.NATS, stream string) uint64 {
 // TestProducerConflict: a JSONL line reusing an ID the stream holds with
 // another payload is reported by line as a conflict and fails the run; a
 // line repeating an intent exactly is a duplicate and fine. In single
-// publishes and in atomic batches.
+// publishes, with group commit and in atomic batches of at most 10.
 func TestProducerConflict(t *testing.T) {
 	t.Parallel()
-	for _, batch := range []string{"0", "10"} {
+	for _, batch := range []string{"1", "0", "10"} {
 		t.Run("batch="+batch, func(t *testing.T) {
 			t.Parallel()
 			srv := testenv.NewNATS(t, testenv.NATSOptions{})

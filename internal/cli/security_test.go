@@ -98,11 +98,12 @@ func TestTLSAndNkeyAuth(t *testing.T) {
 		t.Fatalf("consumer with the right nkey over TLS: %v\n%s", err, logs.String())
 	}
 
-	// Wrong key: a clear error, exit 1, within seconds, no retry loop.
+	// Wrong key: a clear error, exit 2 (the configuration is wrong, a retry
+	// cannot help), within seconds, no retry loop.
 	bad := mapEnv(map[string]string{"NATS_URL": url, "NATS_CA": caFile, "NATS_NKEY": badSeedFile, "DATABASE_URL": dbURL})
 	start := time.Now()
 	err := Consumer(context.Background(), []string{"-http", "", "-log-format", "json"}, bad, io.Discard, &logs)
-	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "authorization") || ExitCode(err) != 1 {
+	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "authorization") || ExitCode(err) != 2 {
 		t.Fatalf("consumer with a wrong nkey: %v (exit %d)", err, ExitCode(err))
 	}
 	if time.Since(start) > 15*time.Second {

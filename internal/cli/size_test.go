@@ -30,11 +30,14 @@ func TestStreamSizesAsSettings(t *testing.T) {
 			t.Errorf("ParseSize(%q) accepted", in)
 		}
 	}
-	for _, args := range [][]string{{"-stream-max-bytes", "big"}, {"-stream-max-msgs", "-1"}, {"-stream-max-age", "-1h"}} {
+	for _, args := range [][]string{{"-stream-max-bytes", "big"}, {"-stream-max-msgs", "-1"}, {"-stream-max-age", "-1h"}, {"-stream-max-msg-size", "3GiB"}} {
 		err := Producer(context.Background(), args, mapEnv(nil), nil, io.Discard, io.Discard)
 		if ExitCode(err) != 2 {
 			t.Errorf("%v: exit %d (%v), want 2", args, ExitCode(err), err)
 		}
+	}
+	if err := Producer(context.Background(), nil, mapEnv(map[string]string{"JETINBOX_STREAM_MAX_MSG_SIZE": "big"}), nil, io.Discard, io.Discard); ExitCode(err) != 2 {
+		t.Errorf("bad JETINBOX_STREAM_MAX_MSG_SIZE: %v", err)
 	}
 	if err := Producer(context.Background(), nil, mapEnv(map[string]string{"JETINBOX_DLQ_MAX_BYTES": "1 lot"}), nil, io.Discard, io.Discard); ExitCode(err) != 2 {
 		t.Errorf("bad JETINBOX_DLQ_MAX_BYTES: %v", err)
@@ -42,7 +45,7 @@ func TestStreamSizesAsSettings(t *testing.T) {
 
 	srv := testenv.NewNATS(t, testenv.NATSOptions{})
 	var out bytes.Buffer
-	err := Producer(context.Background(), []string{"-count", "10", "-stream-max-bytes", "1GiB", "-stream-max-msgs", "1000", "-stream-max-age", "48h"},
+	err := Producer(context.Background(), []string{"-count", "10", "-stream-max-bytes", "1GiB", "-stream-max-msgs", "1000", "-stream-max-age", "48h", "-stream-max-msg-size", "16KiB"},
 		mapEnv(map[string]string{"NATS_URL": srv.URL(), "JETINBOX_DLQ_MAX_BYTES": "64MiB"}), strings.NewReader(""), &out, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -57,14 +60,14 @@ func TestStreamSizesAsSettings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := st.CachedInfo().Config; c.MaxBytes != 1<<30 || c.MaxMsgs != 1000 || c.MaxAge != 48*time.Hour {
-		t.Errorf("intents stream: bytes %d msgs %d age %v", c.MaxBytes, c.MaxMsgs, c.MaxAge)
+	if c := st.CachedInfo().Config; c.MaxBytes != 1<<30 || c.MaxMsgs != 1000 || c.MaxAge != 48*time.Hour || c.MaxMsgSize != 16<<10 {
+		t.Errorf("intents stream: bytes %d msgs %d age %v max_msg_size %d", c.MaxBytes, c.MaxMsgs, c.MaxAge, c.MaxMsgSize)
 	}
 	dlq, err := js.Stream(context.Background(), jsinbox.DeadLetterStream(jsinbox.DefaultStream))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := dlq.CachedInfo().Config; c.MaxBytes != 64<<20 {
-		t.Errorf("dead-letter stream MaxBytes %d, want 64MiB", c.MaxBytes)
+	if c := dlq.CachedInfo().Config; c.MaxBytes != 64<<20 || c.MaxMsgSize != 16<<10+jsinbox.DeadLetterHeadroom {
+		t.Errorf("dead-letter stream MaxBytes %d, max_msg_size %d; want 64MiB and room for the largest intent's dead letter", c.MaxBytes, c.MaxMsgSize)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -45,6 +46,12 @@ type PostgresOptions struct {
 }
 
 // Postgres is a running (or stopped) throwaway PostgreSQL cluster.
+//
+// It trusts every connection, as the superuser, so it takes none from other
+// local users: it listens on no TCP port, only on a Unix socket in a
+// directory that only the server's user (and root) may enter. While it
+// runs, another account on the machine cannot reach it, and so cannot
+// become its superuser (and run programs with COPY … TO PROGRAM).
 type Postgres struct {
 	opts    PostgresOptions
 	bin     string
@@ -89,9 +96,10 @@ func pgVersion(p string) int {
 	return v
 }
 
-// StartPostgres creates a new cluster in a temp dir and starts it on a free
-// loopback port. When the process runs as root the server runs as the
-// "postgres" user, since initdb refuses root.
+// StartPostgres creates a new cluster in a temp dir and starts it on a Unix
+// socket in that dir, which only the server's user may enter (mode 0700):
+// no TCP port. When the process runs as root the server runs as the
+// "postgres" user, since initdb refuses root; root still connects.
 func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error) {
 	if opts.MaxConnections == 0 {
 		opts.MaxConnections = 200
@@ -126,8 +134,12 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 			p.Close()
 			return nil, fmt.Errorf("testenv: %w", err)
 		}
-		// The temp parent must be traversable by the postgres user.
-		_ = os.Chmod(root, 0o755)
+	}
+	// The socket's directory is the server user's alone: connecting to a
+	// Unix socket takes search permission on its directory.
+	if err := os.Chmod(root, 0o700); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("testenv: %w", err)
 	}
 	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"), "-D", p.dataDir, "-U", "postgres",
 		"-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions")
@@ -136,9 +148,15 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 		p.Close()
 		return nil, fmt.Errorf("testenv: initdb: %w: %s", err, out)
 	}
+	// The port only names the socket (.s.PGSQL.PORT); one free on
+	// loopback, so that a TCP connection to it finds nobody listening.
 	if p.port, err = freePort(); err != nil {
 		p.Close()
 		return nil, err
+	}
+	if sock := filepath.Join(p.sockDir, ".s.PGSQL."+strconv.Itoa(p.port)); len(sock) > 100 {
+		p.Close()
+		return nil, fmt.Errorf("testenv: the socket path %s is too long for a Unix socket; set TMPDIR to a shorter directory", sock)
 	}
 	if err := p.Start(ctx); err != nil {
 		p.Close()
@@ -176,7 +194,8 @@ func (p *Postgres) start(ctx context.Context) error {
 		return errors.New("testenv: postgres already running")
 	}
 	args := []string{"-D", p.dataDir, "-p", strconv.Itoa(p.port), "-k", p.sockDir,
-		"-c", "listen_addresses=127.0.0.1",
+		"-c", "listen_addresses=",
+		"-c", "unix_socket_permissions=0700",
 		"-c", "max_connections=" + strconv.Itoa(p.opts.MaxConnections),
 		"-c", "shared_buffers=128MB",
 		"-c", "log_min_messages=warning",
@@ -262,12 +281,18 @@ func (p *Postgres) Close() error {
 	return err
 }
 
-// Port is the TCP port on 127.0.0.1.
+// Port is the port number in the Unix socket's name (.s.PGSQL.PORT in
+// [Postgres.SocketDir]); the server listens on no TCP port.
 func (p *Postgres) Port() int { return p.port }
 
-// URL returns a connection string for database db as the superuser.
+// SocketDir is the directory holding the server's Unix socket, which only
+// the server's user (and root) may enter.
+func (p *Postgres) SocketDir() string { return p.sockDir }
+
+// URL returns a connection string for database db as the superuser, over
+// the Unix socket.
 func (p *Postgres) URL(db string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", p.port, db)
+	return fmt.Sprintf("postgres://postgres@/%s?host=%s&port=%d&sslmode=disable", url.PathEscape(db), url.QueryEscape(p.sockDir), p.port)
 }
 
 // CreateDatabase creates a new empty database and returns its URL.
@@ -322,15 +347,6 @@ func (p *Postgres) Settle(ctx context.Context, max time.Duration) error {
 	return nil
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("testenv: free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 type lineWriter struct {
 	logf   func(string, ...any)
 	prefix string
@@ -341,4 +357,13 @@ func (w *lineWriter) Write(b []byte) (int, error) {
 		w.logf("%s%s", w.prefix, line)
 	}
 	return len(b), nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("testenv: free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }

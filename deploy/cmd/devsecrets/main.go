@@ -47,6 +47,6 @@ func run(args []string, stdout io.Writer) error {
 	for _, f := range res.Files {
 		fmt.Fprintln(stdout, filepath.Join(*out, f))
 	}
-	fmt.Fprintln(stdout, "development credentials only: world-readable files, CA key discarded")
+	fmt.Fprintln(stdout, "development credentials only: readable by you alone (0600), CA key discarded")
 	return nil
 }

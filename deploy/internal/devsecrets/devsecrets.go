@@ -4,10 +4,11 @@
 // passwords with matching pgpass files.
 //
 // It is for compose on a laptop and for the deploy tests, never for
-// production: the files are written readable by every local user (the
-// containers run as other UIDs than the one that made them) and the CA key
-// is thrown away. Production certificates come from your PKI and nkey seed
-// files from `nk -gen user`; see deploy/README.md.
+// production: the CA key is thrown away. The files are the generating
+// user's alone (0600 in 0700 directories, also when -force writes over an
+// earlier run); the compose stack hands each container its own copy (see
+// compose.yaml's secrets-init). Production certificates come from your PKI
+// and nkey seed files from `nk -gen user`; see deploy/README.md.
 package devsecrets
 
 import (
@@ -36,7 +37,7 @@ var Users = []string{"producer", "consumer", "verify", "admin", "sys"}
 
 // DBRoles are the PostgreSQL login roles of deploy/postgres/roles.sql that
 // get a password and a pgpass file.
-var DBRoles = []string{"jetinbox_migrator", "jetinbox_consumer"}
+var DBRoles = []string{"jetinbox_migrator", "jetinbox_consumer", "jetinbox_verifier", "jetinbox_maintainer"}
 
 // Options says what to generate. The zero value of each field but Dir and
 // AuthTemplate has a usable default.
@@ -204,13 +205,29 @@ func (w *writer) file(rel string, data []byte) {
 		return
 	}
 	p := filepath.Join(w.dir, filepath.FromSlash(rel))
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+	// Every directory from Dir down to the file's is the user's alone, and
+	// so is the file: a directory or file an earlier run (or another tool)
+	// left more open is closed too, since MkdirAll and WriteFile keep the
+	// mode of what exists.
+	for d := filepath.Dir(rel); ; d = filepath.Dir(d) {
+		dir := filepath.Join(w.dir, filepath.FromSlash(d))
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			w.err = fmt.Errorf("devsecrets: %w", err)
+			return
+		}
+		if err := os.Chmod(dir, 0o700); err != nil {
+			w.err = fmt.Errorf("devsecrets: %w", err)
+			return
+		}
+		if d == "." {
+			break
+		}
+	}
+	if err := os.WriteFile(p, data, 0o600); err != nil {
 		w.err = fmt.Errorf("devsecrets: %w", err)
 		return
 	}
-	// 0644 on purpose, see the package doc: the containers read these as
-	// other users. Development only.
-	if err := os.WriteFile(p, data, 0o644); err != nil {
+	if err := os.Chmod(p, 0o600); err != nil {
 		w.err = fmt.Errorf("devsecrets: %w", err)
 		return
 	}

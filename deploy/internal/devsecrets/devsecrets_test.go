@@ -6,6 +6,7 @@ import (
 	"encoding/pem"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -108,5 +109,67 @@ func TestRenderAuthRefusesAMismatch(t *testing.T) {
 	}
 	if _, err := devsecrets.RenderAuth(tmpl, map[string]string{}); err == nil {
 		t.Error("a template line without a key was accepted")
+	}
+}
+
+// TestFilesAreTheUsersAlone: every file Generate writes is 0600 and every
+// directory 0700, also when it writes over a directory an earlier run (or
+// another tool) left open to others.
+func TestFilesAreTheUsersAlone(t *testing.T) {
+	tmpl, err := os.ReadFile("../../nats/auth.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "secrets")
+	// What an earlier version left: everything readable by all.
+	for _, d := range []string{dir, filepath.Join(dir, "tls"), filepath.Join(dir, "postgres")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tls", "ca.pem"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(dir, "tls", "ca.pem"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := devsecrets.Generate(devsecrets.Options{Dir: dir, AuthTemplate: tmpl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files, dirs int
+	err = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		want := os.FileMode(0o600)
+		if d.IsDir() {
+			want = 0o700
+			dirs++
+		} else {
+			files++
+		}
+		if fi.Mode().Perm() != want {
+			t.Errorf("%s: mode %v, want %v", path, fi.Mode().Perm(), want)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files != len(res.Files) || dirs < 4 {
+		t.Errorf("walked %d files and %d directories, Generate wrote %d files", files, dirs, len(res.Files))
+	}
+	for _, role := range devsecrets.DBRoles {
+		if !slices.Contains(res.Files, "postgres/"+role+".pgpass") {
+			t.Errorf("no pgpass file for %s", role)
+		}
 	}
 }
