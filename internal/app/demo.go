@@ -43,6 +43,7 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 		timeout    = fs.Duration("timeout", 3*time.Minute, "give up waiting for the pipeline to settle after this long")
 		verbose    = fs.Bool("v", false, "log what the consumers do (dead letters, crashes, retries)")
 		syncAlways = fs.Bool("sync-always", true, "embedded server fsyncs every JetStream write, as production must (sync_interval: always)")
+		cluster    = fs.Bool("cluster", false, "run on three embedded nats-servers with R3 streams and consumers, and kill the stream leader halfway through publishing")
 		scope      = cli.ScopeFlag(fs, env)
 		durable    = cli.DurableFlag(fs, env)
 	)
@@ -54,6 +55,9 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	}
 	if err := cli.CheckScope(*scope); err != nil {
 		return err
+	}
+	if *cluster && env("NATS_URL") != "" {
+		return cli.UsageError{Err: errors.New("-cluster starts its own three nodes: unset NATS_URL")}
 	}
 	start := time.Now()
 	level := slog.LevelError + 1
@@ -73,7 +77,17 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 
 	// NATS: embedded unless NATS_URL is set.
 	natsURL := env("NATS_URL")
-	if natsURL == "" {
+	var nodes *testenv.Cluster
+	if *cluster {
+		var err error
+		if nodes, err = testenv.StartCluster(ctx, testenv.ClusterOptions{SyncAlways: *syncAlways}); err != nil {
+			return err
+		}
+		defer nodes.Close()
+		natsURL = nodes.URLs()
+		streamOpts.Replicas = 3
+		say("three embedded nats-servers %s (JetStream cluster, R3 streams and consumers, sync_interval: always)", natsURL)
+	} else if natsURL == "" {
 		srv, err := testenv.StartNATS(testenv.NATSOptions{SyncAlways: *syncAlways})
 		if err != nil {
 			return err
@@ -120,7 +134,7 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	if err != nil {
 		return err
 	}
-	if err := pipeline.Setup(ctx, js, pool, streamOpts, *accounts); err != nil {
+	if err := demoSetup(ctx, js, pool, streamOpts, *accounts, nodes != nil); err != nil {
 		return err
 	}
 	say("migrated; %d accounts; stream %s (DiscardNew, deny delete/purge, duplicate window %v)", *accounts, streamOpts.Name, streamOpts.DuplicateWindow)
@@ -146,14 +160,22 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	}
 	say("%d consumers on durable %q, inbox scope %q (batch ≤ %d, %d in flight, AckWait %v); consumer 1 will crash after a COMMIT and drop acks",
 		*consumers, *durable, *scope, cfg.BatchSize, cfg.InFlight, cfg.AckWait)
+	if nodes != nil {
+		if err := waitDurable(ctx, nodes, streamOpts.Name, *durable); err != nil {
+			return err
+		}
+	}
 
 	// Producer, losing some PubAcks so that it retries with the same ID.
 	intents := pipeline.Generate(pipeline.Load{Count: *n, Accounts: *accounts, Prefix: "demo-" + run, Subject: subject, Seed: rand.Uint64()})
 	pubFP := failpoint.New()
 	pubFP.EnableEvery(failpoint.LosePubAck, 40, -1)
+	retry := jitter.Policy{Kind: jitter.Full, Base: 20 * time.Millisecond, Cap: 250 * time.Millisecond, MaxAttempts: 8}
+	if nodes != nil {
+		retry = clusterRetry // the budget must outlast a leader election
+	}
 	pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{
-		Stream: streamOpts.Name, MaxInFlight: 1024, AckTimeout: time.Second,
-		Retry: jitter.Policy{Kind: jitter.Full, Base: 20 * time.Millisecond, Cap: 250 * time.Millisecond, MaxAttempts: 8},
+		Stream: streamOpts.Name, MaxInFlight: 1024, AckTimeout: time.Second, Retry: retry,
 	})
 	if err != nil {
 		return err
@@ -161,8 +183,17 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	defer pub.Close()
 	pubFP.Attach(pub)
 	poison := poisonIntents(subject, run)
-	for _, in := range append(intents, poison...) {
+	var leaderKill <-chan error
+	for i, in := range append(intents, poison...) {
+		if nodes != nil && i == len(intents)/2 {
+			leaderKill = killStreamLeader(ctx, nodes, streamOpts.Name, say)
+		}
 		if err := pub.Publish(ctx, in); err != nil {
+			return err
+		}
+	}
+	if leaderKill != nil {
+		if err := <-leaderKill; err != nil {
 			return err
 		}
 	}
@@ -208,7 +239,7 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	}
 	say("settled; verifying the stream against the inbox and the ledger")
 
-	rep, err := verify.Run(context.WithoutCancel(ctx), js, pool, verify.Options{Stream: streamOpts.Name, Scope: *scope, Durable: *durable, Ledger: true})
+	rep, err := demoVerify(context.WithoutCancel(ctx), nodes, js, pool, verify.Options{Stream: streamOpts.Name, Scope: *scope, Durable: *durable, Ledger: true}, say)
 	if err != nil {
 		return err
 	}

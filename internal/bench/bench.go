@@ -60,6 +60,13 @@ type Options struct {
 
 // Main is `jetinbox bench`.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	// -cluster switches to the three-node run, which has flags of its own
+	// (cluster.go).
+	for i, a := range args {
+		if a == "-cluster" || a == "--cluster" {
+			return ClusterMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
+		}
+	}
 	fs := flag.NewFlagSet("jetinbox bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o Options

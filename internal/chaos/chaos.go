@@ -63,6 +63,12 @@ type Row struct {
 
 // Main is `jetinbox chaos`.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	// -cluster switches to the three-node run, which has flags of its own.
+	for i, a := range args {
+		if a == "-cluster" || a == "--cluster" {
+			return ClusterMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
+		}
+	}
 	fs := flag.NewFlagSet("jetinbox chaos", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o := Options{Progress: stderr}
@@ -81,7 +87,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&o.TwoHop, "two-hop", true, "also run the two-hop pipeline: intents → ledger emitting a notification per credit through the outbox → relays → notifications applied by a second scope, with the relays crashing before publish, in the PubAck wait and before marking")
 	fs.DurationVar(&o.Duration, "duration", 0, "soak: repeat the stable-id × jetinbox combination with fresh intents until this long has passed")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage of jetinbox chaos: producer strategies × consumer strategies under lost publishes, lost PubAcks,\ncrashes at each crash point, lost acks, poison intents, give-ups after MaxDeliver while no worker\nlistens, two workers, a NATS and a PostgreSQL restart.")
+		fmt.Fprintln(stderr, "Usage of jetinbox chaos: producer strategies × consumer strategies under lost publishes, lost PubAcks,\ncrashes at each crash point, lost acks, poison intents, give-ups after MaxDeliver while no worker\nlistens, two workers, a NATS and a PostgreSQL restart.\n"+
+			"jetinbox chaos -cluster [flags]: the jetinbox row on three nodes with R3 streams under leader kills,\n"+
+			"step-downs, a rolling restart, a partition and a client whose server dies (see jetinbox chaos -cluster -h).")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

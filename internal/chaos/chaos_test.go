@@ -7,6 +7,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/jetinbox/jetinbox/internal/cli"
+
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -80,5 +82,42 @@ func TestChaosSmoke(t *testing.T) {
 	}
 	if r := get("once", "jetinbox"); r.Lost == 0 {
 		t.Error("publishing once lost nothing despite dropped publishes")
+	}
+}
+
+// TestClusterChaosSmoke is the CI-sized cluster run: every fault phase on
+// three nodes with R3 streams, the jetinbox row must lose nothing,
+// duplicate nothing, apply nothing unexpected, and verify must pass.
+func TestClusterChaosSmoke(t *testing.T) {
+	var progress bytes.Buffer
+	rows, rep, _, err := RunCluster(context.Background(), ClusterOptions{Intents: 150, Rate: 300, Faults: ClusterFaults, SyncAlways: true, Progress: &progress})
+	t.Logf("\n%s", progress.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	WriteClusterTable(&b, rows)
+	rep.WriteTable(&b)
+	t.Logf("\n%s", b.String())
+	if len(rows) != len(ClusterFaults) {
+		t.Fatalf("%d rows, want one per fault", len(rows))
+	}
+	for _, r := range rows {
+		if r.Lost != 0 || r.Duplicated != 0 || r.Unexpected != 0 || r.AppliedOnce+r.Unacknowledged != r.Intents || r.Unacknowledged != 0 {
+			t.Errorf("%s: %+v", r.Fault, r)
+		}
+	}
+	if !rep.Clean() || rep.AppliedOnce != len(rows)*150 {
+		t.Errorf("verify: clean=%v applied once=%d", rep.Clean(), rep.AppliedOnce)
+	}
+}
+
+func TestClusterChaosFlags(t *testing.T) {
+	for _, args := range [][]string{{"-faults", "stream-leader-kill,meteor"}, {"-intents", "0"}, {"-batch", "5000"}, {"-rounds", "0"}, {"extra"}, {"-intents", "x"}} {
+		var out, errOut bytes.Buffer
+		err := Main(context.Background(), append([]string{"-cluster"}, args...), &out, &errOut)
+		if cli.ExitCode(err) != 2 {
+			t.Errorf("%q: %v (exit %d, want 2)", args, err, cli.ExitCode(err))
+		}
 	}
 }

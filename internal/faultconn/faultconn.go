@@ -5,6 +5,10 @@
 // it while the client never hears back (it commits). Either way the client
 // sees a broken connection and cannot know which happened: the "outcome
 // unknown" branch the inbox must never ack.
+//
+// Proxy cuts links between servers: a TCP proxy a test can take down and
+// bring back, which is how the three-node cluster of internal/testenv
+// partitions a node.
 package faultconn
 
 import (

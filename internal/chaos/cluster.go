@@ -1,0 +1,660 @@
+// The jetinbox row on a three-node cluster with R3 streams and consumers,
+// under the faults a cluster meets: leaders killed while they work,
+// step-downs, a rolling restart, a one-node partition and its heal, a
+// client whose server dies with its acks on the wire.
+
+package chaos
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/effects"
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/hook"
+	"github.com/jetinbox/jetinbox/internal/pipeline"
+	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/verify"
+	"github.com/jetinbox/jetinbox/jitter"
+)
+
+// ClusterFaults are the faults of a cluster run, one phase each, in the
+// order they run.
+var ClusterFaults = []string{
+	"stream-leader-kill",   // the stream leader dies while intents are published
+	"consumer-leader-kill", // the durable's leader dies while batches are consumed
+	"step-downs",           // stream, then consumer leader hand over on request
+	"rolling-restart",      // every node restarted in turn, each waited for
+	"partition",            // the stream leader cut off from the other two, then healed
+	"client-server-dies",   // a consumer's server dies as the consumer acks a batch
+}
+
+// ClusterOptions configures a cluster chaos run.
+type ClusterOptions struct {
+	// Intents published per fault phase.
+	Intents int
+	// Rate paces the producer (intents per second), so that every fault
+	// meets publishes and deliveries in flight. 0: as fast as it goes.
+	Rate int
+	// Batch, above 1, publishes in atomic batches of this size.
+	Batch int
+	// Faults to run, from [ClusterFaults], in that order.
+	Faults []string
+	// Rounds repeats the fault phases (a long run). Default 1.
+	Rounds int
+	// SyncAlways fsyncs every JetStream write, the production setting.
+	SyncAlways bool
+	// Progress, if set, gets a line per step.
+	Progress io.Writer
+}
+
+// ClusterRow counts the intents published during one fault phase, as
+// Jepsen counts a run: lost (acknowledged to the producer, never applied
+// nor dead-lettered), applied once, duplicated (applied more than once),
+// unexpected (an effect of an ID nobody published). Unacknowledged counts
+// intents whose publish the producer gave up on: they may or may not be
+// applied, and are not lost.
+type ClusterRow struct {
+	Fault          string
+	Intents        int
+	Unacknowledged int
+	Lost           int
+	AppliedOnce    int
+	Duplicated     int
+	Unexpected     int
+	DeadLettered   int
+	Elapsed        time.Duration
+	Note           string
+}
+
+// ClusterMain is `jetinbox chaos -cluster`: its own flags, after -cluster.
+func ClusterMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("jetinbox chaos -cluster", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := ClusterOptions{Progress: stderr}
+	var faults string
+	fs.IntVar(&o.Intents, "intents", 2000, "intents published per fault phase")
+	fs.IntVar(&o.Rate, "rate", 500, "intents per second the producer publishes (0: unpaced)")
+	fs.IntVar(&o.Batch, "batch", 0, "publish in atomic batches of this size (0: one by one)")
+	fs.IntVar(&o.Rounds, "rounds", 1, "run every fault phase this many times")
+	fs.BoolVar(&o.SyncAlways, "sync-always", true, "the nodes fsync every JetStream write (sync_interval: always)")
+	fs.StringVar(&faults, "faults", strings.Join(ClusterFaults, ","), "fault phases, in order: "+strings.Join(ClusterFaults, ", "))
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "Usage of jetinbox chaos -cluster: the jetinbox row (stable IDs, inbox consumer) on three embedded\n"+
+			"nats-servers with R3 streams and consumers, one phase per fault; counts lost, applied once,\n"+
+			"duplicated and unexpected per phase, then runs verify on the end state.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return cli.UsageError{Err: fmt.Errorf("chaos -cluster: unexpected arguments %q", fs.Args())}
+	}
+	o.Faults = strings.Split(faults, ",")
+	for _, f := range o.Faults {
+		if !slices.Contains(ClusterFaults, f) {
+			return cli.UsageError{Err: fmt.Errorf("chaos -cluster: unknown fault %q (known: %s)", f, strings.Join(ClusterFaults, ", "))}
+		}
+	}
+	if o.Intents < 1 || o.Rate < 0 || o.Batch < 0 || o.Batch > jsinbox.MaxBatch || o.Rounds < 1 {
+		return cli.UsageError{Err: fmt.Errorf("chaos -cluster: -intents and -rounds must be at least 1, -rate at least 0, -batch 0..%d", jsinbox.MaxBatch)}
+	}
+	rows, rep, stats, err := RunCluster(ctx, o)
+	if err != nil {
+		return err
+	}
+	WriteClusterTable(stdout, rows)
+	fmt.Fprintf(stdout, "\npublish retries %d (same IDs), duplicates dropped by the stream %d; deliveries %d, redeliveries %d, found applied by the inbox %d; consumer restarts %d\n",
+		stats.Publisher.Retries, stats.Publisher.Duplicates, stats.Consumers.Received, stats.Consumers.Redeliveries, stats.Consumers.Duplicates, stats.Restarts)
+	fmt.Fprintln(stdout, "\nverify on the end state:")
+	rep.WriteTable(stdout)
+	for _, r := range rows {
+		if r.Lost > 0 || r.Duplicated > 0 || r.Unexpected > 0 {
+			return fmt.Errorf("chaos -cluster: %s: lost %d, duplicated %d, unexpected %d", r.Fault, r.Lost, r.Duplicated, r.Unexpected)
+		}
+	}
+	if !rep.Clean() {
+		return errors.New("chaos -cluster: verify found violations")
+	}
+	return nil
+}
+
+// WriteClusterTable prints the rows and their total.
+func WriteClusterTable(w io.Writer, rows []ClusterRow) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "fault\tintents\tunacknowledged\tlost\tapplied once\tduplicated\tunexpected\tdead-lettered\ttime\twhat happened")
+	var t ClusterRow
+	t.Fault = "total"
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%.1fs\t%s\n", r.Fault, r.Intents, r.Unacknowledged, r.Lost, r.AppliedOnce, r.Duplicated, r.Unexpected, r.DeadLettered, r.Elapsed.Seconds(), r.Note)
+		t.Intents += r.Intents
+		t.Unacknowledged += r.Unacknowledged
+		t.Lost += r.Lost
+		t.AppliedOnce += r.AppliedOnce
+		t.Duplicated += r.Duplicated
+		t.Unexpected += r.Unexpected
+		t.DeadLettered += r.DeadLettered
+		t.Elapsed += r.Elapsed
+	}
+	fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%.1fs\t\n", t.Fault, t.Intents, t.Unacknowledged, t.Lost, t.AppliedOnce, t.Duplicated, t.Unexpected, t.DeadLettered, t.Elapsed.Seconds())
+	tw.Flush()
+}
+
+// clusterRun is the state of one cluster run.
+type clusterRun struct {
+	o       ClusterOptions
+	cl      *testenv.Cluster
+	pool    *pgxpool.Pool
+	nc      *nats.Conn // the producer's and the operator's connection
+	js      jetstream.JetStream
+	pub     *jsinbox.Publisher
+	start   time.Time
+	stream  string
+	durable string
+
+	// armDie, when set, makes worker 0 stop the node it is connected to
+	// as it acks its next batch, and close the channel.
+	armDie  atomic.Pointer[chan struct{}]
+	crashes atomic.Int64
+
+	statsMu sync.Mutex
+	stats   jsinbox.ConsumerStats // of the consumers' ended lives
+}
+
+// ClusterStats says how hard the faults hit: publish retries and the
+// duplicates the stream dropped, redeliveries, and deliveries the inbox
+// found already applied.
+type ClusterStats struct {
+	Publisher jsinbox.PublisherStats
+	Consumers jsinbox.ConsumerStats
+	Restarts  int64
+}
+
+func (r *clusterRun) say(format string, a ...any) {
+	if r.o.Progress != nil {
+		fmt.Fprintf(r.o.Progress, "%6.1fs  %s\n", time.Since(r.start).Seconds(), fmt.Sprintf(format, a...))
+	}
+}
+
+// RunCluster starts PostgreSQL and a three-node cluster, runs every fault
+// phase with the producer publishing and two inbox consumers consuming,
+// waits until everything is settled and returns a row per phase and
+// verify's report on the end state.
+func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Report, *ClusterStats, error) {
+	if o.Rounds < 1 {
+		o.Rounds = 1
+	}
+	r := &clusterRun{o: o, start: time.Now(), stream: jsinbox.DefaultStream, durable: "ledger"}
+	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer pg.Close()
+	if r.cl, err = testenv.StartCluster(ctx, testenv.ClusterOptions{SyncAlways: o.SyncAlways}); err != nil {
+		return nil, nil, nil, err
+	}
+	defer r.cl.Close()
+	r.say("three nodes up (%s), meta leader elected", r.cl.URLs())
+	url, err := pg.CreateDatabase(ctx, "chaos_cluster")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if r.pool, err = pgxpool.New(ctx, url); err != nil {
+		return nil, nil, nil, fmt.Errorf("chaos: %w", err)
+	}
+	defer r.pool.Close()
+	if r.nc, err = connectAll(r.cl, "chaos-producer"); err != nil {
+		return nil, nil, nil, err
+	}
+	defer r.nc.Close()
+	r.js, _ = jetstream.New(r.nc)
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	err = setupR3(sctx, r.js, r.pool)
+	cancel()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	r.pub, err = jsinbox.NewPublisher(r.js, jsinbox.PublisherConfig{Batch: o.Batch, AckTimeout: 2 * time.Second, MaxInFlight: 256,
+		Retry: jitter.Policy{Kind: jitter.Full, Base: 50 * time.Millisecond, Cap: 2 * time.Second, MaxElapsed: 90 * time.Second}})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer r.pub.Close()
+
+	wctx, stopWorkers := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for w := range 2 {
+		wg.Go(func() { r.supervise(wctx, w) })
+	}
+	defer func() { stopWorkers(); wg.Wait() }()
+	// The faults are meant to meet a working pipeline: wait for the
+	// durable the workers create.
+	if _, err := r.cl.WaitConsumerLeader(ctx, r.stream, r.durable); err != nil {
+		return nil, nil, nil, err
+	}
+	if err := r.cl.WaitHealthy(ctx); err != nil {
+		return nil, nil, nil, err
+	}
+
+	type phase struct {
+		fault   string
+		intents []jsinbox.Intent
+		row     ClusterRow
+	}
+	var phases []*phase
+	for round := range o.Rounds {
+		for _, f := range o.Faults {
+			p := &phase{fault: f}
+			p.intents = pipeline.Generate(pipeline.Load{Count: o.Intents, Accounts: 64, Prefix: fmt.Sprintf("%s-%d", f, round), Seed: uint64(len(phases) + 1)})
+			t0 := time.Now()
+			note, err := r.phase(ctx, f, p.intents)
+			if err != nil {
+				return nil, nil, nil, fmt.Errorf("chaos -cluster: %s: %w", f, err)
+			}
+			p.row = ClusterRow{Fault: f, Intents: len(p.intents), Elapsed: time.Since(t0), Note: note}
+			phases = append(phases, p)
+		}
+	}
+	if err := r.pub.Flush(ctx); err != nil {
+		return nil, nil, nil, err
+	}
+	r.say("everything published; waiting for the consumers to settle the stream")
+	wctxS, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	err = pipeline.WaitSettled(wctxS, r.js, r.stream, r.durable, nil)
+	cancel()
+	stopWorkers()
+	wg.Wait()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	failed := map[string]bool{}
+	for _, f := range r.pub.Failures() {
+		failed[f.ID] = true
+	}
+	published := map[string]bool{}
+	for _, p := range phases {
+		for _, in := range p.intents {
+			published[in.ID] = true
+		}
+	}
+	applied, dead, unexpected, err := r.tally(ctx, published)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	rows := make([]ClusterRow, len(phases))
+	for i, p := range phases {
+		row := p.row
+		for _, in := range p.intents {
+			switch n := applied[in.ID]; {
+			case n == 1:
+				row.AppliedOnce++
+			case n > 1:
+				row.Duplicated++
+			case dead[in.ID]:
+				row.DeadLettered++
+			case failed[in.ID]:
+				row.Unacknowledged++
+			default:
+				row.Lost++
+			}
+		}
+		rows[i] = row
+	}
+	// An unexpected entry belongs to no phase: the last row carries them.
+	if len(rows) > 0 {
+		rows[len(rows)-1].Unexpected = unexpected
+	}
+	// verify reads the stream with an ordered consumer; right after the
+	// faults one may find its node still settling and time out. A read
+	// that fails is tried again on the whole cluster: it judges nothing.
+	var rep *verify.Report
+	for attempt := 1; ; attempt++ {
+		hctx, cancel := context.WithTimeout(ctx, time.Minute)
+		err = r.cl.WaitHealthy(hctx)
+		cancel()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		if rep, err = verify.Run(ctx, r.js, r.pool, verify.Options{Scope: effects.DefaultScope, Durable: r.durable, Ledger: true}); err == nil {
+			break
+		}
+		if attempt == 3 || ctx.Err() != nil {
+			return nil, nil, nil, err
+		}
+		r.say("verify could not read the stream (%v); again", err)
+	}
+	stats := &ClusterStats{Publisher: r.pub.Stats(), Consumers: r.stats, Restarts: r.crashes.Load()}
+	r.say("verified; %d publish retries, %d duplicates dropped by the stream; %d redeliveries, %d found applied by the inbox; %d consumer restarts",
+		stats.Publisher.Retries, stats.Publisher.Duplicates, stats.Consumers.Redeliveries, stats.Consumers.Duplicates, stats.Restarts)
+	return rows, rep, stats, nil
+}
+
+// connectAll connects to every node's URL: when its node goes away the
+// client reconnects to another one.
+func connectAll(cl *testenv.Cluster, name string) (*nats.Conn, error) {
+	nc, err := nats.Connect(cl.URLs(), nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
+		nats.ReconnectJitter(50*time.Millisecond, 50*time.Millisecond),
+		// A write to a server that just died is what this harness is
+		// for: keep nats.go's default handler from printing it.
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	if err != nil {
+		return nil, fmt.Errorf("chaos: connect %s: %w", name, err)
+	}
+	return nc, nil
+}
+
+// setupR3 migrates and creates the R3 streams, retrying while the meta
+// group places the first stream.
+func setupR3(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool) error {
+	var last error
+	for {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		last = pipeline.Setup(actx, js, pool, jsinbox.StreamConfig{Replicas: 3}, 64)
+		cancel()
+		if last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("chaos: R3 setup: %w (last error: %w)", ctx.Err(), last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// phase publishes intents and, once a third of them is out, applies the
+// fault; it returns when both are done and the cluster is whole again.
+func (r *clusterRun) phase(ctx context.Context, fault string, intents []jsinbox.Intent) (string, error) {
+	r.say("phase %s: publishing %d intents", fault, len(intents))
+	third := make(chan struct{})
+	pubErr := make(chan error, 1)
+	go func() {
+		var tick *time.Ticker
+		if r.o.Rate > 0 {
+			tick = time.NewTicker(time.Second / time.Duration(r.o.Rate))
+			defer tick.Stop()
+		}
+		for i, in := range intents {
+			if i == len(intents)/3 {
+				close(third)
+			}
+			if tick != nil {
+				<-tick.C
+			}
+			if err := r.pub.Publish(ctx, in); err != nil {
+				pubErr <- err
+				return
+			}
+		}
+		if len(intents) < 3 {
+			close(third)
+		}
+		pubErr <- nil
+	}()
+	select {
+	case <-third:
+	case err := <-pubErr:
+		return "", err
+	}
+	fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	note, err := r.fault(fctx, fault)
+	if err != nil {
+		return "", err
+	}
+	if err := <-pubErr; err != nil {
+		return "", err
+	}
+	// The next phase starts on a whole cluster, as an operator would wait.
+	if err := r.whole(fctx); err != nil {
+		return "", err
+	}
+	return note, nil
+}
+
+// whole waits until every node runs and the stream and durable have a
+// leader with every replica current.
+func (r *clusterRun) whole(ctx context.Context) error {
+	if err := r.cl.WaitHealthy(ctx); err != nil {
+		return err
+	}
+	if err := r.cl.WaitStreamCurrent(ctx, r.stream); err != nil {
+		return err
+	}
+	_, err := r.cl.WaitConsumerLeader(ctx, r.stream, r.durable)
+	return err
+}
+
+// fault applies one fault and says what happened.
+func (r *clusterRun) fault(ctx context.Context, fault string) (string, error) {
+	switch fault {
+	case "stream-leader-kill":
+		l, err := r.cl.WaitStreamLeader(ctx, r.stream)
+		if err != nil {
+			return "", err
+		}
+		return r.killAndRestart(ctx, l, "stream leader")
+	case "consumer-leader-kill":
+		l, err := r.cl.WaitConsumerLeader(ctx, r.stream, r.durable)
+		if err != nil {
+			return "", err
+		}
+		return r.killAndRestart(ctx, l, "consumer leader")
+	case "step-downs":
+		sl, nsl, err := r.cl.MoveStreamLeader(ctx, r.nc, r.stream)
+		if err != nil {
+			return "", err
+		}
+		cl, ncl, err := r.cl.MoveConsumerLeader(ctx, r.nc, r.stream, r.durable)
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("stream leader %s → %s, consumer leader %s → %s", r.cl.Name(sl), r.cl.Name(nsl), r.cl.Name(cl), r.cl.Name(ncl)), nil
+	case "rolling-restart":
+		for i := range testenv.ClusterSize {
+			if err := r.cl.Restart(i); err != nil {
+				return "", err
+			}
+			if err := r.whole(ctx); err != nil {
+				return "", err
+			}
+			r.say("  restarted %s; stream and durable whole again", r.cl.Name(i))
+		}
+		return "n1, n2, n3 restarted in turn", nil
+	case "partition":
+		l, err := r.cl.WaitStreamLeader(ctx, r.stream)
+		if err != nil {
+			return "", err
+		}
+		r.cl.Partition(l)
+		r.say("  partitioned %s (stream leader) from the other two", r.cl.Name(l))
+		nl, err := r.waitNewLeader(ctx, l, func() int {
+			for i := range testenv.ClusterSize {
+				if i != l && r.cl.Server(i).JetStreamIsStreamLeader("$G", r.stream) {
+					return i
+				}
+			}
+			return -1
+		})
+		if err != nil {
+			return "", err
+		}
+		time.Sleep(2 * time.Second) // the minority stays cut off a while
+		if err := r.cl.Heal(l); err != nil {
+			return "", err
+		}
+		r.say("  healed %s", r.cl.Name(l))
+		return fmt.Sprintf("%s cut off (the majority elected %s), healed", r.cl.Name(l), r.cl.Name(nl)), nil
+	case "client-server-dies":
+		fired := make(chan struct{})
+		r.armDie.Store(&fired)
+		select {
+		case <-fired:
+		case <-ctx.Done():
+			return "", fmt.Errorf("consumer 1 acked no batch: %w", ctx.Err())
+		}
+		var dead int
+		for i := range testenv.ClusterSize {
+			if r.cl.Server(i) == nil {
+				dead = i
+			}
+		}
+		if err := r.cl.WaitMetaLeader(ctx); err != nil {
+			return "", err
+		}
+		time.Sleep(time.Second)
+		if err := r.cl.Start(dead); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("%s killed as consumer 1 acked a batch; the consumer reconnected to another node; %s restarted", r.cl.Name(dead), r.cl.Name(dead)), nil
+	}
+	return "", fmt.Errorf("unknown fault %q", fault)
+}
+
+// killAndRestart kills node i (no leadership handed over), waits for the
+// groups to elect elsewhere, and starts it again.
+func (r *clusterRun) killAndRestart(ctx context.Context, i int, role string) (string, error) {
+	r.cl.Kill(i)
+	r.say("  killed %s (%s)", r.cl.Name(i), role)
+	sl, err := r.cl.WaitStreamLeader(ctx, r.stream)
+	if err != nil {
+		return "", err
+	}
+	cl, err := r.cl.WaitConsumerLeader(ctx, r.stream, r.durable)
+	if err != nil {
+		return "", err
+	}
+	time.Sleep(time.Second) // work goes on with two nodes for a while
+	if err := r.cl.Start(i); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s (%s) killed; stream leader %s, consumer leader %s; restarted", r.cl.Name(i), role, r.cl.Name(sl), r.cl.Name(cl)), nil
+}
+
+func (r *clusterRun) waitNewLeader(ctx context.Context, old int, leader func() int) (int, error) {
+	for {
+		if l := leader(); l >= 0 && l != old {
+			return l, nil
+		}
+		select {
+		case <-ctx.Done():
+			return -1, fmt.Errorf("no new leader after %s: %w", r.cl.Name(old), ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// supervise runs inbox consumer w, on its own connection to all three
+// nodes, and starts it again when it stops.
+func (r *clusterRun) supervise(ctx context.Context, w int) {
+	for ctx.Err() == nil {
+		if err := r.runWorker(ctx, w); err != nil && ctx.Err() == nil {
+			r.crashes.Add(1)
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
+func (r *clusterRun) runWorker(ctx context.Context, w int) error {
+	nc, err := connectAll(r.cl, fmt.Sprintf("chaos-consumer-%d", w+1))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	proc, err := inbox.NewProcessor(r.pool, inbox.Config{Scope: effects.DefaultScope, Handler: effects.NewLedger()})
+	if err != nil {
+		return err
+	}
+	c, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{Durable: r.durable, BatchSize: 100, AckWait: 3 * time.Second,
+		MaxDeliver: 100, DB: r.pool, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return err
+	}
+	if w == 0 {
+		// The client whose server dies mid-batch: when armed, the node
+		// this consumer is connected to is stopped as its acks go out.
+		hook.Attach(c, func(p hook.Point) bool {
+			if p != hook.SkipAck {
+				return false
+			}
+			fired := r.armDie.Swap(nil)
+			if fired == nil {
+				return false
+			}
+			if n := r.cl.Node(nc.ConnectedServerName()); n >= 0 {
+				go func() {
+					r.cl.Kill(n)
+					r.say("  killed %s, consumer 1's server, as it acked a batch", r.cl.Name(n))
+					close(*fired)
+				}()
+			} else {
+				r.armDie.Store(fired) // not connected now: next batch
+			}
+			return false
+		})
+	}
+	err = c.Run(ctx)
+	st := c.Stats()
+	r.statsMu.Lock()
+	r.stats.Received += st.Received
+	r.stats.Applied += st.Applied
+	r.stats.Duplicates += st.Duplicates
+	r.stats.Redeliveries += st.Redeliveries
+	r.stats.DeadLettered += st.DeadLettered
+	r.stats.Batches += st.Batches
+	r.stats.FailedBatches += st.FailedBatches
+	r.stats.Rescued += st.Rescued
+	r.statsMu.Unlock()
+	return err
+}
+
+// tally reads the ledger entries per message ID and the dead letters. An
+// entry whose ID was never published is unexpected.
+func (r *clusterRun) tally(ctx context.Context, published map[string]bool) (applied map[string]int, dead map[string]bool, unexpected int, err error) {
+	applied, dead = map[string]int{}, map[string]bool{}
+	rows, err := r.pool.Query(ctx, `SELECT message_id, count(*) FROM ledger_entries GROUP BY message_id`)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("chaos: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			return nil, nil, 0, fmt.Errorf("chaos: %w", err)
+		}
+		applied[id] = n
+		if !published[id] {
+			unexpected++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, 0, fmt.Errorf("chaos: %w", err)
+	}
+	dls, err := verify.ReadStream(ctx, r.js, jsinbox.DeadLetterStream(r.stream))
+	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, nil, 0, err
+	}
+	for _, d := range dls {
+		dead[d.Header[jsinbox.HeaderMessageID]] = true
+	}
+	return applied, dead, unexpected, nil
+}
