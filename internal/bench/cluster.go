@@ -352,10 +352,11 @@ func consumersOnR3(ctx context.Context, o ClusterOptions, res *ClusterResult, sa
 		if err := pg.Settle(ctx, 30*time.Second); err != nil {
 			return err
 		}
-		res.Latency, err = latencyPhase(ctx, js, pg, Options{Accounts: o.Accounts, Batch: o.Batch, InFlight: o.InFlight, Consumers: 1, Rate: o.Rate, Latency: o.Latency})
+		run, err := latencyPhase(ctx, js, pg, Options{Accounts: o.Accounts, Batch: o.Batch, InFlight: o.InFlight, Consumers: 1, Rate: o.Rate, Latency: o.Latency}, o.Rate, "latency")
 		if err != nil {
 			return err
 		}
+		res.Latency = run.lat
 	}
 	return nil
 }
