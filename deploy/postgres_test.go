@@ -325,7 +325,9 @@ func startPostgres(t *testing.T, fx *secretsFixture) *postgresServer {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	_ = os.Chmod(root, 0o755)
+	// The socket directory is the server user's alone: no other local user
+	// reaches the socket, where the non-root run trusts the postgres role.
+	_ = os.Chmod(root, 0o700)
 
 	p.run(t, filepath.Join(bin, "initdb"), "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions")
 	if err := os.WriteFile(filepath.Join(data, "pg_hba.conf"), hba, 0o600); err != nil {

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/semaphore"
@@ -350,6 +351,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 		}, jetstream.PullMaxBytes(int(c.cfg.MaxBytes-c.batchBytes)), jetstream.PullExpiry(5*time.Second),
 			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+				if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrBadRequest) {
+					// The client stops the subscription after these.
+					c.cfg.Logger.Warn("jsinbox: the server ended the pull subscription", "durable", c.cfg.Durable, "err", err)
+					return
+				}
 				c.cfg.Logger.Debug("jsinbox: consume", "err", err)
 			}))
 		if err != nil {
@@ -357,7 +363,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 			return fmt.Errorf("jsinbox: consume: %w", err)
 		}
 		c.ready.Store(true)
-		reason := c.formBatches(ctx, work, msgs, slots, &wg, onCrash, crash)
+		// Closed fires when we stop or drain the subscription below, and
+		// also when the client stops it by itself: only the latter can
+		// happen while formBatches waits.
+		reason := c.formBatches(ctx, work, msgs, cc.Closed(), slots, &wg, onCrash, crash)
 		if reason == stopShutdown {
 			c.draining.Store(true)
 		}
@@ -398,6 +407,45 @@ func (c *Consumer) Run(ctx context.Context) error {
 				c.draining.Store(true)
 				return nil
 			}
+		case stopResubscribe:
+			c.ready.Store(false)
+			if cons, err = c.rebind(ctx); err != nil {
+				if ctx.Err() != nil {
+					c.draining.Store(true)
+					return nil
+				}
+				return err
+			}
+			c.bound.Store(&cons)
+		}
+	}
+}
+
+// rebind binds the durable again after the client ended the pull
+// subscription, with jittered waits while the server cannot answer (a
+// consumer leader being elected). A durable that is gone is created again
+// where the consumer may (the inbox makes the redelivery that follows
+// harmless); where it may not, the SetupError says so and Run returns it.
+func (c *Consumer) rebind(ctx context.Context) (jetstream.Consumer, error) {
+	bo := c.cfg.DBWait.NewBackOff()
+	for {
+		cons, err := c.bind(ctx)
+		if err == nil {
+			c.cfg.Logger.Info("jsinbox: pulling again", "durable", c.cfg.Durable)
+			return cons, nil
+		}
+		if errors.Is(err, nats.ErrPermissionViolation) {
+			return nil, err // may not create it: an operator must
+		}
+		d := bo.NextBackOff()
+		if d < 0 {
+			return nil, err
+		}
+		c.cfg.Logger.Warn("jsinbox: binding the durable again failed; retrying", "durable", c.cfg.Durable, "err", err, "in", d)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(d):
 		}
 	}
 }

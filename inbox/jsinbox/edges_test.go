@@ -312,3 +312,37 @@ func TestEnsureStreamAllOrNothing(t *testing.T) {
 		t.Fatalf("dead-letter stream %v, %v: want MaxBytes 256 MiB", dlq, err)
 	}
 }
+
+// TestDurableDeletedUnderTheConsumer: the server deletes the durable while
+// a consumer pulls from it (an operator's `nats consumer rm`, or a cluster
+// that lost the consumer). The client ends the pull subscription on the
+// "consumer deleted" status; the consumer must notice, bind the durable
+// again (creating it, as it may here) and apply what is published after,
+// not wait forever on a subscription that will never deliver again.
+func TestDurableDeletedUnderTheConsumer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", jsinbox.StreamConfig{})
+	intents := load(400, "deleted")
+	e.publish(t, intents[:200])
+	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{BatchSize: 50})
+	e.settle(t, time.Minute)
+	if err := e.js.DeleteConsumer(context.Background(), jsinbox.DefaultStream, "ledger"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the status reaches the client
+	e.publish(t, intents[200:])
+	deadline := time.Now().Add(30 * time.Second)
+	for r.c.Stats().Applied < 400 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the durable was deleted the consumer applied %d of 400 in 30 s: it stopped pulling", r.c.Stats().Applied)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.settle(t, time.Minute)
+	// The re-created durable redelivers the first 200; the inbox finds
+	// them applied.
+	e.assertClean(t, 400)
+	if s := r.c.Stats(); s.Duplicates < 200 {
+		t.Fatalf("stats %+v: want the 200 redelivered messages found as duplicates", s)
+	}
+}

@@ -17,11 +17,15 @@ const (
 	stopShutdown stopReason = iota
 	stopCrash
 	stopDBDown
+	// stopResubscribe: the client ended the pull subscription on its own
+	// (the server said the consumer was deleted, or refused a pull); the
+	// consumer binds the durable again instead of waiting forever.
+	stopResubscribe
 )
 
 // formBatches forms batches adaptively: it takes a free slot, waits for one
 // message, then takes whatever else has already arrived, up to BatchSize.
-func (c *Consumer) formBatches(ctx, work context.Context, msgs chan jetstream.Msg, slots chan struct{}, wg *sync.WaitGroup, onCrash func(error), crash chan struct{}) stopReason {
+func (c *Consumer) formBatches(ctx, work context.Context, msgs chan jetstream.Msg, ended <-chan struct{}, slots chan struct{}, wg *sync.WaitGroup, onCrash func(error), crash chan struct{}) stopReason {
 	for {
 		if c.dbDown.Load() {
 			return stopDBDown
@@ -44,6 +48,9 @@ func (c *Consumer) formBatches(ctx, work context.Context, msgs chan jetstream.Ms
 		case <-crash:
 			<-slots
 			return stopCrash
+		case <-ended:
+			<-slots
+			return stopResubscribe
 		}
 	fill:
 		for len(batch) < c.cfg.BatchSize {
