@@ -7,11 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -36,14 +32,14 @@ type batch struct {
 	refused map[int]bool
 }
 
-func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int, out []Outcome, isolate, fast bool) (err error) {
-	tx, err := p.db.Begin(ctx)
+func (p *ProcessorOf[TX]) processOnce(ctx context.Context, msgs []Message, valid []int, out []Outcome, isolate, fast bool) (err error) {
+	tx, err := p.store.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("inbox: begin: %w", err)
 	}
 	defer func() {
 		if err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+			_ = p.store.Rollback(context.WithoutCancel(ctx), tx)
 		}
 	}()
 	if p.fires(hook.BeforeClaim) {
@@ -84,7 +80,7 @@ func (p *Processor) processOnce(ctx context.Context, msgs []Message, valid []int
 // one message at a time, so that a claim the database refuses rejects only
 // its own message. A claim refused outside isolation fails the batch with
 // errIsolate.
-func (p *Processor) claim(ctx context.Context, tx pgx.Tx, b *batch, isolate, fast bool) (res []ClaimResult, err error) {
+func (p *ProcessorOf[TX]) claim(ctx context.Context, tx TX, b *batch, isolate, fast bool) (res []ClaimResult, err error) {
 	claims := make([]Claim, len(b.valid))
 	for k, i := range b.valid {
 		m := &b.msgs[i]
@@ -94,7 +90,7 @@ func (p *Processor) claim(ctx context.Context, tx pgx.Tx, b *batch, isolate, fas
 	defer func() { end(err) }()
 	if isolate {
 		var refused []error
-		res, refused, err = claimEach(ctx, tx, p.cfg.Scope, claims)
+		res, refused, err = p.claimEach(ctx, tx, claims)
 		for k, e := range refused {
 			if e != nil {
 				i := b.valid[k]
@@ -112,8 +108,8 @@ func (p *Processor) claim(ctx context.Context, tx pgx.Tx, b *batch, isolate, fas
 		order = sortedUnique(claims)
 	}
 	if order != nil {
-		if err := p.claimCopy(ctx, tx, p.cfg.Scope, claims, order); err != nil {
-			if isDataError(err) && !errors.Is(err, errCopyClaim) {
+		if err := p.store.ClaimNew(ctx, tx, p.cfg.Scope, claims, order); err != nil {
+			if p.store.Classify(err) == ErrorData && !errors.Is(err, ErrClaimedBefore) {
 				return nil, fmt.Errorf("%w: %w", errIsolate, err)
 			}
 			return nil, err
@@ -121,8 +117,8 @@ func (p *Processor) claim(ctx context.Context, tx pgx.Tx, b *batch, isolate, fas
 		p.copyClaims.Add(1) // every claim is fresh; res stays nil
 		return nil, nil
 	}
-	res, err = ClaimTx(ctx, tx, p.cfg.Scope, claims)
-	if err != nil && isDataError(err) {
+	res, err = p.store.Claim(ctx, tx, p.cfg.Scope, claims)
+	if err != nil && p.store.Classify(err) == ErrorData {
 		return nil, fmt.Errorf("%w: %w", errIsolate, err)
 	}
 	return res, err
@@ -131,7 +127,7 @@ func (p *Processor) claim(ctx context.Context, tx pgx.Tx, b *batch, isolate, fas
 // classify sorts the claimed messages: fresh ones to apply, duplicates and
 // conflicts decided now, copies of an earlier message of the batch decided
 // with it.
-func (p *Processor) classify(b *batch, res []ClaimResult) {
+func (p *ProcessorOf[TX]) classify(b *batch, res []ClaimResult) {
 	b.fresh = make([]Message, 0, len(b.valid))
 	b.freshIdx = make([]int, 0, len(b.valid))
 	for k, i := range b.valid {
@@ -166,7 +162,7 @@ func (p *Processor) classify(b *batch, res []ClaimResult) {
 // apply runs the handler on the fresh messages, all at once or, in
 // isolation, one at a time under savepoints. errs[j] is fresh[j]'s own
 // error.
-func (p *Processor) apply(ctx context.Context, tx pgx.Tx, fresh []Message, isolate bool) (errs []error, err error) {
+func (p *ProcessorOf[TX]) apply(ctx context.Context, tx TX, fresh []Message, isolate bool) (errs []error, err error) {
 	errs = make([]error, len(fresh))
 	if len(fresh) == 0 {
 		return errs, nil
@@ -177,7 +173,7 @@ func (p *Processor) apply(ctx context.Context, tx pgx.Tx, fresh []Message, isola
 		return errs, p.handleIsolated(ctx, tx, fresh, errs)
 	}
 	if err := p.handle(ctx, tx, fresh, errs); err != nil {
-		if isRetryableTx(err) {
+		if p.store.Classify(err) == ErrorRetryTx {
 			return nil, err
 		}
 		return nil, fmt.Errorf("%w: %w", errIsolate, err)
@@ -187,7 +183,7 @@ func (p *Processor) apply(ctx context.Context, tx pgx.Tx, fresh []Message, isola
 
 // decide turns the effects' errors into outcomes and lists the rows to
 // mark rejected and the claims to release for a retry.
-func (p *Processor) decide(b *batch, errs []error) (rejIDs, rejReasons, retryIDs []string) {
+func (p *ProcessorOf[TX]) decide(b *batch, errs []error) (rejIDs, rejReasons, retryIDs []string) {
 	msgs, out := b.msgs, b.out
 	for j, i := range b.freshIdx {
 		e := errs[j]
@@ -234,15 +230,14 @@ func (p *Processor) decide(b *batch, errs []error) (rejIDs, rejReasons, retryIDs
 
 // commit commits under a context the caller cannot cancel, bounded by
 // CommitTimeout, and tells a rollback from an unknown outcome.
-func (p *Processor) commit(ctx context.Context, tx pgx.Tx, n int) error {
+func (p *ProcessorOf[TX]) commit(ctx context.Context, tx TX, n int) error {
 	endCommit := p.span(ctx, "jetinbox.commit", n)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.CommitTimeout)
-	err := tx.Commit(cctx)
+	err := p.store.Commit(cctx, tx)
 	cancel()
 	endCommit(err)
 	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) {
+		if p.store.CommitRolledBack(err) {
 			return fmt.Errorf("inbox: commit rolled back: %w", err)
 		}
 		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
@@ -253,10 +248,13 @@ func (p *Processor) commit(ctx context.Context, tx pgx.Tx, n int) error {
 	return nil
 }
 
+// noSpan ends no span.
+func noSpan(error) {}
+
 // span starts a child span when tracing and returns its end function.
-func (p *Processor) span(ctx context.Context, name string, n int) func(error) {
+func (p *ProcessorOf[TX]) span(ctx context.Context, name string, n int) func(error) {
 	if p.tracer == nil {
-		return func(error) {}
+		return noSpan // a closure here would capture the generic dictionary: one allocation per span
 	}
 	_, s := p.tracer.Start(ctx, name, trace.WithAttributes(attribute.Int("jetinbox.messages", n)))
 	return func(err error) {
@@ -269,43 +267,23 @@ func (p *Processor) span(ctx context.Context, name string, n int) func(error) {
 
 // record writes rejections, releases the claims of messages to retry and logs
 // conflicts, each with one statement, all in the batch's transaction.
-func (p *Processor) record(ctx context.Context, tx pgx.Tx, msgs []Message, rejIDs, rejReasons, retryIDs []string, conflicts []int) error {
+func (p *ProcessorOf[TX]) record(ctx context.Context, tx TX, msgs []Message, rejIDs, rejReasons, retryIDs []string, conflicts []int) error {
 	if len(rejIDs) > 0 {
-		if _, err := tx.Exec(ctx, `UPDATE inbox SET status = 'rejected', reason = t.reason
-FROM unnest($2::text[], $3::text[]) AS t(id, reason)
-WHERE inbox.scope = $1 AND inbox.message_id = t.id`, p.cfg.Scope, rejIDs, rejReasons); err != nil {
+		if err := p.store.MarkRejected(ctx, tx, p.cfg.Scope, rejIDs, rejReasons); err != nil {
 			return fmt.Errorf("inbox: record rejections: %w", err)
 		}
 	}
 	if len(retryIDs) > 0 {
-		// inbox_release (migration 0002) removes only rows this transaction
-		// inserted, so the claiming role needs no DELETE on inbox. Every
-		// retried message was claimed fresh in this transaction: a row it
-		// did not remove would make the redelivery a duplicate, acked without
-		// its effect, so a short count fails the batch instead.
-		var n int64
-		if err := tx.QueryRow(ctx, `SELECT inbox_release($1, $2::text[])`, p.cfg.Scope, retryIDs).Scan(&n); err != nil {
+		if err := p.store.ReleaseClaims(ctx, tx, p.cfg.Scope, retryIDs); err != nil {
 			return fmt.Errorf("inbox: release retried claims: %w", err)
-		}
-		if n != int64(len(retryIDs)) {
-			return fmt.Errorf("inbox: release retried claims: released %d of %d", n, len(retryIDs))
 		}
 	}
 	if len(conflicts) > 0 {
-		// In ID order, like the claims: two processes recording the same
-		// conflicts cannot deadlock.
-		slices.SortFunc(conflicts, func(a, b int) int { return strings.Compare(msgs[a].ID, msgs[b].ID) })
-		ids := make([]string, len(conflicts))
-		fps := make([][]byte, len(conflicts))
-		seqs := make([]int64, len(conflicts))
-		subjects := make([]string, len(conflicts))
+		cs := make([]Claim, len(conflicts))
 		for k, i := range conflicts {
-			fp := Fingerprint(msgs[i].Payload)
-			ids[k], fps[k], seqs[k], subjects[k] = msgs[i].ID, fp[:], int64(msgs[i].StreamSeq), msgs[i].Subject
+			cs[k] = Claim{ID: msgs[i].ID, Fingerprint: Fingerprint(msgs[i].Payload), StreamSeq: msgs[i].StreamSeq, Subject: msgs[i].Subject}
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO inbox_conflicts (scope, message_id, fingerprint, stream_seq, subject)
-SELECT $1, * FROM unnest($2::text[], $3::bytea[], $4::bigint[], $5::text[])
-ON CONFLICT (scope, message_id, stream_seq) DO NOTHING`, p.cfg.Scope, ids, fps, seqs, subjects); err != nil {
+		if err := p.store.RecordConflicts(ctx, tx, p.cfg.Scope, cs); err != nil {
 			return fmt.Errorf("inbox: record conflicts: %w", err)
 		}
 	}

@@ -221,7 +221,8 @@ func ClaimTx(ctx context.Context, tx pgx.Tx, scope string, claims []Claim) ([]Cl
 // not catch) rolls back alone: refused[i] is its permanent error, and the
 // other claims stand. Copies of an ID earlier in the slice are resolved
 // the way [ClaimTx] does.
-func claimEach(ctx context.Context, tx pgx.Tx, scope string, claims []Claim) (res []ClaimResult, refused []error, err error) {
+func (p *ProcessorOf[TX]) claimEach(ctx context.Context, tx TX, claims []Claim) (res []ClaimResult, refused []error, err error) {
+	st := p.store
 	res = make([]ClaimResult, len(claims))
 	refused = make([]error, len(claims))
 	first := make(map[string]int, len(claims))
@@ -235,22 +236,22 @@ func claimEach(ctx context.Context, tx pgx.Tx, scope string, claims []Claim) (re
 			continue
 		}
 		first[c.ID] = i
-		if _, err := tx.Exec(ctx, "SAVEPOINT jetinbox_claim"); err != nil {
+		if err := st.Savepoint(ctx, tx, "SAVEPOINT jetinbox_claim"); err != nil {
 			return nil, nil, fmt.Errorf("inbox: savepoint: %w", err)
 		}
-		r, err := ClaimTx(ctx, tx, scope, claims[i:i+1])
+		r, err := st.Claim(ctx, tx, p.cfg.Scope, claims[i:i+1])
 		if err != nil {
-			if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT jetinbox_claim"); rerr != nil {
+			if rerr := st.Savepoint(ctx, tx, "ROLLBACK TO SAVEPOINT jetinbox_claim"); rerr != nil {
 				return nil, nil, fmt.Errorf("inbox: rollback to savepoint: %w", rerr)
 			}
-			if !isDataError(err) {
+			if st.Classify(err) != ErrorData {
 				return nil, nil, err
 			}
 			refused[i] = Permanent(fmt.Errorf("%w: %w", ErrClaimRefused, err))
 		} else {
 			res[i] = r[0]
 		}
-		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT jetinbox_claim"); err != nil {
+		if err := st.Savepoint(ctx, tx, "RELEASE SAVEPOINT jetinbox_claim"); err != nil {
 			return nil, nil, fmt.Errorf("inbox: release savepoint: %w", err)
 		}
 	}
@@ -272,7 +273,7 @@ var copyBufs = sync.Pool{New: func() any { return pgcopy.New(5, 1024, 96) }}
 // errCopyClaim says the COPY claim met an ID already there (23505): the
 // transaction is aborted, and the batch must be claimed again the careful
 // way in a new one.
-var errCopyClaim = errors.New("inbox: copy claim met an existing ID")
+var errCopyClaim = ErrClaimedBefore
 
 // claimCopy inserts every claim with COPY, in ID byte order (order lists
 // claim indexes sorted by ID), the order [ClaimTx] locks keys in, so that

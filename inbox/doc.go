@@ -55,16 +55,27 @@
 // messages can come back (stream MaxAge, replays, dead-letter re-drives):
 // the inbox is the real dedupe and must outlive every way back.
 //
-// A [Processor] needs no DELETE on the inbox: the claim of a message whose
-// effect failed for a passing reason is given back through the function
-// inbox_release (migration 2), which removes only rows the calling
-// transaction inserted itself. The role that processes messages needs
+// On PostgreSQL a [Processor] needs no DELETE on the inbox: the claim of a
+// message whose effect failed for a passing reason is given back through
+// the function inbox_release (migration 2), which removes only rows the
+// calling transaction inserted itself. The role that processes messages needs
 // SELECT on inbox; INSERT on its columns scope, message_id, fingerprint,
 // stream_seq and subject; UPDATE of status and reason; EXECUTE on
 // inbox_release; and INSERT on inbox_conflicts with SELECT of its key
 // columns (deploy/postgres/grants.sql). [Prune] needs DELETE and is best run
 // under a role of its own. A single owner role, as in a quick start, can do
 // all of it.
+//
+// # Stores
+//
+// The processor runs on a [Store]: the seam between what happens to each
+// message and the SQL that makes it durable. [Postgres] is the production
+// store (pgx, with the COPY fast path); package
+// [github.com/jetinbox/jetinbox/inbox/sqliteinbox] keeps the inbox in a
+// SQLite file for a worker where one process and a local file will do. Both
+// pass one conformance suite. [ProcessorOf], [HandlerOf] and [ConfigOf] are
+// generic over the store's transaction type; [Processor], [Handler] and
+// [Config] are their PostgreSQL instances, whose handlers get a pgx.Tx.
 //
 // # Transports
 //

@@ -8,11 +8,11 @@ import (
 
 // DisableCopyClaim makes p claim every batch with ClaimTx; tests compare
 // both paths.
-func DisableCopyClaim(p *Processor) { p.noCopy = true }
+func DisableCopyClaim(p *Processor) { p.store.(*pgStore).noCopy = true }
 
 // PlantBlindCopyClaim gives p a broken fast claim, which skips IDs already
 // there yet reports every claim fresh: the guarantee tests must catch it.
-func PlantBlindCopyClaim(p *Processor) { p.claimCopy = claimBlind }
+func PlantBlindCopyClaim(p *Processor) { p.store.(*pgStore).claimCopy = claimBlind }
 
 func claimBlind(ctx context.Context, tx pgx.Tx, scope string, claims []Claim, order []int) error {
 	ids := make([]string, len(order))
@@ -27,3 +27,24 @@ SELECT $1, * FROM unnest($2::text[], $3::bytea[]) ON CONFLICT DO NOTHING`, scope
 
 // CopyClaimThreshold is the smallest batch claimed with COPY.
 const CopyClaimThreshold = copyClaimThreshold
+
+// PlantBlindClaims gives the PostgreSQL store s broken claims, on both
+// paths, which skip IDs already there yet report every claim fresh.
+func PlantBlindClaims(s Store[pgx.Tx]) {
+	ps := s.(*pgStore)
+	ps.claimCopy = claimBlind
+	ps.claim = func(ctx context.Context, tx pgx.Tx, scope string, claims []Claim) ([]ClaimResult, error) {
+		order := make([]int, len(claims))
+		for i := range order {
+			order[i] = i
+		}
+		if err := claimBlind(ctx, tx, scope, claims, order); err != nil {
+			return nil, err
+		}
+		res := make([]ClaimResult, len(claims))
+		for i := range res {
+			res[i].State = ClaimFresh
+		}
+		return res, nil
+	}
+}

@@ -20,7 +20,7 @@ import (
 // handle calls the handler, turning a panic into an error. The stack goes
 // to the log; the error, which becomes the reason of the row and of the
 // dead letter, carries the panic's value only.
-func (p *Processor) handle(ctx context.Context, tx pgx.Tx, msgs []Message, errs []error) (err error) {
+func (p *ProcessorOf[TX]) handle(ctx context.Context, tx TX, msgs []Message, errs []error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			ids := make([]string, 0, min(len(msgs), 10))
@@ -40,7 +40,7 @@ func (p *Processor) handle(ctx context.Context, tx pgx.Tx, msgs []Message, errs 
 
 type scopeKey struct{}
 
-func (p *Processor) withScope(ctx context.Context) context.Context {
+func (p *ProcessorOf[TX]) withScope(ctx context.Context) context.Context {
 	return context.WithValue(ctx, scopeKey{}, p.cfg.Scope)
 }
 
@@ -53,10 +53,10 @@ func ScopeFromContext(ctx context.Context) (string, bool) {
 
 // handleIsolated applies each message under its own savepoint: a message
 // that fails is rolled back alone and reported in errs.
-func (p *Processor) handleIsolated(ctx context.Context, tx pgx.Tx, msgs []Message, errs []error) error {
+func (p *ProcessorOf[TX]) handleIsolated(ctx context.Context, tx TX, msgs []Message, errs []error) error {
 	one := make([]error, 1)
 	for j := range msgs {
-		if _, err := tx.Exec(ctx, "SAVEPOINT jetinbox_msg"); err != nil {
+		if err := p.store.Savepoint(ctx, tx, "SAVEPOINT jetinbox_msg"); err != nil {
 			return fmt.Errorf("inbox: savepoint: %w", err)
 		}
 		one[0] = nil
@@ -65,22 +65,23 @@ func (p *Processor) handleIsolated(ctx context.Context, tx pgx.Tx, msgs []Messag
 			err = one[0]
 		}
 		if err == nil {
-			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT jetinbox_msg"); err != nil {
+			if err := p.store.Savepoint(ctx, tx, "RELEASE SAVEPOINT jetinbox_msg"); err != nil {
 				return fmt.Errorf("inbox: release savepoint: %w", err)
 			}
 			continue
 		}
-		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT jetinbox_msg"); rerr != nil {
+		if rerr := p.store.Savepoint(ctx, tx, "ROLLBACK TO SAVEPOINT jetinbox_msg"); rerr != nil {
 			return fmt.Errorf("inbox: rollback to savepoint: %w", rerr)
 		}
-		if _, rerr := tx.Exec(ctx, "RELEASE SAVEPOINT jetinbox_msg"); rerr != nil {
+		if rerr := p.store.Savepoint(ctx, tx, "RELEASE SAVEPOINT jetinbox_msg"); rerr != nil {
 			return fmt.Errorf("inbox: release savepoint: %w", rerr)
 		}
-		if isRetryableTx(err) || isConnError(err) || ctx.Err() != nil {
+		kind := p.store.Classify(err)
+		if kind == ErrorRetryTx || kind == ErrorConn || ctx.Err() != nil {
 			// Not this message's fault: retry the whole batch later.
 			return err
 		}
-		if isDataError(err) && !IsPermanent(err) {
+		if kind == ErrorData && !IsPermanent(err) {
 			err = Permanent(err)
 		}
 		errs[j] = err

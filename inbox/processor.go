@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/jetinbox/jetinbox/internal/hook"
@@ -23,8 +21,9 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// Handler applies the side effects of freshly claimed messages inside the
-// inbox transaction.
+// HandlerOf applies the side effects of freshly claimed messages inside the
+// inbox transaction, a TX of the processor's [Store]: pgx.Tx for
+// PostgreSQL ([Handler]), *sql.Tx for SQLite.
 //
 // Handle gets every fresh message of a batch and sets errs[i] (len(errs) ==
 // len(msgs)) for each message it did not apply; an error wrapped with
@@ -37,19 +36,27 @@ type Beginner interface {
 // applies the batch one message at a time, each under a savepoint, so that
 // one poison message cannot take its neighbours down. Deadlocks and
 // serialization failures retry the whole batch instead.
-type Handler interface {
-	Handle(ctx context.Context, tx pgx.Tx, msgs []Message, errs []error) error
+type HandlerOf[TX any] interface {
+	Handle(ctx context.Context, tx TX, msgs []Message, errs []error) error
 }
 
-// HandlerFunc adapts a function that applies one message to a [Handler].
-// It is the simple way in; a set-based Handler is faster for big batches.
-type HandlerFunc func(ctx context.Context, tx pgx.Tx, msg Message) error
+// Handler is a [HandlerOf] for the PostgreSQL store: it applies effects in a
+// pgx.Tx.
+type Handler = HandlerOf[pgx.Tx]
 
-// Handle implements [Handler]. The first error fails the batch, since a
+// HandlerFuncOf adapts a function that applies one message to a
+// [HandlerOf]. It is the simple way in; a set-based handler is faster for
+// big batches.
+type HandlerFuncOf[TX any] func(ctx context.Context, tx TX, msg Message) error
+
+// HandlerFunc is a [HandlerFuncOf] for the PostgreSQL store.
+type HandlerFunc = HandlerFuncOf[pgx.Tx]
+
+// Handle implements [HandlerOf]. The first error fails the batch, since a
 // failed statement may have aborted the transaction; the processor then
 // applies the messages one at a time under savepoints and reports each
 // message's own error.
-func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, msgs []Message, errs []error) error {
+func (f HandlerFuncOf[TX]) Handle(ctx context.Context, tx TX, msgs []Message, errs []error) error {
 	for i := range msgs {
 		if err := f(ctx, tx, msgs[i]); err != nil {
 			if len(msgs) == 1 {
@@ -61,8 +68,8 @@ func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, msgs []Message, errs
 	return nil
 }
 
-// Config configures a [Processor].
-type Config struct {
+// ConfigOf configures a [ProcessorOf] whose store's transactions are TX.
+type ConfigOf[TX any] struct {
 	// Scope names the effect: the inbox key is (Scope, message ID), so an
 	// ID is applied at most once per scope, and two effects with different
 	// scopes each apply a message once. It is the identity of the effect,
@@ -71,7 +78,7 @@ type Config struct {
 	// [ScopeFromContext]. Required.
 	Scope string
 	// Handler applies the effects. Required.
-	Handler Handler
+	Handler HandlerOf[TX]
 	// Logger receives debug lines about isolation and retries. Default: no
 	// logging.
 	Logger *slog.Logger
@@ -97,8 +104,11 @@ type Config struct {
 	EffectConcurrency int
 }
 
+// Config configures a [Processor] on PostgreSQL.
+type Config = ConfigOf[pgx.Tx]
+
 // WithDefaults returns a copy of c with defaults filled in.
-func (c Config) WithDefaults() Config {
+func (c ConfigOf[TX]) WithDefaults() ConfigOf[TX] {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -114,7 +124,7 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-func (c Config) validate() error {
+func (c ConfigOf[TX]) validate() error {
 	if err := ValidateID(c.Scope); err != nil {
 		return fmt.Errorf("inbox: config: Scope: %w", err)
 	}
@@ -127,11 +137,12 @@ func (c Config) validate() error {
 	return nil
 }
 
-// Processor claims and applies batches of messages, one transaction per
-// batch. It is safe for concurrent use; each call uses its own transaction.
-type Processor struct {
-	db     Beginner
-	cfg    Config
+// ProcessorOf claims and applies batches of messages, one transaction of
+// its [Store] per batch. It is safe for concurrent use; each call uses its
+// own transaction.
+type ProcessorOf[TX any] struct {
+	store  Store[TX]
+	cfg    ConfigOf[TX]
 	tracer trace.Tracer  // nil unless tracing
 	turns  chan struct{} // effect-and-commit turns, EffectConcurrency of them
 	// copyCooldown counts down the batches still to claim with conflict
@@ -140,32 +151,33 @@ type Processor struct {
 	copyClaims    atomic.Int64
 	copyFallbacks atomic.Int64
 
-	// claimCopy is the COPY claim; noCopy turns it off. Tests plant a
-	// broken claim or compare both paths through them (export_test.go).
-	claimCopy func(ctx context.Context, tx pgx.Tx, scope string, claims []Claim, order []int) error
-	noCopy    bool
 	// hook, nil unless a harness attached one (internal/hook), stops the
 	// processor at named points.
 	hook hook.Func
 }
 
+// Processor is a [ProcessorOf] on PostgreSQL, made by [NewProcessor].
+type Processor = ProcessorOf[pgx.Tx]
+
 func init() {
 	hook.Register(func(target any, f hook.Func) bool {
-		p, ok := target.(*Processor)
+		p, ok := target.(interface{ setHook(hook.Func) })
 		if ok {
-			p.hook = f
+			p.setHook(f)
 		}
 		return ok
 	})
 }
 
+func (p *ProcessorOf[TX]) setHook(f hook.Func) { p.hook = f }
+
 // fires reports whether the harness's hook stops the processor at pt.
-func (p *Processor) fires(pt hook.Point) bool { return p.hook != nil && p.hook(pt) }
+func (p *ProcessorOf[TX]) fires(pt hook.Point) bool { return p.hook != nil && p.hook(pt) }
 
 // ProcessorStats counts how batches were claimed.
 type ProcessorStats struct {
-	// CopyClaims: batches claimed with COPY (first deliveries, 64+
-	// messages).
+	// CopyClaims: batches claimed on the store's fast path (on PostgreSQL
+	// with COPY: first deliveries, 64+ messages).
 	CopyClaims int64
 	// CopyFallbacks: batches whose COPY met an ID already claimed and that
 	// were claimed again with conflict checks. A steady rate means first
@@ -175,104 +187,68 @@ type ProcessorStats struct {
 }
 
 // Stats returns the counters so far.
-func (p *Processor) Stats() ProcessorStats {
+func (p *ProcessorOf[TX]) Stats() ProcessorStats {
 	return ProcessorStats{CopyClaims: p.copyClaims.Load(), CopyFallbacks: p.copyFallbacks.Load()}
 }
 
-// NewProcessor returns a Processor using db for its transactions.
+// NewProcessor returns a Processor on PostgreSQL using db for its
+// transactions: [NewProcessorOf] with the [Postgres] store.
 func NewProcessor(db Beginner, cfg Config) (*Processor, error) {
+	if db == nil {
+		return nil, errors.New("inbox: NewProcessor: db is nil")
+	}
+	return NewProcessorOf(Postgres(db), cfg)
+}
+
+// NewProcessorOf returns a processor keeping its inbox in store.
+func NewProcessorOf[TX any](store Store[TX], cfg ConfigOf[TX]) (*ProcessorOf[TX], error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if db == nil {
-		return nil, errors.New("inbox: NewProcessor: db is nil")
+	if store == nil {
+		return nil, errors.New("inbox: NewProcessorOf: store is nil")
 	}
-	p := &Processor{db: db, cfg: cfg, turns: make(chan struct{}, cfg.EffectConcurrency), claimCopy: claimCopy}
+	p := &ProcessorOf[TX]{store: store, cfg: cfg, turns: make(chan struct{}, cfg.EffectConcurrency)}
 	if cfg.TracerProvider != nil {
 		p.tracer = cfg.TracerProvider.Tracer("github.com/jetinbox/jetinbox/inbox")
 	}
 	return p, nil
 }
 
-// Warmer is implemented by handlers that can prepare for their first batch
-// (prepare statements, load caches) on a fresh connection. See
-// [Processor.Warm]; it is called only on connections that cache prepared
-// statements (pgx's default mode), so it may prepare them.
-type Warmer interface {
-	Warm(ctx context.Context, tx pgx.Tx) error
+// WarmerOf is implemented by handlers that can prepare for their first
+// batch (prepare statements, load caches) on a fresh connection. See
+// [ProcessorOf.Warm]; on PostgreSQL it is called only on connections that
+// cache prepared statements (pgx's default mode), so it may prepare them.
+type WarmerOf[TX any] interface {
+	Warm(ctx context.Context, tx TX) error
 }
+
+// Warmer is a [WarmerOf] for the PostgreSQL store.
+type Warmer = WarmerOf[pgx.Tx]
 
 // Warm opens n transactions at once, so that a pool opens n connections,
-// prepares the claim statements (and the handler's, if it is a [Warmer]) on
-// each, and rolls them back. Run it before the first batch: a cold start
+// prepares the claim statements (and the handler's, if it is a [WarmerOf])
+// on each, and rolls them back. Run it before the first batch: a cold start
 // otherwise puts connection setup and statement preparation into the
 // latency of the first messages. n is capped at a pool's MaxConns, and is 1
-// for a single connection. Statements are prepared only where the
-// connection caches them anyway (pgx's default mode; not with a
-// transaction-pooling proxy set up for exec or simple-protocol mode). Warm
-// gives up after 10 seconds.
-func (p *Processor) Warm(ctx context.Context, n int) error {
-	switch db := p.db.(type) {
-	case *pgx.Conn:
-		n = 1
-	case interface{ Stat() *pgxpool.Stat }:
-		n = min(n, int(db.Stat().MaxConns()))
-	}
-	n = max(n, 1)
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	var ready sync.WaitGroup
-	ready.Add(n)
-	all := make(chan struct{})
-	errs := make(chan error, n)
-	for range n {
-		go func() {
-			tx, err := p.db.Begin(ctx)
-			if err != nil {
-				ready.Done()
-				errs <- fmt.Errorf("inbox: warm: %w", err)
-				return
+// for a single connection or a store with one writer (SQLite). Statements
+// are prepared only where the connection caches them anyway (pgx's default
+// mode; not with a transaction-pooling proxy set up for exec or
+// simple-protocol mode). Warm gives up after 10 seconds.
+func (p *ProcessorOf[TX]) Warm(ctx context.Context, n int) error {
+	return p.store.Warm(ctx, n, func(ctx context.Context, tx TX) error {
+		if w, ok := p.cfg.Handler.(WarmerOf[TX]); ok {
+			if err := w.Warm(ctx, tx); err != nil {
+				return fmt.Errorf("inbox: warm handler: %w", err)
 			}
-			err = p.prepare(ctx, tx)
-			// Hold the transaction until all have begun, so the pool
-			// cannot hand one connection out n times.
-			ready.Done()
-			<-all
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-			errs <- err
-		}()
-	}
-	ready.Wait()
-	close(all)
-	var first error
-	for range n {
-		if err := <-errs; err != nil && first == nil {
-			first = err
 		}
-	}
-	return first
-}
-
-func (p *Processor) prepare(ctx context.Context, tx pgx.Tx) error {
-	if tx.Conn().Config().DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
 		return nil
-	}
-	for _, sql := range []string{claimSQL, existingSQL} {
-		if _, err := tx.Prepare(ctx, sql, sql); err != nil {
-			return fmt.Errorf("inbox: warm: %w", err)
-		}
-	}
-	if w, ok := p.cfg.Handler.(Warmer); ok {
-		if err := w.Warm(ctx, tx); err != nil {
-			return fmt.Errorf("inbox: warm handler: %w", err)
-		}
-	}
-	return nil
+	})
 }
 
 // Scope returns the processor's scope.
-func (p *Processor) Scope() string { return p.cfg.Scope }
+func (p *ProcessorOf[TX]) Scope() string { return p.cfg.Scope }
 
 var errIsolate = errors.New("inbox: batch failed; isolating messages")
 
@@ -286,7 +262,7 @@ var errIsolate = errors.New("inbox: batch failed; isolating messages")
 // [ErrOutcomeUnknown]); every outcome that is not a rejection of invalid input
 // is then [StatusRetry]. The commit runs under [context.WithoutCancel], so a
 // cancelled ctx cannot leave a commit half-sent.
-func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Outcome, error) {
+func (p *ProcessorOf[TX]) Process(ctx context.Context, msgs []Message) ([]Outcome, error) {
 	out := make([]Outcome, len(msgs))
 	valid := make([]int, 0, len(msgs))
 	for i := range msgs {
@@ -307,7 +283,7 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Outcome, err
 		if err == nil {
 			return out, nil
 		}
-		if fast && errors.Is(err, errCopyClaim) {
+		if fast && errors.Is(err, ErrClaimedBefore) {
 			// Some message was there already: claim this batch, and
 			// the next few, the careful way.
 			p.cfg.Logger.DebugContext(ctx, "inbox: copy claim failed, claiming with conflict checks", "scope", p.cfg.Scope, "size", len(valid), "err", err)
@@ -324,7 +300,7 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Outcome, err
 			attempt--
 			continue
 		}
-		if isRetryableTx(err) && ctx.Err() == nil {
+		if p.store.Classify(err) == ErrorRetryTx && ctx.Err() == nil {
 			if bo == nil {
 				bo = p.cfg.TxRetry.NewBackOff()
 			}
@@ -354,8 +330,8 @@ const copyCooldownBatches = 32
 // existing row. Everything else takes [ClaimTx]. COPY is an optimisation
 // only: when it meets a claimed ID the transaction is rolled back and the
 // batch claimed again with ClaimTx, so both paths give the same outcomes.
-func (p *Processor) copyClaimable(msgs []Message, valid []int) bool {
-	if len(valid) < copyClaimThreshold || p.noCopy {
+func (p *ProcessorOf[TX]) copyClaimable(msgs []Message, valid []int) bool {
+	if t := p.store.ClaimNewThreshold(); t <= 0 || len(valid) < t {
 		return false
 	}
 	for {

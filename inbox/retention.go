@@ -52,23 +52,34 @@ type PruneOptions struct {
 	BatchSize int
 }
 
+// Checked returns o with its defaults filled in, or [ErrUnsafeHorizon]
+// unless OlderThan is strictly longer than ReplayHorizon + Margin. Every
+// store's prune checks its options with it.
+func (o PruneOptions) Checked() (PruneOptions, error) {
+	if o.ReplayHorizon <= 0 {
+		return o, errors.New("inbox: prune: ReplayHorizon is required (stream MaxAge, redeliveries, late copies, re-drives)")
+	}
+	if o.Margin <= 0 {
+		o.Margin = DefaultPruneMargin
+	}
+	if least := o.ReplayHorizon + o.Margin; o.OlderThan <= least || least < o.ReplayHorizon {
+		return o, fmt.Errorf("%w: OlderThan %v is not longer than ReplayHorizon %v + margin %v", ErrUnsafeHorizon, o.OlderThan, o.ReplayHorizon, o.Margin)
+	}
+	if o.BatchSize <= 0 {
+		o.BatchSize = 10000
+	}
+	return o, nil
+}
+
 // Prune deletes inbox rows received longer than opts.OlderThan ago, in
 // batches, and returns how many it deleted. The cut-off is taken once, from
 // PostgreSQL's now(), the clock received_at comes from. It returns
 // [ErrUnsafeHorizon] without deleting anything unless OlderThan is strictly
 // longer than ReplayHorizon + Margin.
 func Prune(ctx context.Context, db PruneDB, opts PruneOptions) (int64, error) {
-	if opts.ReplayHorizon <= 0 {
-		return 0, errors.New("inbox: prune: ReplayHorizon is required (stream MaxAge, redeliveries, late copies, re-drives)")
-	}
-	if opts.Margin <= 0 {
-		opts.Margin = DefaultPruneMargin
-	}
-	if least := opts.ReplayHorizon + opts.Margin; opts.OlderThan <= least || least < opts.ReplayHorizon {
-		return 0, fmt.Errorf("%w: OlderThan %v is not longer than ReplayHorizon %v + margin %v", ErrUnsafeHorizon, opts.OlderThan, opts.ReplayHorizon, opts.Margin)
-	}
-	if opts.BatchSize <= 0 {
-		opts.BatchSize = 10000
+	opts, err := opts.Checked()
+	if err != nil {
+		return 0, err
 	}
 	var cutoff time.Time
 	if err := db.QueryRow(ctx, `SELECT now() - $1::bigint * interval '1 microsecond'`, opts.OlderThan.Microseconds()).Scan(&cutoff); err != nil {

@@ -7,7 +7,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/outbox"
 )
 
@@ -24,15 +23,15 @@ var (
 // the database at scrape time) and emit-to-publish latency. Set its
 // ObserveSent as RelayConfig.OnSent and call Attach once the Relay exists.
 type Relay struct {
-	lag prometheus.Histogram
-	db  inbox.Querier
-	r   *outbox.Relay
+	lag     prometheus.Histogram
+	backlog func(context.Context) (int64, time.Duration, error)
+	r       *outbox.Relay
 }
 
-// NewRelay registers the relay metrics on reg; db is where the backlog is
-// counted.
-func NewRelay(reg prometheus.Registerer, db inbox.Querier) (*Relay, error) {
-	m := &Relay{db: db, lag: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "outbox_emit_to_publish_seconds",
+// NewRelay registers the relay metrics on reg; backlog counts the pending
+// rows and the age of the oldest (outbox.Backlog on PostgreSQL).
+func NewRelay(reg prometheus.Registerer, backlog func(context.Context) (int64, time.Duration, error)) (*Relay, error) {
+	m := &Relay{backlog: backlog, lag: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "outbox_emit_to_publish_seconds",
 		Help: "Time from the start of the transaction that added an outbox row to the relay marking it sent.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)})}
 	for _, c := range []prometheus.Collector{m.lag, (*relayCollector)(m), buildInfo()} {
 		if err := reg.Register(c); err != nil {
@@ -74,11 +73,8 @@ func (c *relayCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	var n int64
-	var oldest float64
-	if err := c.db.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
-FROM outbox WHERE sent_at IS NULL AND failed IS NULL`).Scan(&n, &oldest); err == nil {
+	if n, oldest, err := c.backlog(ctx); err == nil {
 		ch <- prometheus.MustNewConstMetric(descOutboxPending, prometheus.GaugeValue, float64(n))
-		ch <- prometheus.MustNewConstMetric(descOutboxOldest, prometheus.GaugeValue, oldest)
+		ch <- prometheus.MustNewConstMetric(descOutboxOldest, prometheus.GaugeValue, oldest.Seconds())
 	}
 }

@@ -79,3 +79,15 @@ func Prune(ctx context.Context, db inbox.PruneDB, opts PruneOptions) (int64, err
 		}
 	}
 }
+
+// Backlog returns how many rows wait to be published and how long the
+// oldest has waited, by PostgreSQL's clock: for metrics and alerts.
+func Backlog(ctx context.Context, db inbox.Querier) (int64, time.Duration, error) {
+	var n int64
+	var oldest float64
+	if err := db.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+FROM outbox WHERE sent_at IS NULL AND failed IS NULL`).Scan(&n, &oldest); err != nil {
+		return 0, 0, fmt.Errorf("outbox: backlog: %w", err)
+	}
+	return n, time.Duration(oldest * float64(time.Second)), nil
+}

@@ -15,7 +15,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/semaphore"
 
-	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/jitter"
 )
@@ -171,11 +170,12 @@ func (c ConsumerConfig) validate() error {
 	return nil
 }
 
-// Consumer runs a durable pull consumer through an [inbox.Processor]: one
-// transaction per batch, ack after commit.
+// Consumer runs a durable pull consumer through an inbox processor (a
+// [BatchProcessor] on either store): one transaction per batch, ack after
+// commit.
 type Consumer struct {
 	js     jetstream.JetStream
-	proc   *inbox.Processor
+	proc   BatchProcessor
 	cfg    ConsumerConfig
 	tracer trace.Tracer
 
@@ -221,8 +221,8 @@ func init() {
 }
 
 // NewConsumer returns a Consumer. Nothing happens until Run.
-func NewConsumer(js jetstream.JetStream, proc *inbox.Processor, cfg ConsumerConfig) (*Consumer, error) {
-	if proc == nil {
+func NewConsumer(js jetstream.JetStream, proc BatchProcessor, cfg ConsumerConfig) (*Consumer, error) {
+	if isNil(proc) {
 		return nil, errors.New("jsinbox: NewConsumer: processor is nil")
 	}
 	if cfg.Durable == "" {

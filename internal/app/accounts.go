@@ -44,24 +44,45 @@ func Accounts(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdo
 	if err := cli.RequireDatabase(*dbURL); err != nil {
 		return err
 	}
-	pool, err := cli.OpenDB(ctx, *dbURL, 2, cli.EnvLogger(stderr, env, slog.LevelInfo))
+	store, err := cli.OpenStore(ctx, *dbURL, 2, cli.EnvLogger(stderr, env, slog.LevelInfo))
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer store.Close()
 	if len(ids) > 0 {
-		n, err := effects.OpenAccounts(ctx, pool, ids)
+		var n int
+		if store.SQLite != nil {
+			n, err = effects.OpenAccountsSQLite(ctx, store.SQLite, ids)
+		} else {
+			n, err = effects.OpenAccounts(ctx, store.PG, ids)
+		}
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "opened %d accounts (%d asked for, %d existed)\n", n, len(ids), len(ids)-n)
 	}
 	if *list {
-		rows, err := pool.Query(ctx, `SELECT id, balance FROM accounts ORDER BY id`)
-		if err != nil {
-			return fmt.Errorf("accounts: %w", err)
+		const q = `SELECT id, balance FROM accounts ORDER BY id`
+		var rows interface {
+			Next() bool
+			Scan(...any) error
+			Err() error
 		}
-		defer rows.Close()
+		if store.SQLite != nil {
+			r, err := store.SQLite.QueryContext(ctx, q)
+			if err != nil {
+				return fmt.Errorf("accounts: %w", err)
+			}
+			defer r.Close()
+			rows = r
+		} else {
+			r, err := store.PG.Query(ctx, q)
+			if err != nil {
+				return fmt.Errorf("accounts: %w", err)
+			}
+			defer r.Close()
+			rows = r
+		}
 		for rows.Next() {
 			var id, bal int64
 			if err := rows.Scan(&id, &bal); err != nil {

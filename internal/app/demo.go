@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"text/tabwriter"
@@ -33,8 +35,9 @@ var errDemoFailed = errors.New("demo: intents were lost or applied twice")
 
 // Demo runs the whole pipeline with faults switched on and verifies it.
 func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
-	fs := cli.NewFlagSet("jetinbox demo", "Run producer → JetStream → two inbox consumers → PostgreSQL with faults on, then verify.\n"+
-		"Embedded nats-server and a throwaway PostgreSQL unless NATS_URL / DATABASE_URL are set.", stderr)
+	fs := cli.NewFlagSet("jetinbox demo", "Run producer → JetStream → two inbox consumers → the inbox store with faults on, then verify.\n"+
+		"Embedded nats-server unless NATS_URL is set. The inbox: DATABASE_URL if set, else a throwaway PostgreSQL\n"+
+		"if its server binaries are installed, else a SQLite file in a temporary directory; -store picks.", stderr)
 	var (
 		n          = fs.Int("intents", 20000, "distinct intents to publish")
 		accounts   = fs.Int("accounts", 100, "ledger accounts")
@@ -46,6 +49,8 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 		cluster    = fs.Bool("cluster", false, "run on three embedded nats-servers with R3 streams and consumers, and kill the stream leader halfway through publishing")
 		scope      = cli.ScopeFlag(fs, env)
 		durable    = cli.DurableFlag(fs, env)
+		storeFlag  = fs.String("store", "", "where the inbox lives: sqlite (a file in a temporary directory), postgres (a throwaway server), or a database URL "+
+			"(postgres://… or sqlite:///path); default: DATABASE_URL, else postgres if its server binaries are installed, else sqlite")
 	)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -65,11 +70,21 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 		level = slog.LevelInfo
 	}
 	log := cli.EnvLogger(stderr, env, level)
+	var sayMu sync.Mutex // consumers restarted after a crash say so from their own goroutines
 	say := func(format string, a ...any) {
+		sayMu.Lock()
+		defer sayMu.Unlock()
 		fmt.Fprintf(stderr, "%6.1fs  %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
+
+	// The store first: the first lines say which one the demo runs on.
+	store, closeStore, err := demoStore(ctx, *storeFlag, env, say)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
 
 	run := strconv.FormatUint(rand.Uint64()>>28, 36)
 	streamOpts := jsinbox.StreamConfig{DuplicateWindow: 3 * time.Second}
@@ -103,28 +118,6 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	}
 	streamOpts = streamOpts.WithDefaults()
 
-	// PostgreSQL: throwaway unless DATABASE_URL is set.
-	dbURL := env("DATABASE_URL")
-	var searchPath string
-	if dbURL == "" {
-		t0 := time.Now()
-		pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{Durable: true})
-		if err != nil {
-			return err
-		}
-		defer pg.Close()
-		say("throwaway PostgreSQL on the Unix socket in %s, yours alone (fsync on), started in %v", pg.SocketDir(), time.Since(t0).Round(time.Millisecond))
-		dbURL = pg.URL("postgres")
-	} else {
-		searchPath = "jetinbox_demo_" + run
-		say("PostgreSQL from DATABASE_URL, schema %s", searchPath)
-	}
-	pool, err := demoPool(ctx, dbURL, searchPath)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-
 	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1))
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
@@ -134,7 +127,7 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	if err != nil {
 		return err
 	}
-	if err := demoSetup(ctx, js, pool, streamOpts, *accounts, nodes != nil); err != nil {
+	if err := demoSetup(ctx, js, store, streamOpts, *accounts, nodes != nil); err != nil {
 		return err
 	}
 	say("migrated; %d accounts; stream %s (DiscardNew, deny delete/purge, duplicate window %v)", *accounts, streamOpts.Name, streamOpts.DuplicateWindow)
@@ -145,7 +138,7 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	// scope and the durable cannot meet anyone else's.
 	cfg := jsinbox.ConsumerConfig{Stream: streamOpts.Name, Durable: *durable, BatchSize: 200, InFlight: 3,
 		AckWait: 2 * time.Second, MaxDeliver: 20, Logger: log}
-	fleet := &demoFleet{natsURL: natsURL, pool: pool, scope: *scope, cfg: cfg, log: log, say: say}
+	fleet := &demoFleet{natsURL: natsURL, store: store, scope: *scope, cfg: cfg, log: log, say: say}
 	crashFP := failpoint.New()
 	crashFP.EnableEvery(failpoint.AfterCommit, 5, 1)
 	crashFP.EnableEvery(failpoint.SkipAck, 4, 4)
@@ -239,7 +232,7 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	}
 	say("settled; verifying the stream against the inbox and the ledger")
 
-	rep, err := demoVerify(context.WithoutCancel(ctx), nodes, js, pool, verify.Options{Stream: streamOpts.Name, Scope: *scope, Durable: *durable, Ledger: true}, say)
+	rep, err := demoVerify(context.WithoutCancel(ctx), nodes, js, verifyDB(store), verify.Options{Stream: streamOpts.Name, Scope: *scope, Durable: *durable, Ledger: true}, say)
 	if err != nil {
 		return err
 	}
@@ -262,6 +255,7 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	row("unexpected", rep.Unexpected, verify.Mark(rep.Unexpected == 0))
 	row("dead-lettered", rep.DeadLettered, fmt.Sprintf("rejected %d, conflicts %d, with reasons", rep.Rejected, rep.Conflicts))
 	row("consumer crashes", fleet.crashes, "restarted, as a supervisor would")
+	row("store", store.Kind(), store.String())
 	tw.Flush()
 	for _, e := range rep.Examples {
 		fmt.Fprintln(stdout, "  ", e)
@@ -273,10 +267,86 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	return nil
 }
 
+// setupStore migrates the inbox and the ledger, opens accounts
+// 1..accounts and makes sure the stream exists.
+func setupStore(ctx context.Context, js jetstream.JetStream, store *cli.Store, stream jsinbox.StreamConfig, accounts int) error {
+	if _, _, err := store.Migrate(ctx); err != nil {
+		return err
+	}
+	if err := store.SeedAccounts(ctx, accounts); err != nil {
+		return err
+	}
+	_, err := jsinbox.EnsureStream(ctx, js, stream)
+	return err
+}
+
+// demoStore opens the store the demo runs on: choice (-store) if given,
+// else DATABASE_URL, else a throwaway PostgreSQL if its server binaries are
+// installed, else a SQLite file in a temporary directory. It says which.
+func demoStore(ctx context.Context, choice string, env cli.Env, say func(string, ...any)) (*cli.Store, func(), error) {
+	why := "-store"
+	if choice == "" {
+		choice, why = env("DATABASE_URL"), "DATABASE_URL"
+	}
+	if choice == "" {
+		choice, why = cli.StorePostgres, "PostgreSQL server binaries found"
+		if _, err := testenv.FindPostgresBin(); err != nil {
+			choice, why = cli.StoreSQLite, "no DATABASE_URL and no PostgreSQL server binaries"
+		}
+	}
+	log := slog.New(slog.DiscardHandler)
+	switch choice {
+	case cli.StoreSQLite:
+		dir, err := os.MkdirTemp("", "jetinbox-demo-")
+		if err != nil {
+			return nil, nil, fmt.Errorf("demo: %w", err)
+		}
+		path := filepath.Join(dir, "inbox.db")
+		store, err := cli.OpenStore(ctx, "sqlite://"+path, 0, log)
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, nil, err
+		}
+		say("store: SQLite %s (%s; WAL, synchronous=FULL). -store postgres or DATABASE_URL=postgres://… for PostgreSQL", path, why)
+		return store, func() { store.Close(); os.RemoveAll(dir) }, nil
+	case cli.StorePostgres:
+		t0 := time.Now()
+		pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{Durable: true})
+		if err != nil {
+			return nil, nil, err
+		}
+		pool, err := demoPool(ctx, pg.URL("postgres"), "")
+		if err != nil {
+			pg.Close()
+			return nil, nil, err
+		}
+		say("store: throwaway PostgreSQL on the Unix socket in %s, yours alone (%s; fsync on), started in %v. -store sqlite for a SQLite file",
+			pg.SocketDir(), why, time.Since(t0).Round(time.Millisecond))
+		return &cli.Store{PG: pool}, func() { pool.Close(); pg.Close() }, nil
+	}
+	if path, ok, err := cli.SQLitePath(choice); err != nil {
+		return nil, nil, cli.UsageError{Err: fmt.Errorf("demo: %s: %w", why, err)}
+	} else if ok {
+		store, err := cli.OpenStore(ctx, choice, 0, log)
+		if err != nil {
+			return nil, nil, err
+		}
+		say("store: SQLite %s (from %s; WAL, synchronous=FULL)", path, why)
+		return store, store.Close, nil
+	}
+	searchPath := "jetinbox_demo_" + strconv.FormatUint(rand.Uint64()>>28, 36)
+	pool, err := demoPool(ctx, choice, searchPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	say("store: PostgreSQL from %s, schema %s", why, searchPath)
+	return &cli.Store{PG: pool}, pool.Close, nil
+}
+
 func demoPool(ctx context.Context, dbURL, searchPath string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
-		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+		return nil, cli.UsageError{Err: fmt.Errorf("DATABASE_URL: %w", err)}
 	}
 	cfg.MaxConns = 16
 	if searchPath != "" {
@@ -320,7 +390,7 @@ func poisonIntents(subject, run string) []jsinbox.Intent {
 // started again.
 type demoFleet struct {
 	natsURL string
-	pool    *pgxpool.Pool
+	store   *cli.Store
 	scope   string
 	cfg     jsinbox.ConsumerConfig
 	log     *slog.Logger
@@ -345,13 +415,13 @@ func (f *demoFleet) start(ctx context.Context, id int, fp *failpoint.Set) error 
 		nc.Close()
 		return err
 	}
-	proc, err := cli.NewLedgerProcessor(f.pool, inbox.Config{Scope: f.scope, Logger: f.log})
+	proc, err := f.store.LedgerProcessor(inbox.Config{Scope: f.scope, Logger: f.log})
 	if err != nil {
 		nc.Close()
 		return err
 	}
 	cfg := f.cfg
-	cfg.DB = f.pool
+	cfg.DB = f.store
 	c, err := jsinbox.NewConsumer(js, proc, cfg)
 	if err != nil {
 		nc.Close()

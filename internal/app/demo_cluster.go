@@ -5,11 +5,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
-	"github.com/jetinbox/jetinbox/internal/pipeline"
+	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/jitter"
@@ -24,14 +23,14 @@ var clusterRetry = jitter.Policy{Kind: jitter.Full, Base: 50 * time.Millisecond,
 
 // demoSetup is pipeline.Setup; on a fresh cluster it retries while the
 // meta group is still placing the first R3 stream.
-func demoSetup(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, stream jsinbox.StreamConfig, accounts int, cluster bool) error {
+func demoSetup(ctx context.Context, js jetstream.JetStream, store *cli.Store, stream jsinbox.StreamConfig, accounts int, cluster bool) error {
 	if !cluster {
-		return pipeline.Setup(ctx, js, pool, stream, accounts)
+		return setupStore(ctx, js, store, stream, accounts)
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := pipeline.Setup(actx, js, pool, stream, accounts)
+		err := setupStore(actx, js, store, stream, accounts)
 		cancel()
 		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
 			return err
@@ -90,7 +89,7 @@ func waitDurable(ctx context.Context, nodes *testenv.Cluster, stream, durable st
 // demoVerify is verify.Run. On a cluster, a read that times out (an
 // ordered consumer placed on a node still settling after the kill) is
 // tried again once every node is healthy: a failed read judges nothing.
-func demoVerify(ctx context.Context, nodes *testenv.Cluster, js jetstream.JetStream, pool *pgxpool.Pool, o verify.Options, say func(string, ...any)) (*verify.Report, error) {
+func demoVerify(ctx context.Context, nodes *testenv.Cluster, js jetstream.JetStream, db verify.DB, o verify.Options, say func(string, ...any)) (*verify.Report, error) {
 	for attempt := 1; ; attempt++ {
 		if nodes != nil {
 			wctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -100,7 +99,7 @@ func demoVerify(ctx context.Context, nodes *testenv.Cluster, js jetstream.JetStr
 				return nil, err
 			}
 		}
-		rep, err := verify.Run(ctx, js, pool, o)
+		rep, err := verify.RunOn(ctx, js, db, o)
 		if err == nil || nodes == nil || attempt == 3 {
 			return rep, err
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/jetinbox/jetinbox/internal/testenv"
@@ -21,6 +22,32 @@ func TestDemoOnGivenServers(t *testing.T) {
 		t.Fatalf("demo: %v\n%s\n%s", err, out.String(), errOut.String())
 	}
 	for _, want := range []string{`applied once +600 `, `duplicated +0 +ok`, `lost +0 +ok`} {
+		if !regexp.MustCompile(`(?m)^ *` + want).MatchString(out.String()) {
+			t.Errorf("demo output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestDemoWithoutPostgres: on a machine with Go only (the PostgreSQL server
+// binaries hidden from PATH and from the directories searched after it) and
+// no DATABASE_URL, the demo runs on SQLite in a temporary directory, says so
+// first, and loses and duplicates nothing.
+func TestDemoWithoutPostgres(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	t.Setenv("JETINBOX_PG_SEARCH", "")
+	t.Setenv("JETINBOX_PG_BIN", "")
+	if dir, err := testenv.FindPostgresBin(); err == nil {
+		t.Fatalf("the PostgreSQL binaries are still found, in %s", dir)
+	}
+	var out, errOut bytes.Buffer
+	if err := Demo(context.Background(), []string{"-intents", "1000"}, mapEnv(map[string]string{}), nil, &out, &errOut); err != nil {
+		t.Fatalf("demo: %v\n%s\n%s", err, out.String(), errOut.String())
+	}
+	first, _, _ := strings.Cut(errOut.String(), "\n")
+	if !strings.Contains(first, "store: SQLite") || !strings.Contains(first, "no PostgreSQL server binaries") {
+		t.Errorf("the first line does not say the demo runs on SQLite: %q", first)
+	}
+	for _, want := range []string{`applied once +1000 `, `duplicated +0 +ok`, `lost +0 +ok`, `store +sqlite `} {
 		if !regexp.MustCompile(`(?m)^ *` + want).MatchString(out.String()) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())
 		}

@@ -97,6 +97,9 @@ func DLQ(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, s
 	if err := cli.RequireDatabase(*dbURL); err != nil {
 		return err
 	}
+	if cli.StoreKind(*dbURL) == cli.StoreSQLite {
+		return cli.UsageError{Err: fmt.Errorf("dlq: %w", cli.ErrPostgresOnly)}
+	}
 	pool, err := cli.OpenDB(ctx, *dbURL, 2, log)
 	if err != nil {
 		return cli.UsageError{Err: err}

@@ -19,18 +19,19 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/bench"
 	"github.com/jetinbox/jetinbox/internal/chaos"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/jittersim"
 	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
 
 type command struct {
@@ -103,7 +104,7 @@ var ownUsage = map[string]bool{"demo": true, "accounts": true, "dlq": true, "mig
 
 // Migrate applies the schemas, or prints them.
 func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
-	fs := cli.NewFlagSet("jetinbox migrate", "Apply the inbox, ledger and outbox schemas to DATABASE_URL. Nothing migrates implicitly.", stderr)
+	fs := cli.NewFlagSet("jetinbox migrate", "Apply the inbox, ledger and outbox schemas to DATABASE_URL (PostgreSQL, or a SQLite file: sqlite:///path). Nothing migrates implicitly.", stderr)
 	dbURL := cli.DatabaseFlag(fs, env, cli.DatabaseUsage)
 	print := fs.Bool("print", false, "print the SQL for your own migration tool instead of applying it")
 	status := fs.Bool("status", false, "list each migration as applied, pending, edited (applied with other SQL: exit 1) or unknown (from a newer release); apply nothing")
@@ -111,29 +112,34 @@ func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdou
 		return err
 	}
 	if *print {
+		if cli.StoreKind(*dbURL) == cli.StoreSQLite {
+			fmt.Fprint(stdout, sqliteinbox.MigrationSQL(), effects.MigrationSQLSQLite(), sqliteoutbox.MigrationSQL())
+			return nil
+		}
 		fmt.Fprint(stdout, inbox.MigrationSQL(), effects.MigrationSQL(), outbox.MigrationSQL())
 		return nil
 	}
 	if err := cli.RequireDatabase(*dbURL); err != nil {
 		return err
 	}
-	pool, err := cli.OpenDB(ctx, *dbURL, 2, cli.EnvLogger(stderr, env, slog.LevelInfo))
+	store, err := cli.OpenStore(ctx, *dbURL, 2, cli.EnvLogger(stderr, env, slog.LevelInfo))
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer store.Close()
 	if *status {
-		return migrationStatus(ctx, pool, stdout)
+		return migrationStatus(ctx, store, stdout)
 	}
-	n, err := inbox.Migrate(ctx, pool)
+	n, m, err := store.Migrate(ctx)
 	if err != nil {
 		return err
 	}
-	m, err := effects.Migrate(ctx, pool)
-	if err != nil {
-		return err
+	var o int
+	if store.SQLite != nil {
+		o, err = sqliteoutbox.Migrate(ctx, store.SQLite)
+	} else {
+		o, err = outbox.Migrate(ctx, store.PG)
 	}
-	o, err := outbox.Migrate(ctx, pool)
 	if err != nil {
 		return err
 	}
@@ -217,18 +223,18 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 		return err
 	}
 	log := cli.EnvLogger(stderr, env, slog.LevelInfo)
-	pool, err := cli.OpenDB(ctx, *dbURL, 4, log)
+	store, err := cli.OpenStore(ctx, *dbURL, 4, log)
 	if err != nil {
 		return cli.UsageError{Err: err}
 	}
-	defer pool.Close()
+	defer store.Close()
 	nc, js, err := nf.Connect("jetinbox-verify", cli.DefaultReconnect(), log)
 	if err != nil {
 		return cli.UsageError{Err: err}
 	}
 	defer nc.Close()
 	if *watch {
-		return watchVerify(ctx, js, pool, verify.Options{Stream: *stream, Scope: *scope, Durable: *durable, Ledger: true,
+		return watchVerify(ctx, js, verifyDB(store), verify.Options{Stream: *stream, Scope: *scope, Durable: *durable, Ledger: true,
 			Horizon: jsinbox.HorizonOptions{Retention: *retention, NakCap: *nakCap, Redrive: *redrive}}, *checkpoint, *httpAddr, *interval, log)
 	}
 	var progress func(read, total uint64)
@@ -242,7 +248,7 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 			}
 		}
 	}
-	r, err := verify.Run(ctx, js, pool, verify.Options{Stream: *stream, Scope: *scope, Durable: *durable, Ledger: true,
+	r, err := verify.RunOn(ctx, js, verifyDB(store), verify.Options{Stream: *stream, Scope: *scope, Durable: *durable, Ledger: true,
 		Range: rg, Horizon: jsinbox.HorizonOptions{Retention: *retention, NakCap: *nakCap, Redrive: *redrive}, Progress: progress})
 	if err != nil {
 		return cli.UsageError{Err: streamMissing("verify", *stream, err)}
@@ -255,7 +261,10 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	var chain *verify.ChainReport
 	co := verify.ChainOptions{ParentScope: *scope, Kind: *kind, Stream: *nextStream, Scope: *nextScope, Ledger: true}
 	if *nextStream != "" {
-		if chain, err = verify.Chain(ctx, js, pool, co); err != nil {
+		if store.PG == nil {
+			return cli.UsageError{Err: errors.New("verify: -next-stream checks follow-ups of the ledger, which go to the outbox in PostgreSQL")}
+		}
+		if chain, err = verify.Chain(ctx, js, store.PG, co); err != nil {
 			return cli.UsageError{Err: streamMissing("verify", *nextStream, err)}
 		}
 	}
@@ -304,16 +313,17 @@ func writeVerifyMetrics(path string, r *verify.Report) error {
 }
 
 // migrationStatus prints every migration's state; an edited one fails.
-func migrationStatus(ctx context.Context, pool *pgxpool.Pool, stdout io.Writer) error {
-	in, err := inbox.MigrationStatus(ctx, pool)
+func migrationStatus(ctx context.Context, store *cli.Store, stdout io.Writer) error {
+	in, led, err := store.MigrationStatus(ctx)
 	if err != nil {
 		return err
 	}
-	led, err := effects.MigrationStatus(ctx, pool)
-	if err != nil {
-		return err
+	var out []inbox.MigrationState
+	if store.SQLite != nil {
+		out, err = sqliteoutbox.MigrationStatus(ctx, store.SQLite)
+	} else {
+		out, err = outbox.MigrationStatus(ctx, store.PG)
 	}
-	out, err := outbox.MigrationStatus(ctx, pool)
 	if err != nil {
 		return err
 	}
@@ -338,4 +348,12 @@ func migrationStatus(ctx context.Context, pool *pgxpool.Pool, stdout io.Writer) 
 		return fmt.Errorf("migrate: %d applied migrations were edited afterwards", edited)
 	}
 	return nil
+}
+
+// verifyDB is verify's view of the store's database.
+func verifyDB(s *cli.Store) verify.DB {
+	if s.SQLite != nil {
+		return verify.SQLite(s.SQLite)
+	}
+	return verify.Postgres(s.PG)
 }

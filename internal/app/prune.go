@@ -13,6 +13,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
 
 // Prune deletes old inbox rows. The horizon it must respect is read from
@@ -72,18 +73,24 @@ func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout,
 		return cli.UsageError{Err: fmt.Errorf("prune: %w: -older-than %v is not longer than the horizon %v + margin %v; use more than %v (%s)",
 			inbox.ErrUnsafeHorizon, *olderThan, span.Total, *margin, least, span.Why)}
 	}
-	pool, err := cli.OpenDB(ctx, *dbURL, 2, log)
+	store, err := cli.OpenStore(ctx, *dbURL, 2, log)
 	if err != nil {
 		return cli.UsageError{Err: err}
 	}
-	defer pool.Close()
-	n, err := inbox.Prune(ctx, pool, inbox.PruneOptions{Scope: *scope, OlderThan: *olderThan, ReplayHorizon: span.Total, Margin: *margin, BatchSize: *batch})
+	defer store.Close()
+	n, err := store.Prune(ctx, inbox.PruneOptions{Scope: *scope, OlderThan: *olderThan, ReplayHorizon: span.Total, Margin: *margin, BatchSize: *batch})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "pruned %d inbox rows of scope %q older than %v (horizon %v: %s)\n", n, *scope, *olderThan, span.Total, span.Why)
 	if *outboxToo {
-		m, err := outbox.Prune(ctx, pool, outbox.PruneOptions{OlderThan: *olderThan, ReplayHorizon: span.Total, Margin: *margin, BatchSize: *batch})
+		opts := outbox.PruneOptions{OlderThan: *olderThan, ReplayHorizon: span.Total, Margin: *margin, BatchSize: *batch}
+		var m int64
+		if store.SQLite != nil {
+			m, err = sqliteoutbox.Prune(ctx, store.SQLite, opts)
+		} else {
+			m, err = outbox.Prune(ctx, store.PG, opts)
+		}
 		if err != nil {
 			return err
 		}

@@ -71,11 +71,14 @@ func Relay(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, stde
 		return err
 	}
 	log := cli.NewLogger(stderr, *logFormat, slog.LevelInfo)
-	pool, err := cli.OpenDB(ctx, *dbURL, 3, log)
+	store, err := cli.OpenStore(ctx, *dbURL, 3, log)
 	if err != nil {
 		return cli.UsageError{Err: err}
 	}
-	defer pool.Close()
+	defer store.Close()
+	if store.SQLite != nil && !*noListen {
+		*noListen = true // SQLite has no notifications: the relay polls with jittered waits
+	}
 	nc, js, err := nf.Connect("jetinbox-relay", reconnect(kind), log)
 	if err != nil {
 		return cli.UsageError{Err: err}
@@ -90,12 +93,12 @@ func Relay(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, stde
 	cfg.NoListen = *noListen
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m, err := metrics.NewRelay(reg, pool)
+	m, err := metrics.NewRelay(reg, cli.RelayBacklog(store))
 	if err != nil {
 		return err
 	}
 	cfg.OnSent = m.ObserveSent
-	r, done, err := cli.StartRelay(ctx, pool, js, cfg)
+	r, done, err := cli.StartRelay(ctx, store, js, cfg)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -16,9 +17,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
+	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
+	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
 
 // runUntil runs a long-running command until done reports true, then stops
@@ -163,5 +167,57 @@ func TestTwoHopCommands(t *testing.T) {
 	err = Verify(ctx, []string{"-next-stream", "NOTIFICATIONS"}, env, nil, &out, io.Discard)
 	if cli.ExitCode(err) != 1 || !regexp.MustCompile(`(?m)^ *without applied parent +2 +VIOLATION`).MatchString(out.String()) {
 		t.Fatalf("verify with a follow-up of no parent (and the service's own order-1): %v (exit %d)\n%s", err, cli.ExitCode(err), out.String())
+	}
+}
+
+// TestRelayOnSQLite: migrate puts the outbox in a SQLite file too; a
+// service's row added there with sqliteoutbox.Add in its own transaction is
+// published by jetinbox relay, which polls (SQLite has no notifications).
+func TestRelayOnSQLite(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	path := filepath.Join(t.TempDir(), "service.db")
+	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": "sqlite://" + path})
+	if err := Migrate(ctx, nil, env, nil, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if err := cli.EnsureRelayStream(ctx, js, "ORDERS", "orders"); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sqliteinbox.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sqliteoutbox.Add(ctx, tx, outbox.Intent{ID: "charge-o-1", Subject: "orders.charge", Payload: []byte(`{"cents":1250}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s, err := js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, "jetinbox relay on SQLite", func(ctx context.Context, stderr io.Writer) error {
+		return Jetinbox(ctx, []string{"relay", "-http", "", "-stream", "ORDERS"}, env, nil, io.Discard, stderr)
+	}, func() bool {
+		info, err := s.Info(ctx)
+		return err == nil && info.State.Msgs == 1
+	})
+	m, err := s.GetMsg(ctx, 1)
+	if err != nil || m.Header.Get(jetstream.MsgIDHeader) != "charge-o-1" {
+		t.Fatalf("ORDERS holds %v, %v", m, err)
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox"
@@ -84,12 +83,12 @@ func Replay(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	log := cli.EnvLogger(stderr, env, slog.LevelWarn)
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	pool, err := cli.OpenDB(ctx, *dbURL, 2, log)
+	store, err := cli.OpenStore(ctx, *dbURL, 2, log)
 	if err != nil {
 		return cli.UsageError{Err: err}
 	}
-	defer pool.Close()
-	if err := inbox.CheckSchema(ctx, pool); err != nil {
+	defer store.Close()
+	if err := store.CheckSchema(ctx); err != nil {
 		return cli.UsageError{Err: err}
 	}
 	nc, js, err := nf.Connect("jetinbox-replay", cli.DefaultReconnect(), log)
@@ -98,11 +97,11 @@ func Replay(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	}
 	defer nc.Close()
 
-	var db inbox.Beginner = pool
-	if !*apply {
-		db = rollbackDB{pool}
+	newProc := store.DryRunLedgerProcessor
+	if *apply {
+		newProc = store.LedgerProcessor
 	}
-	proc, err := cli.NewLedgerProcessor(db, inbox.Config{Scope: *scope, Logger: log})
+	proc, err := newProc(inbox.Config{Scope: *scope, Logger: log})
 	if err != nil {
 		return cli.UsageError{Err: err}
 	}
@@ -113,12 +112,12 @@ func Replay(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 		return err
 	}
 	if counts.total > 0 {
-		var none bool
-		if err := pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM inbox WHERE scope = $1)`, *scope).Scan(&none); err != nil {
-			return fmt.Errorf("replay: inbox: %w", err)
+		some, err := store.HasRows(ctx, *scope)
+		if err != nil {
+			return fmt.Errorf("replay: %w", err)
 		}
-		if none {
-			scopes, err := verify.Scopes(ctx, pool, 20)
+		if !some {
+			scopes, err := verify.ScopesOn(ctx, verifyDB(store), 20)
 			if err != nil {
 				return err
 			}
@@ -205,7 +204,7 @@ func (c *replayCounts) add(m inbox.Message, o inbox.Outcome) {
 // replay reads the range with an ordered consumer (no durable, nothing
 // acked) and runs it through proc batch by batch. It returns the counts and
 // the first and last sequence it read.
-func replay(ctx context.Context, js jetstream.JetStream, stream string, rg replayRange, batch int, proc *inbox.Processor) (*replayCounts, uint64, uint64, error) {
+func replay(ctx context.Context, js jetstream.JetStream, stream string, rg replayRange, batch int, proc jsinbox.BatchProcessor) (*replayCounts, uint64, uint64, error) {
 	counts := &replayCounts{seen: map[string]inbox.Status{}}
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
@@ -285,23 +284,3 @@ func replay(ctx context.Context, js jetstream.JetStream, stream string, rg repla
 	}
 	return counts, first, seq, nil
 }
-
-// rollbackDB begins transactions whose Commit rolls back, so that a dry run
-// takes the processor's whole path (claims, effects, rejections, conflicts)
-// and leaves nothing behind.
-type rollbackDB struct{ db inbox.Beginner }
-
-// Begin implements inbox.Beginner.
-func (r rollbackDB) Begin(ctx context.Context) (pgx.Tx, error) {
-	tx, err := r.db.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return rollbackTx{tx}, nil
-}
-
-// rollbackTx is a transaction whose Commit rolls it back.
-type rollbackTx struct{ pgx.Tx }
-
-// Commit rolls the transaction back.
-func (t rollbackTx) Commit(ctx context.Context) error { return t.Rollback(ctx) }

@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -28,8 +27,8 @@ var watchListening func(addr string)
 // /metrics and /healthz on httpAddr (empty: no HTTP). A failed round is
 // logged, counted and retried at the next interval: the process keeps
 // running, and JetinboxVerifyStale fires if no round succeeds for long.
-func watchVerify(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o verify.Options, checkpoint, httpAddr string, interval time.Duration, log *slog.Logger) error {
-	w, err := verify.NewWatch(js, pool, o, checkpoint)
+func watchVerify(ctx context.Context, js jetstream.JetStream, db verify.DB, o verify.Options, checkpoint, httpAddr string, interval time.Duration, log *slog.Logger) error {
+	w, err := verify.NewWatchOn(js, db, o, checkpoint)
 	if err != nil {
 		return err
 	}

@@ -10,51 +10,15 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
-	"github.com/jetinbox/jetinbox/internal/testenv"
-	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/internal/cli"
 )
 
-func benchDB(ctx context.Context, pg *testenv.Postgres, name string, accounts int) (*pgxpool.Pool, error) {
-	url, err := pg.CreateDatabase(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, err
-	}
-	cfg.MaxConns = 32
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := inbox.Migrate(ctx, pool); err != nil {
-		pool.Close()
-		return nil, err
-	}
-	if _, err := effects.Migrate(ctx, pool); err != nil {
-		pool.Close()
-		return nil, err
-	}
-	if _, err := outbox.Migrate(ctx, pool); err != nil {
-		pool.Close()
-		return nil, err
-	}
-	if err := effects.SeedAccounts(ctx, pool, accounts); err != nil {
-		pool.Close()
-		return nil, err
-	}
-	return pool, nil
-}
-
 // runRaw is the ceiling of the pipe: fetch and ack, nothing else.
-func runRaw(ctx context.Context, c jetstream.Consumer, _ *pgxpool.Pool, n int) error {
+func runRaw(ctx context.Context, c jetstream.Consumer, _ *cli.Store, n int) error {
 	var got atomic.Int64
 	done := make(chan struct{})
 	cc, err := c.Consume(func(m jetstream.Msg) {
@@ -77,8 +41,8 @@ func runRaw(ctx context.Context, c jetstream.Consumer, _ *pgxpool.Pool, n int) e
 
 // runNaive is what most people write: one transaction per message on one
 // connection, then ack.
-func runNaive(ctx context.Context, c jetstream.Consumer, pool *pgxpool.Pool, n int) error {
-	proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: effects.NewLedger()})
+func runNaive(ctx context.Context, c jetstream.Consumer, store *cli.Store, n int) error {
+	proc, err := store.LedgerProcessor(inbox.Config{Scope: "ledger"})
 	if err != nil {
 		return err
 	}
@@ -134,9 +98,9 @@ func (o *countObserver) ObserveBatch(b jsinbox.BatchReport) {
 	}
 }
 
-func runJetinbox(ctx context.Context, js jetstream.JetStream, c jetstream.Consumer, pool *pgxpool.Pool, n int, o Options) error {
+func runJetinbox(ctx context.Context, js jetstream.JetStream, c jetstream.Consumer, store *cli.Store, n int, o Options) error {
 	obs := &countObserver{done: make(chan struct{}), n: int64(n)}
-	return consumeWith(ctx, js, c, pool, o, obs, func() error {
+	return consumeWith(ctx, js, c, store, o, obs, func() error {
 		select {
 		case <-obs.done:
 			return nil
@@ -148,22 +112,34 @@ func runJetinbox(ctx context.Context, js jetstream.JetStream, c jetstream.Consum
 
 // consumeWith runs o.Consumers jetinbox consumers on c's durable (each with
 // its own processor, as separate processes would be) until wait returns.
-func consumeWith(ctx context.Context, js jetstream.JetStream, c jetstream.Consumer, pool *pgxpool.Pool, o Options, obs jsinbox.Observer, wait func() error) error {
+func consumeWith(ctx context.Context, js jetstream.JetStream, c jetstream.Consumer, store *cli.Store, o Options, obs jsinbox.Observer, wait func() error) error {
 	info := c.CachedInfo()
 	k := max(o.Consumers, 1)
 	all := make([]*jsinbox.Consumer, k)
 	for i := range all {
-		h, err := o.handler()
-		if err != nil {
-			return err
+		var proc jsinbox.BatchProcessor
+		if o.followUps {
+			// The outbox lives in PostgreSQL: the ledger with follow-ups
+			// runs there only.
+			h, err := o.handler()
+			if err != nil {
+				return err
+			}
+			proc, err = inbox.NewProcessor(store.PG, inbox.Config{Scope: "ledger", Handler: h})
+			if err != nil {
+				return err
+			}
+		} else {
+			var err error
+			proc, err = store.LedgerProcessor(inbox.Config{Scope: "ledger"})
+			if err != nil {
+				return err
+			}
 		}
-		proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: h})
-		if err != nil {
-			return err
-		}
+		var err error
 		all[i], err = jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{
 			Stream: info.Stream, Durable: info.Name, BatchSize: o.Batch, InFlight: o.InFlight,
-			AckWait: time.Minute, MaxAckPending: 50_000, DB: pool, Observer: obs,
+			AckWait: time.Minute, MaxAckPending: 50_000, DB: store, Observer: obs,
 			DeliverPolicy: info.Config.DeliverPolicy, OptStartSeq: info.Config.OptStartSeq,
 		})
 		if err != nil {
@@ -208,14 +184,14 @@ func consumeWith(ctx context.Context, js jetstream.JetStream, c jetstream.Consum
 }
 
 // checkLedger: every ID exactly once, balances exact.
-func checkLedger(ctx context.Context, pool *pgxpool.Pool, n int, want int64) error {
+func checkLedger(ctx context.Context, store *cli.Store, n int, want int64) error {
 	var entries, distinct int
 	var total int64
-	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT message_id), coalesce(sum(amount), 0) FROM ledger_entries`).Scan(&entries, &distinct, &total); err != nil {
+	if err := queryRow(ctx, store, `SELECT count(*), count(DISTINCT message_id), coalesce(sum(amount), 0) FROM ledger_entries`, &entries, &distinct, &total); err != nil {
 		return err
 	}
 	var bal int64
-	if err := pool.QueryRow(ctx, `SELECT coalesce(sum(balance), 0) FROM accounts`).Scan(&bal); err != nil {
+	if err := queryRow(ctx, store, `SELECT coalesce(sum(balance), 0) FROM accounts`, &bal); err != nil {
 		return err
 	}
 	if entries != n || distinct != n || total != want || bal != want {

@@ -18,7 +18,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -56,6 +55,8 @@ type Options struct {
 	// (the outbox approach and its latency phase).
 	followUps  bool
 	followKind string
+	// Store is where the inbox and the ledger live: postgres or sqlite.
+	Store string
 }
 
 // Main is `jetinbox bench`.
@@ -88,8 +89,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a Go CPU profile of the consuming phases (NATS server included) to this file")
 	fs.BoolVar(&o.ChildRSS, "child", true, "also run the consumer as its own process over the same messages and report its peak RSS (memory is bounded by batch × in-flight, not by the stream)")
 	fs.StringVar(&o.Only, "only", "", "run only these approaches, comma separated: raw,naive,jetinbox,outbox (jetinbox whose ledger emits a follow-up per credit through the outbox, then the relay draining it)")
+	fs.StringVar(&o.Store, "store", cli.StorePostgres, "the inbox store: postgres (a throwaway server, fsync on) or sqlite (files in a temporary directory, WAL, synchronous=FULL)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage of jetinbox bench: raw pipe vs naive vs jetinbox on the same messages, embedded NATS and a throwaway PostgreSQL (fsync on).")
+		fmt.Fprintln(stderr, "Usage of jetinbox bench: raw pipe vs naive vs jetinbox on the same messages, embedded NATS and a throwaway PostgreSQL (fsync on) or SQLite files (-store sqlite).")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -123,6 +125,9 @@ func (o Options) validate(extra int) error {
 		if a != "" && !slices.Contains([]string{"raw", "naive", "jetinbox", "outbox"}, a) {
 			errs = append(errs, fmt.Errorf("-only %q: want raw, naive, jetinbox or outbox", a))
 		}
+	}
+	if o.Store != cli.StorePostgres && o.Store != cli.StoreSQLite {
+		errs = append(errs, fmt.Errorf("-store %q: want postgres or sqlite", o.Store))
 	}
 	if extra > 0 {
 		errs = append(errs, fmt.Errorf("unexpected arguments"))
@@ -179,11 +184,14 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer srv.Close()
-	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{Durable: true})
+	if o.Store == "" {
+		o.Store = cli.StorePostgres
+	}
+	dbs, err := openDatabases(ctx, o.Store)
 	if err != nil {
 		return err
 	}
-	defer pg.Close()
+	defer dbs.close()
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		return err
@@ -257,7 +265,12 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	want := func(name string) bool { return o.Only == "" || slices.Contains(strings.Split(o.Only, ","), name) }
+	want := func(name string) bool {
+		if name == "outbox" && o.Store == cli.StoreSQLite {
+			return false // the ledger's follow-ups go to the outbox in PostgreSQL
+		}
+		return o.Only == "" || slices.Contains(strings.Split(o.Only, ","), name)
+	}
 	results := map[string]*result{}
 	var relays []relayRun
 	var heapPeak atomic.Uint64
@@ -267,17 +280,17 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		for _, a := range []struct {
 			name string
 			n    int
-			run  func(context.Context, jetstream.Consumer, *pgxpool.Pool, int) error
+			run  func(context.Context, jetstream.Consumer, *cli.Store, int) error
 			// timed, if set, runs instead of run and says how long the
 			// part that counts took.
-			timed func(context.Context, jetstream.Consumer, *pgxpool.Pool, int) (time.Duration, error)
+			timed func(context.Context, jetstream.Consumer, *cli.Store, int) (time.Duration, error)
 		}{
 			{"raw", o.N, runRaw, nil},
 			{"naive", min(o.N, o.NaiveMax), runNaive, nil},
-			{"jetinbox", o.N, func(ctx context.Context, c jetstream.Consumer, pool *pgxpool.Pool, n int) error {
+			{"jetinbox", o.N, func(ctx context.Context, c jetstream.Consumer, pool *cli.Store, n int) error {
 				return runJetinbox(ctx, js, c, pool, n, o)
 			}, nil},
-			{"outbox", o.N, nil, func(ctx context.Context, c jetstream.Consumer, pool *pgxpool.Pool, n int) (time.Duration, error) {
+			{"outbox", o.N, nil, func(ctx context.Context, c jetstream.Consumer, pool *cli.Store, n int) (time.Duration, error) {
 				return runOutbox(ctx, js, c, pool, n, o, &relays)
 			}},
 		} {
@@ -285,7 +298,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 				continue
 			}
 			durable := fmt.Sprintf("%s_%d", a.name, round)
-			pool, err := benchDB(ctx, pg, durable, o.Accounts)
+			pool, err := dbs.create(ctx, durable, o.Accounts)
 			if err != nil {
 				return err
 			}
@@ -308,7 +321,9 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 				err = checkLedger(ctx, pool, a.n, prefixSums[a.n])
 			}
 			var deadlocks int64
-			_ = pool.QueryRow(ctx, `SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&deadlocks)
+			if pool.PG != nil {
+				_ = pool.PG.QueryRow(ctx, `SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&deadlocks)
+			}
 			if deadlocks > 0 {
 				say("  %s: %d deadlocks (each costs deadlock_timeout)", a.name, deadlocks)
 			}
@@ -320,7 +335,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 			// cleaning up the one (autovacuum) nor tracking the other
 			// (the naive round leaves messages pending) runs during the
 			// next phases.
-			if err := pg.DropDatabase(ctx, durable); err != nil {
+			if err := dbs.drop(ctx, durable); err != nil {
 				return err
 			}
 			if err := js.DeleteConsumer(ctx, stream.Name, durable); err != nil {
@@ -338,7 +353,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 
 	var child *childResult
 	if o.ChildRSS && want("jetinbox") {
-		child, err = childConsumer(ctx, srv.URL(), pg, o, prefixSums[o.N])
+		child, err = childConsumer(ctx, srv.URL(), dbs, o, prefixSums[o.N])
 		if err != nil {
 			return err
 		}
@@ -346,7 +361,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 
 	var startup []time.Duration
 	if want("jetinbox") {
-		if startup, err = startupPhase(ctx, js, pg, o); err != nil {
+		if startup, err = startupPhase(ctx, js, dbs, o); err != nil {
 			return err
 		}
 		say("start-up: time to first commit %v", startup)
@@ -362,10 +377,10 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 			rates = append(rates, max(o.Rate, int(j.rate()/2)))
 		}
 		for i, rate := range rates {
-			if err := pg.Settle(ctx, 30*time.Second); err != nil {
+			if err := dbs.settle(ctx); err != nil {
 				return err
 			}
-			run, err := latencyPhase(ctx, js, pg, o, rate, fmt.Sprintf("latency_%d", i))
+			run, err := latencyPhase(ctx, js, dbs, o, rate, fmt.Sprintf("latency_%d", i))
 			if err != nil {
 				return err
 			}
@@ -375,12 +390,12 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	}
 	var outboxLat *latencyRun
 	if o.Latency > 0 && want("outbox") {
-		if err := pg.Settle(ctx, 30*time.Second); err != nil {
+		if err := dbs.settle(ctx); err != nil {
 			return err
 		}
 		lo := o
 		lo.followUps = true
-		if outboxLat, err = latencyPhase(ctx, js, pg, lo, o.Rate, "latency_outbox"); err != nil {
+		if outboxLat, err = latencyPhase(ctx, js, dbs, lo, o.Rate, "latency_outbox"); err != nil {
 			return err
 		}
 		say("outbox latency phase at %d msg/s offered: emit-to-publish p50 %v p99 %v", o.Rate, pct(outboxLat.relayLat, 50), pct(outboxLat.relayLat, 99))
@@ -388,6 +403,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 
 	fmt.Fprintf(stdout, "\njetinbox bench: %d messages, %d accounts%s, %d consumer(s), batch ≤ %d, %d in flight, payload %d B, %d round(s), median\n",
 		o.N, o.Accounts, map[bool]string{true: " (hot: all on account 1)"}[o.Hot], o.Consumers, o.Batch, o.InFlight, payloadSize, o.Rounds)
+	fmt.Fprintf(stdout, "store: %s\n", dbs)
 	if callers != nil {
 		callers.write(stdout)
 	}

@@ -26,31 +26,46 @@ func TestRatiosPairRounds(t *testing.T) {
 	}
 }
 
-// TestBenchCommandSmoke runs the command small: every approach, paired
-// ratios, both latency phases and the ledger check.
+// TestBenchCommandSmoke runs the command small, on each store: every
+// approach, paired ratios, both latency phases and the ledger check.
 func TestBenchCommandSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts its own servers")
 	}
-	var out bytes.Buffer
-	err := Main(context.Background(), []string{"-n", "3000", "-naive-max", "200", "-rounds", "2",
-		"-latency", "300ms", "-rate", "500", "-child=false", "-batch", "500"}, &out, io.Discard)
-	if err != nil {
-		t.Fatalf("bench: %v\n%s", err, out.String())
+	for _, store := range []string{"postgres", "sqlite"} {
+		t.Run(store, func(t *testing.T) {
+			var out bytes.Buffer
+			err := Main(context.Background(), []string{"-store", store, "-n", "3000", "-naive-max", "200", "-rounds", "2",
+				"-latency", "300ms", "-rate", "500", "-child=false", "-batch", "500"}, &out, io.Discard)
+			if err != nil {
+				t.Fatalf("bench: %v\n%s", err, out.String())
+			}
+			for _, want := range []string{
+				`(?m)^store: ` + map[string]string{"postgres": "PostgreSQL", "sqlite": "SQLite"}[store],
+				`(?m)^jetinbox consumer +\d+  \d+\.\d\dx \(\d+\.\d\d–\d+\.\d\d\)$`,
+				`(?m)^publish-to-commit at 500 msg/s offered \(low load`,
+				`(?m)^publish-to-commit at \d+ msg/s offered \(50% of the jetinbox maximum`,
+				`(?m)^time to first commit of a cold consumer .*: median \d`,
+				`(?m)^ledger verified`,
+			} {
+				if !regexp.MustCompile(want).MatchString(out.String()) {
+					t.Errorf("output lacks %s:\n%s", want, out.String())
+				}
+			}
+			// The outbox approach runs where the outbox lives: PostgreSQL.
+			for _, want := range []string{
+				`(?m)^jetinbox \+ a follow-up per credit +\d+  \d+\.\d\dx`,
+				`(?m)^jetinbox \+ follow-ups / jetinbox: \d+\.\d\dx`,
+				`(?m)^outbox relay draining 3000 rows into a stream: \d+ rows/s`,
+				`(?m)^emit-to-publish at 500 msg/s offered \(relay beside the consumer`,
+			} {
+				if got := regexp.MustCompile(want).MatchString(out.String()); got != (store == "postgres") {
+					t.Errorf("%s: output has %s: %v:\n%s", store, want, got, out.String())
+				}
+			}
+		})
 	}
-	for _, want := range []string{
-		`(?m)^jetinbox consumer +\d+  \d+\.\d\dx \(\d+\.\d\d–\d+\.\d\d\)$`,
-		`(?m)^publish-to-commit at 500 msg/s offered \(low load`,
-		`(?m)^publish-to-commit at \d+ msg/s offered \(50% of the jetinbox maximum`,
-		`(?m)^jetinbox \+ a follow-up per credit +\d+  \d+\.\d\dx`,
-		`(?m)^jetinbox \+ follow-ups / jetinbox: \d+\.\d\dx`,
-		`(?m)^outbox relay draining 3000 rows into a stream: \d+ rows/s`,
-		`(?m)^emit-to-publish at 500 msg/s offered \(relay beside the consumer`,
-		`(?m)^time to first commit of a cold consumer .*: median \d`,
-		`(?m)^ledger verified`,
-	} {
-		if !regexp.MustCompile(want).MatchString(out.String()) {
-			t.Errorf("output lacks %s:\n%s", want, out.String())
-		}
+	if err := Main(context.Background(), []string{"-store", "mysql"}, io.Discard, io.Discard); err == nil {
+		t.Error("bench -store mysql was accepted")
 	}
 }

@@ -303,9 +303,9 @@ func consumersOnR3(ctx context.Context, o ClusterOptions, res *ClusterResult, sa
 		cpu0 := cpuTime()
 		start := time.Now()
 		if r.name == "raw" {
-			err = runRaw(ctx, cons, pool, o.N)
+			err = runRaw(ctx, cons, &cli.Store{PG: pool}, o.N)
 		} else {
-			err = runJetinbox(ctx, js, cons, pool, o.N, Options{Batch: o.Batch, InFlight: o.InFlight, Consumers: r.consumers})
+			err = runJetinbox(ctx, js, cons, &cli.Store{PG: pool}, o.N, Options{Batch: o.Batch, InFlight: o.InFlight, Consumers: r.consumers})
 		}
 		el := time.Since(start)
 		cpu := cpuTime() - cpu0
@@ -315,7 +315,7 @@ func consumersOnR3(ctx context.Context, o ClusterOptions, res *ClusterResult, sa
 		}
 		var xacts float64
 		if err == nil && r.name != "raw" {
-			err = checkLedger(ctx, pool, o.N, want)
+			err = checkLedger(ctx, &cli.Store{PG: pool}, o.N, want)
 			_ = pool.QueryRow(ctx, `SELECT count(DISTINCT xmin::text)::float8 FROM ledger_entries`).Scan(&xacts)
 		}
 		pool.Close()
@@ -352,7 +352,7 @@ func consumersOnR3(ctx context.Context, o ClusterOptions, res *ClusterResult, sa
 		if err := pg.Settle(ctx, 30*time.Second); err != nil {
 			return err
 		}
-		run, err := latencyPhase(ctx, js, pg, Options{Accounts: o.Accounts, Batch: o.Batch, InFlight: o.InFlight, Consumers: 1, Rate: o.Rate, Latency: o.Latency}, o.Rate, "latency")
+		run, err := latencyPhase(ctx, js, pgDatabases{pg}, Options{Accounts: o.Accounts, Batch: o.Batch, InFlight: o.InFlight, Consumers: 1, Rate: o.Rate, Latency: o.Latency}, o.Rate, "latency")
 		if err != nil {
 			return err
 		}

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"github.com/jetinbox/jetinbox/internal/cli"
 	"os"
 	"os/exec"
 	"strconv"
@@ -78,7 +79,7 @@ func processConsumers(ctx context.Context, js jetstream.JetStream, urls, stream 
 		cpu += procCPU(c.Process.Pid)
 		_ = c.Process.Signal(syscall.SIGTERM)
 	}
-	if err := checkLedger(ctx, pool, o.N, want); err != nil {
+	if err := checkLedger(ctx, &cli.Store{PG: pool}, o.N, want); err != nil {
 		return ConsumerRate{}, err
 	}
 	r := ConsumerRate{Approach: "jetinbox (processes)", Consumers: k, Rate: float64(o.N) / el.Seconds(), CPUPerMsg: cpu / time.Duration(o.N)}

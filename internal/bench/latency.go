@@ -15,7 +15,6 @@ import (
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
-	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
 // latencyRun is one latency phase: what was offered, what the publisher
@@ -32,8 +31,8 @@ type latencyRun struct {
 // latencyPhase offers a steady rate for o.Latency and measures
 // publish-to-commit (stream timestamp to the batch's commit) of every
 // message. name keeps the phase's database, durable and IDs apart.
-func latencyPhase(ctx context.Context, js jetstream.JetStream, pg *testenv.Postgres, o Options, rate int, name string) (*latencyRun, error) {
-	pool, err := benchDB(ctx, pg, name, o.Accounts)
+func latencyPhase(ctx context.Context, js jetstream.JetStream, dbs databases, o Options, rate int, name string) (*latencyRun, error) {
+	pool, err := dbs.create(ctx, name, o.Accounts)
 	if err != nil {
 		return nil, err
 	}

@@ -14,8 +14,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
 func sampleHeap(peak *atomic.Uint64) (stop func()) {
@@ -60,19 +58,19 @@ type childResult struct {
 // childConsumer runs `jetinbox consumer` (this binary) as a separate process
 // on a fresh durable and database, waits until it applied every message, and
 // reads its peak RSS (VmHWM) before stopping it.
-func childConsumer(ctx context.Context, natsURL string, pg *testenv.Postgres, o Options, want int64) (*childResult, error) {
+func childConsumer(ctx context.Context, natsURL string, dbs databases, o Options, want int64) (*childResult, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	pool, err := benchDB(ctx, pg, "child", o.Accounts)
+	pool, err := dbs.create(ctx, "child", o.Accounts)
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
 	cmd := exec.CommandContext(ctx, exe, "consumer", "-http", "", "-durable", "child", "-batch", strconv.Itoa(o.Batch),
 		"-inflight", strconv.Itoa(o.InFlight), "-max-ack-pending", "50000", "-log-format", "json")
-	cmd.Env = append(os.Environ(), "NATS_URL="+natsURL, "DATABASE_URL="+pg.URL("child"))
+	cmd.Env = append(os.Environ(), "NATS_URL="+natsURL, "DATABASE_URL="+dbs.url("child"))
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	start := time.Now()
@@ -83,7 +81,7 @@ func childConsumer(ctx context.Context, natsURL string, pg *testenv.Postgres, o 
 	var rss, early string
 	for {
 		var n int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&n); err != nil {
+		if err := queryRow(ctx, pool, `SELECT count(*) FROM inbox`, &n); err != nil {
 			return nil, err
 		}
 		if v := vmHWM(cmd.Process.Pid); v != "" {
@@ -106,7 +104,7 @@ func childConsumer(ctx context.Context, natsURL string, pg *testenv.Postgres, o 
 		return nil, err
 	}
 	pool.Close()
-	if err := pg.DropDatabase(ctx, "child"); err != nil {
+	if err := dbs.drop(ctx, "child"); err != nil {
 		return nil, err
 	}
 	return &childResult{rate: float64(o.N) / el.Seconds(), peakRSS: rss, earlyRSS: early}, nil

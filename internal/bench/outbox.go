@@ -10,12 +10,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/outbox"
 )
 
@@ -58,18 +58,18 @@ func (l *lagCollector) all() []time.Duration {
 	return append([]time.Duration(nil), l.lags...)
 }
 
-func newRelay(pool *pgxpool.Pool, js jetstream.JetStream, o Options, lags *lagCollector) (*outbox.Relay, error) {
+func newRelay(store *cli.Store, js jetstream.JetStream, o Options, lags *lagCollector) (*outbox.Relay, error) {
 	cfg := outbox.RelayConfig{Stream: followStream, Batch: 1000, Publisher: jsinbox.PublisherConfig{Batch: o.PubBatch, MaxInFlight: 8192}}
 	if lags != nil {
 		cfg.OnSent = lags.add
 	}
-	return outbox.NewRelay(pool, js, cfg)
+	return outbox.NewRelay(store.PG, js, cfg)
 }
 
 // runOutbox runs the jetinbox consumer with follow-ups (its rate is the
 // approach's), then a relay that drains the n rows it emitted, timed on its
 // own, and checks every row went out once.
-func runOutbox(ctx context.Context, js jetstream.JetStream, c jetstream.Consumer, pool *pgxpool.Pool, n int, o Options, relays *[]relayRun) (time.Duration, error) {
+func runOutbox(ctx context.Context, js jetstream.JetStream, c jetstream.Consumer, pool *cli.Store, n int, o Options, relays *[]relayRun) (time.Duration, error) {
 	// The rounds read the same intents: a kind per round (its durable's
 	// name) keeps their follow-up IDs apart, or the stream would take
 	// every later round's as duplicates.

@@ -6,15 +6,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
-	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
 // startupRuns is how many cold starts the start-up phase times.
@@ -25,12 +25,12 @@ const startupRuns = 5
 // message waiting in the stream. The time is from Consumer.Run to the
 // commit of that message's batch: binding the durable, connecting and
 // preparing statements, the first pull, the batch.
-func startupPhase(ctx context.Context, js jetstream.JetStream, pg *testenv.Postgres, o Options) ([]time.Duration, error) {
-	pool, err := benchDB(ctx, pg, "startup", o.Accounts)
+func startupPhase(ctx context.Context, js jetstream.JetStream, dbs databases, o Options) ([]time.Duration, error) {
+	pool, err := dbs.create(ctx, "startup", o.Accounts)
 	if err != nil {
 		return nil, err
 	}
-	defer pool.Close()
+	defer func() { pool.Close() }()
 	pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
 	if err != nil {
 		return nil, err
@@ -54,8 +54,16 @@ func startupPhase(ctx context.Context, js jetstream.JetStream, pg *testenv.Postg
 			return nil, err
 		}
 		durable := fmt.Sprintf("startup_%d", i)
-		pool.Reset() // cold: every connection closed
-		proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: effects.NewLedger()})
+		// Cold: every connection closed.
+		if pool.PG != nil {
+			pool.PG.Reset()
+		} else {
+			pool.Close()
+			if pool, err = cli.OpenStore(ctx, dbs.url("startup"), 0, slog.New(slog.DiscardHandler)); err != nil {
+				return nil, err
+			}
+		}
+		proc, err := pool.LedgerProcessor(inbox.Config{Scope: "ledger"})
 		if err != nil {
 			return nil, err
 		}

@@ -22,7 +22,7 @@ import (
 // drains and returns nil.
 func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Writer) error {
 	fs := NewFlagSet("consumer", "consumer applies intents from a JetStream stream once per (scope, message ID):\n"+
-		"inbox row and ledger effect in one PostgreSQL transaction, ack after commit.\n"+
+		"inbox row and ledger effect in one database transaction (PostgreSQL, or a SQLite file), ack after commit.\n"+
 		"The scope is the identity of the effect and must never change for a running pipeline;\n"+
 		"the durable is only the subscription.", stderr)
 	var nf NATSFlags
@@ -96,12 +96,12 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	}
 	log := NewLogger(stderr, *logFormat, slog.LevelInfo)
 
-	pool, err := OpenDB(ctx, *dbURL, int32(*dbConns), log)
+	store, err := OpenStore(ctx, *dbURL, int32(*dbConns), log)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if err := inbox.CheckSchema(ctx, pool); err != nil {
+	defer store.Close()
+	if err := store.CheckSchema(ctx); err != nil {
 		return err
 	}
 	nc, js, err := nf.Connect("jetinbox-consumer", w.natsReconnect, log)
@@ -117,12 +117,19 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	defer stopTracing(context.WithoutCancel(ctx)) //nolint:errcheck // best effort at exit
 	txRetry := w.db
 	txRetry.Base, txRetry.Cap, txRetry.MaxAttempts = 5*time.Millisecond, 200*time.Millisecond, 3
+	pcfg := inbox.Config{Scope: *scope, Logger: log, TxRetry: txRetry, TracerProvider: tp}
+	var proc jsinbox.BatchProcessor
 	if relay.followUps != "" {
-		if err := outbox.CheckSchema(ctx, pool); err != nil {
+		if store.PG == nil {
+			return UsageError{Err: errors.New("-follow-ups: the ledger's follow-ups go to the outbox in PostgreSQL; on SQLite a service adds its intents with sqliteoutbox.Add")}
+		}
+		if err := outbox.CheckSchema(ctx, store.PG); err != nil {
 			return UsageError{Err: err}
 		}
+		proc, err = NewLedgerProcessorWith(store.PG, pcfg, relay.followUps)
+	} else {
+		proc, err = store.LedgerProcessor(pcfg)
 	}
-	proc, err := NewLedgerProcessorWith(pool, inbox.Config{Scope: *scope, Logger: log, TxRetry: txRetry, TracerProvider: tp}, relay.followUps)
 	if err != nil {
 		return err
 	}
@@ -134,7 +141,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	}
 	c, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{
 		Stream: *stream, Durable: *durable, BatchSize: *batch, InFlight: *inflight, AckWait: *ackWait,
-		MaxDeliver: *maxDeliver, MaxAckPending: *maxAck, MaxBytes: int64(maxBytes), Nak: nak, DBWait: w.db, DB: pool, Logger: log, Observer: m, TracerProvider: tp,
+		MaxDeliver: *maxDeliver, MaxAckPending: *maxAck, MaxBytes: int64(maxBytes), Nak: nak, DBWait: w.db, DB: store, Logger: log, Observer: m, TracerProvider: tp,
 	})
 	if err != nil {
 		return UsageError{Err: err}
@@ -152,18 +159,18 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		defer srv.Close()
 	}
 
-	log.Info("consumer: running", "stream", *stream, "scope", *scope, "durable", *durable, "batch", *batch, "inflight", *inflight, "max_bytes", c.Config().MaxBytes)
+	log.Info("consumer: running", "store", store.String(), "stream", *stream, "scope", *scope, "durable", *durable, "batch", *batch, "inflight", *inflight, "max_bytes", c.Config().MaxBytes)
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	stopRelay := func() {}
 	if relay.run {
-		rm, err := metrics.NewRelay(reg, pool)
+		rm, err := metrics.NewRelay(reg, RelayBacklog(store))
 		if err != nil {
 			return err
 		}
 		cfg := RelayConfigFor(relay.stream, relay.batch, 0, w.kind, log)
 		cfg.OnSent = rm.ObserveSent
-		r, relayDone, err := StartRelay(runCtx, pool, js, cfg)
+		r, relayDone, err := StartRelay(runCtx, store, js, cfg)
 		if err != nil {
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 )
 
 // ExitCodes is the exit-code convention of every command (consumer,
@@ -96,9 +97,10 @@ var configSQLStates = map[string]bool{
 // IsConfigError reports whether err, or an error it wraps, is the servers
 // refusing the configuration a command was given: a stream or durable that
 // does not exist or is unsafe (jsinbox.SetupError), a NATS permission or
-// authorization refusal, or a PostgreSQL login, database, grant or schema
-// error. Such errors exit 2 in every command, like a bad flag: retrying
-// cannot help until an operator changes something.
+// authorization refusal, a PostgreSQL login, database, grant or schema
+// error, or a SQLite file that cannot be opened as given. Such errors exit
+// 2 in every command, like a bad flag: retrying cannot help until an
+// operator changes something.
 func IsConfigError(err error) bool {
 	var setup *jsinbox.SetupError
 	var pgErr *pgconn.PgError
@@ -115,6 +117,8 @@ func IsConfigError(err error) bool {
 		return true
 	case errors.As(err, &pgErr):
 		return configSQLStates[pgErr.Code]
+	case sqliteinbox.IsConfigError(err):
+		return true
 	}
 	return false
 }

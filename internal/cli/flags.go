@@ -80,13 +80,15 @@ const durableUsage = "JetStream durable consumer: only the subscription, not the
 	"renaming or re-creating it redelivers the stream, which the inbox absorbs as duplicates (env JETINBOX_DURABLE)"
 
 // DatabaseUsage is the help text of -database-url.
-const DatabaseUsage = "PostgreSQL connection string (env DATABASE_URL)"
+const DatabaseUsage = "database: a PostgreSQL connection string, or a SQLite file as sqlite:///path/to/file.db (env DATABASE_URL)"
 
-// DatabaseFlag registers -database-url, defaulting to DATABASE_URL, with
-// usage as its help text: DatabaseUsage, or a longer one.
+// DatabaseFlag registers -database-url, and -store as another name for it,
+// defaulting to DATABASE_URL, with usage as its help text: DatabaseUsage,
+// or a longer one.
 func DatabaseFlag(fs FlagSet, env Env, usage string) *string {
 	s := new(string)
 	fs.StringVar(s, "database-url", env("DATABASE_URL"), usage)
+	fs.StringVar(s, "store", env("DATABASE_URL"), "the same as -database-url")
 	return s
 }
 

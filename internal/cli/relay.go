@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
 
 // The outbox's defaults in the commands: the ledger's follow-ups go to
@@ -91,21 +91,43 @@ func EnsureRelayStream(ctx context.Context, js jetstream.JetStream, stream, subj
 }
 
 // StartRelay checks the outbox schema and the target stream, then runs a
-// relay until ctx ends. The returned channel yields Run's result.
-func StartRelay(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, cfg outbox.RelayConfig) (*outbox.Relay, <-chan error, error) {
-	if err := outbox.CheckSchema(ctx, pool); err != nil {
-		return nil, nil, UsageError{Err: err}
+// relay on store's outbox (PostgreSQL: SKIP LOCKED batches and LISTEN;
+// SQLite: leased batches and polling) until ctx ends. The returned channel
+// yields Run's result.
+func StartRelay(ctx context.Context, store *Store, js jetstream.JetStream, cfg outbox.RelayConfig) (*outbox.Relay, <-chan error, error) {
+	var src outbox.Source
+	if store.SQLite != nil {
+		if err := sqliteoutbox.CheckSchema(ctx, store.SQLite); err != nil {
+			return nil, nil, UsageError{Err: err}
+		}
+		src = sqliteoutbox.Source(store.SQLite, 0)
+	} else {
+		if err := outbox.CheckSchema(ctx, store.PG); err != nil {
+			return nil, nil, UsageError{Err: err}
+		}
+		src = outbox.Postgres(store.PG)
 	}
 	if err := CheckRelayStream(ctx, js, cfg.Stream); err != nil {
 		return nil, nil, err
 	}
-	r, err := outbox.NewRelay(pool, js, cfg)
+	r, err := outbox.NewRelayOn(src, js, cfg)
 	if err != nil {
 		return nil, nil, UsageError{Err: err}
 	}
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	return r, done, nil
+}
+
+// RelayBacklog returns how the relay metrics count the outbox's pending
+// rows on store.
+func RelayBacklog(store *Store) func(context.Context) (int64, time.Duration, error) {
+	if store.SQLite != nil {
+		return func(ctx context.Context) (int64, time.Duration, error) {
+			return sqliteoutbox.Backlog(ctx, store.SQLite)
+		}
+	}
+	return func(ctx context.Context) (int64, time.Duration, error) { return outbox.Backlog(ctx, store.PG) }
 }
 
 // ServeMetrics serves /metrics from reg on addr until the returned

@@ -66,7 +66,23 @@ type Postgres struct {
 	done chan struct{}
 }
 
-// FindPostgresBin returns the directory holding initdb and postgres.
+// DefaultPGSearch is where FindPostgresBin looks for the server binaries
+// after JETINBOX_PG_BIN and PATH: Debian's directories, newest first.
+const DefaultPGSearch = "/usr/lib/postgresql/*/bin"
+
+// pgSearch is the list of directory globs FindPostgresBin searches after
+// PATH: JETINBOX_PG_SEARCH (a PATH-style list, empty for none) if it is
+// set, else DefaultPGSearch. A test hides the installed binaries with it.
+func pgSearch() string {
+	if v, ok := os.LookupEnv("JETINBOX_PG_SEARCH"); ok {
+		return v
+	}
+	return DefaultPGSearch
+}
+
+// FindPostgresBin returns the directory holding initdb and postgres: the
+// one JETINBOX_PG_BIN names, else the one initdb on PATH is in, else the
+// newest under JETINBOX_PG_SEARCH (default DefaultPGSearch).
 func FindPostgresBin() (string, error) {
 	if d := os.Getenv("JETINBOX_PG_BIN"); d != "" {
 		if _, err := os.Stat(filepath.Join(d, "postgres")); err == nil {
@@ -81,7 +97,11 @@ func FindPostgresBin() (string, error) {
 			}
 		}
 	}
-	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/postgres")
+	var matches []string
+	for _, g := range filepath.SplitList(pgSearch()) {
+		m, _ := filepath.Glob(filepath.Join(g, "postgres"))
+		matches = append(matches, m...)
+	}
 	sort.Slice(matches, func(i, j int) bool { return pgVersion(matches[i]) > pgVersion(matches[j]) })
 	for _, m := range matches {
 		if _, err := os.Stat(filepath.Join(filepath.Dir(m), "initdb")); err == nil {

@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/effects"
@@ -28,7 +28,7 @@ type row struct {
 type checker struct {
 	ctx     context.Context
 	js      jetstream.JetStream
-	pool    *pgxpool.Pool
+	db      DB
 	o       Options
 	r       *Report
 	partial bool
@@ -206,7 +206,10 @@ func (c *checker) read(ids []string) (map[string]row, map[string]int, error) {
 	if len(ids) == 0 {
 		return rows, entries, nil
 	}
-	dbRows, err := c.pool.Query(c.ctx, `SELECT message_id, status, fingerprint, coalesce(reason, ''), stream_seq FROM inbox WHERE scope = $1 AND message_id = ANY($2)`, c.o.Scope, ids)
+	dbRows, err := c.db.query(c.ctx, stmt{
+		`SELECT message_id, status, fingerprint, coalesce(reason, ''), stream_seq FROM inbox WHERE scope = $1 AND message_id = ANY($2)`,
+		`SELECT message_id, status, fingerprint, coalesce(reason, ''), stream_seq FROM inbox WHERE scope = ?1 AND message_id IN (SELECT value FROM json_each(?2))`,
+	}, c.o.Scope, ids)
 	if err != nil {
 		return nil, nil, fmt.Errorf("verify: inbox: %w", err)
 	}
@@ -226,7 +229,10 @@ func (c *checker) read(ids []string) (map[string]row, map[string]int, error) {
 	if !c.o.Ledger {
 		return rows, entries, nil
 	}
-	lr, err := c.pool.Query(c.ctx, `SELECT message_id, count(*) FROM ledger_entries WHERE scope = $1 AND message_id = ANY($2) GROUP BY message_id`, c.o.Scope, ids)
+	lr, err := c.db.query(c.ctx, stmt{
+		`SELECT message_id, count(*) FROM ledger_entries WHERE scope = $1 AND message_id = ANY($2) GROUP BY message_id`,
+		`SELECT message_id, count(*) FROM ledger_entries WHERE scope = ?1 AND message_id IN (SELECT value FROM json_each(?2)) GROUP BY message_id`,
+	}, c.o.Scope, ids)
 	if err != nil {
 		return nil, nil, fmt.Errorf("verify: ledger: %w", err)
 	}
@@ -363,7 +369,8 @@ func (c *checker) outside() error {
 FROM inbox i LEFT JOIN (SELECT message_id, count(*) AS n FROM ledger_entries WHERE scope = $1 GROUP BY message_id) l USING (message_id)
 WHERE i.scope = $1`
 	}
-	if err := c.pool.QueryRow(ctx, q, scope).Scan(&rows, &applied, &appliedOnce, &appliedNone); err != nil {
+	// The same statements read the same on SQLite, with ?1 for $1.
+	if err := c.db.queryRow(ctx, stmt{q, strings.ReplaceAll(q, "$1", "?1")}, scope).Scan(&rows, &applied, &appliedOnce, &appliedNone); err != nil {
 		return fmt.Errorf("verify: inbox: %w", err)
 	}
 	if n := rows - c.judgedRows; n > 0 {
@@ -379,7 +386,10 @@ WHERE i.scope = $1`
 	} else {
 		r.AppliedOnce = applied
 	}
-	reasons, err := c.pool.Query(ctx, `SELECT coalesce(reason, ''), count(*) FROM inbox WHERE scope = $1 AND status = 'rejected' GROUP BY 1`, scope)
+	reasons, err := c.db.query(ctx, stmt{
+		`SELECT coalesce(reason, ''), count(*) FROM inbox WHERE scope = $1 AND status = 'rejected' GROUP BY 1`,
+		`SELECT coalesce(reason, ''), count(*) FROM inbox WHERE scope = ?1 AND status = 'rejected' GROUP BY 1`,
+	}, scope)
 	if err != nil {
 		return fmt.Errorf("verify: inbox: %w", err)
 	}
@@ -400,11 +410,12 @@ WHERE i.scope = $1`
 		return nil
 	}
 	var ids, dup, withoutRow int
-	if err := c.pool.QueryRow(ctx, `SELECT count(*),
+	ledgerQ := `SELECT count(*),
 	count(*) FILTER (WHERE l.n > 1),
 	count(*) FILTER (WHERE i.status IS DISTINCT FROM 'applied')
 FROM (SELECT message_id, count(*) AS n FROM ledger_entries WHERE scope = $1 GROUP BY message_id) l
-LEFT JOIN inbox i ON i.scope = $1 AND i.message_id = l.message_id`, scope).Scan(&ids, &dup, &withoutRow); err != nil {
+LEFT JOIN inbox i ON i.scope = $1 AND i.message_id = l.message_id`
+	if err := c.db.queryRow(ctx, stmt{ledgerQ, strings.ReplaceAll(ledgerQ, "$1", "?1")}, scope).Scan(&ids, &dup, &withoutRow); err != nil {
 		return fmt.Errorf("verify: ledger: %w", err)
 	}
 	if n := ids - c.entryIDs; n > 0 {
@@ -429,7 +440,10 @@ func (c *checker) balances() error {
 	// Other scopes apply their own effects to the same accounts: take
 	// their entries as they are (their own verify judges them), so that
 	// this scope's intents are still checked to the unit.
-	or, err := c.pool.Query(ctx, `SELECT account, sum(amount)::bigint FROM ledger_entries WHERE scope <> $1 GROUP BY account`, c.o.Scope)
+	or, err := c.db.query(ctx, stmt{
+		`SELECT account, sum(amount)::bigint FROM ledger_entries WHERE scope <> $1 GROUP BY account`,
+		`SELECT account, sum(amount) FROM ledger_entries WHERE scope <> ?1 GROUP BY account`,
+	}, c.o.Scope)
 	if err != nil {
 		return fmt.Errorf("verify: ledger of other scopes: %w", err)
 	}
@@ -443,7 +457,7 @@ func (c *checker) balances() error {
 	if err := or.Err(); err != nil {
 		return fmt.Errorf("verify: ledger of other scopes: %w", err)
 	}
-	br, err := c.pool.Query(ctx, `SELECT id, balance FROM accounts`)
+	br, err := c.db.query(ctx, stmt{`SELECT id, balance FROM accounts`, `SELECT id, balance FROM accounts`})
 	if err != nil {
 		return fmt.Errorf("verify: accounts: %w", err)
 	}

@@ -8,24 +8,37 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Scopes returns up to limit scopes that have inbox rows, in order, with an
 // index skip scan over the primary key: cheap on a large inbox.
 func Scopes(ctx context.Context, pool *pgxpool.Pool, limit int) ([]string, error) {
-	rows, err := pool.Query(ctx, `WITH RECURSIVE s(scope) AS (
+	return ScopesOn(ctx, Postgres(pool), limit)
+}
+
+// ScopesOn is [Scopes] on any store's database. SQLite skips through the
+// primary key on its own (a skip-scan of DISTINCT).
+func ScopesOn(ctx context.Context, db DB, limit int) ([]string, error) {
+	rows, err := db.query(ctx, stmt{`WITH RECURSIVE s(scope) AS (
 	(SELECT scope FROM inbox ORDER BY scope LIMIT 1)
 	UNION ALL
 	SELECT (SELECT i.scope FROM inbox i WHERE i.scope > s.scope ORDER BY i.scope LIMIT 1) FROM s WHERE s.scope IS NOT NULL
 )
-SELECT scope FROM s WHERE scope IS NOT NULL LIMIT $1`, limit)
+SELECT scope FROM s WHERE scope IS NOT NULL LIMIT $1`, `SELECT DISTINCT scope FROM inbox ORDER BY scope LIMIT ?1`}, limit)
 	if err != nil {
 		return nil, fmt.Errorf("verify: inbox scopes: %w", err)
 	}
-	scopes, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
+	defer rows.Close()
+	var scopes []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, fmt.Errorf("verify: inbox scopes: %w", err)
+		}
+		scopes = append(scopes, s)
+	}
+	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("verify: inbox scopes: %w", err)
 	}
 	return scopes, nil

@@ -55,6 +55,11 @@ const defaultChunk = 10000
 // name a message of the chunk that holds them (copies published again
 // after the duplicate window, messages without a row).
 func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Options) (*Report, error) {
+	return RunOn(ctx, js, Postgres(pool), o)
+}
+
+// RunOn is [Run] on any store's database: PostgreSQL or SQLite.
+func RunOn(ctx context.Context, js jetstream.JetStream, db DB, o Options) (*Report, error) {
 	if o.Stream == "" {
 		o.Stream = jsinbox.DefaultStream
 	}
@@ -73,7 +78,7 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 		return nil, err
 	}
 	r := &Report{DeadByStatus: map[string]int{}, RejectedByReason: map[string]int{}, Partial: partial}
-	c := &checker{ctx: ctx, js: js, pool: pool, o: o, r: r, partial: partial,
+	c := &checker{ctx: ctx, js: js, db: db, o: o, r: r, partial: partial,
 		dl: newDeadLetters(ctx, js, o.Stream), carried: map[string]bool{}, deferred: map[string]map[[32]byte][]byte{},
 		unmatched: map[string]row{}, want: map[int64]int64{}, idAt: map[uint64]string{}}
 	for _, d := range dead {
@@ -83,13 +88,13 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 		c.dl.add(r, d)
 	}
 	dead = nil
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM inbox_conflicts WHERE scope = $1`, o.Scope).Scan(&r.Conflicts); err != nil {
+	if err := db.queryRow(ctx, stmt{`SELECT count(*) FROM inbox_conflicts WHERE scope = $1`, `SELECT count(*) FROM inbox_conflicts WHERE scope = ?1`}, o.Scope).Scan(&r.Conflicts); err != nil {
 		return nil, fmt.Errorf("verify: conflicts: %w", err)
 	}
 	// A scope without a single inbox row while the stream has messages is
 	// almost always the wrong -scope, not a stream of lost messages: say
 	// so first, and name the scopes that do have rows.
-	if err := pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM inbox WHERE scope = $1)`, o.Scope).Scan(&c.noRows); err != nil {
+	if err := db.queryRow(ctx, stmt{`SELECT NOT EXISTS (SELECT 1 FROM inbox WHERE scope = $1)`, `SELECT NOT EXISTS (SELECT 1 FROM inbox WHERE scope = ?1)`}, o.Scope).Scan(&c.noRows); err != nil {
 		return nil, fmt.Errorf("verify: inbox: %w", err)
 	}
 	if c.last, err = walkRange(ctx, js, o.Stream, o.Range, o.chunk, o.Progress, c.chunk); err != nil {
@@ -99,7 +104,7 @@ func Run(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Opti
 		return nil, err
 	}
 	if c.noRows && r.StreamMessages > 0 {
-		scopes, err := Scopes(ctx, pool, 20)
+		scopes, err := ScopesOn(ctx, db, 20)
 		if err != nil {
 			return nil, err
 		}

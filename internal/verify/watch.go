@@ -58,7 +58,7 @@ type Checkpoint struct {
 type Watch struct {
 	opts Options
 	js   jetstream.JetStream
-	pool *pgxpool.Pool
+	db   DB
 	// path, if set, is where the checkpoint is kept across restarts.
 	path string
 
@@ -80,6 +80,11 @@ type Watch struct {
 // a restart checks the stream again from its first message, which costs
 // time, not correctness. o.Range is ignored.
 func NewWatch(js jetstream.JetStream, pool *pgxpool.Pool, o Options, path string) (*Watch, error) {
+	return NewWatchOn(js, Postgres(pool), o, path)
+}
+
+// NewWatchOn is [NewWatch] on any store's database.
+func NewWatchOn(js jetstream.JetStream, db DB, o Options, path string) (*Watch, error) {
 	if o.Stream == "" {
 		o.Stream = jsinbox.DefaultStream
 	}
@@ -90,7 +95,7 @@ func NewWatch(js jetstream.JetStream, pool *pgxpool.Pool, o Options, path string
 		return nil, errors.New("verify: watch: a durable is required (its ack floor says what is settled)")
 	}
 	o.Range, o.Progress = Range{}, nil
-	w := &Watch{opts: o, js: js, pool: pool, path: path,
+	w := &Watch{opts: o, js: js, db: db, path: path,
 		cp: Checkpoint{Stream: o.Stream, Scope: o.Scope, Violations: map[string]int{}},
 		violations: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricViolations,
 			Help: "Broken invariants found by jetinbox verify, by kind (lost, duplicated, unexpected, effect_without_row, row_without_effect, balance_mismatch), since the checkpoint began."},
@@ -204,7 +209,7 @@ func (w *Watch) round(ctx context.Context) (*Report, error) {
 	if to >= from {
 		o := w.opts
 		o.Range = Range{FromSeq: from, ToSeq: to}
-		if r, err = Run(ctx, w.js, w.pool, o); err != nil {
+		if r, err = RunOn(ctx, w.js, w.db, o); err != nil {
 			return nil, err
 		}
 	}

@@ -1,0 +1,76 @@
+package sqliteinbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/internal/migrate"
+)
+
+// Migrate creates or upgrades the inbox tables in the SQLite database db,
+// recording applied versions in jetinbox_migrations, and returns how many
+// migrations it applied. It is safe to call concurrently and repeatedly.
+func Migrate(ctx context.Context, db *sql.DB) (int, error) {
+	return migrate.ApplySQLite(ctx, db, "inbox", migrations())
+}
+
+// MigrationStatus compares the inbox migrations this package ships with
+// what db recorded.
+func MigrationStatus(ctx context.Context, db *sql.DB) ([]inbox.MigrationState, error) {
+	return migrate.StatusSQLite(ctx, db, "inbox", migrations())
+}
+
+// MigrationSQL returns the SQLite inbox schema as one SQL script.
+func MigrationSQL() string { return migrate.Script("inbox", migrations()) }
+
+// CheckSchema reports [inbox.ErrNotMigrated] unless every inbox migration
+// this package ships has been applied to db.
+func CheckSchema(ctx context.Context, db *sql.DB) error {
+	ms := migrations()
+	want := ms[len(ms)-1].Version
+	have, ok, err := migrate.VersionSQLite(ctx, db, "inbox")
+	switch {
+	case err != nil:
+		return fmt.Errorf("inbox: check schema: %w", err)
+	case !ok:
+		return inbox.ErrNotMigrated
+	case have < want:
+		return fmt.Errorf("%w: at version %d, this library needs %d", inbox.ErrNotMigrated, have, want)
+	}
+	return nil
+}
+
+// Prune deletes inbox rows received longer than opts.OlderThan ago, in
+// batches of opts.BatchSize, and returns how many it deleted; see
+// [inbox.Prune] for the options and the horizon it refuses. The cut-off
+// comes from this machine's clock, the one received_at was written with.
+func Prune(ctx context.Context, db *sql.DB, opts inbox.PruneOptions) (int64, error) {
+	opts, err := opts.Checked()
+	if err != nil {
+		return 0, err
+	}
+	cutoff := time.Now().Add(-opts.OlderThan).UnixMicro()
+	var total int64
+	for {
+		r, err := db.ExecContext(ctx, `DELETE FROM inbox WHERE (scope, message_id) IN (
+	SELECT scope, message_id FROM inbox WHERE received_at < ? AND (? = '' OR scope = ?) LIMIT ?)`,
+			cutoff, opts.Scope, opts.Scope, opts.BatchSize)
+		if err != nil {
+			return total, fmt.Errorf("inbox: prune: %w", err)
+		}
+		n, err := r.RowsAffected()
+		if err != nil {
+			return total, fmt.Errorf("inbox: prune: %w", err)
+		}
+		total += n
+		if n < int64(opts.BatchSize) {
+			return total, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+	}
+}

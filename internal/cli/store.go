@@ -1,0 +1,248 @@
+package cli
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/jetinbox/jetinbox/effects"
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
+)
+
+// The stores a database URL can name.
+const (
+	StorePostgres = "postgres"
+	StoreSQLite   = "sqlite"
+)
+
+// SQLitePath returns the file a sqlite:// URL names (sqlite:///var/lib/x.db
+// is /var/lib/x.db, sqlite://x.db is x.db in the working directory), and
+// false for any other URL.
+func SQLitePath(dbURL string) (string, bool, error) {
+	rest, ok := strings.CutPrefix(dbURL, "sqlite://")
+	if !ok {
+		rest, ok = strings.CutPrefix(dbURL, "sqlite:")
+		if !ok {
+			return "", false, nil
+		}
+	}
+	if i := strings.IndexAny(rest, "?#"); i >= 0 {
+		return "", true, fmt.Errorf("%q: a SQLite URL takes no parameters: the settings the guarantee needs are fixed", dbURL)
+	}
+	p, err := url.PathUnescape(rest)
+	if err != nil {
+		return "", true, fmt.Errorf("%q: %w", dbURL, err)
+	}
+	if p == "" || p == "/" {
+		return "", true, fmt.Errorf("%q names no file: write sqlite:///path/to/file.db", dbURL)
+	}
+	return p, true, nil
+}
+
+// StoreKind returns which store dbURL names: [StoreSQLite] for sqlite://
+// URLs, [StorePostgres] for anything else.
+func StoreKind(dbURL string) string {
+	if _, ok, _ := SQLitePath(dbURL); ok {
+		return StoreSQLite
+	}
+	return StorePostgres
+}
+
+// Store is the inbox database a command runs on: a PostgreSQL pool or a
+// SQLite file, chosen by the database URL.
+type Store struct {
+	// PG is the pool on PostgreSQL; nil on SQLite.
+	PG *pgxpool.Pool
+	// SQLite is the handle on the SQLite file; nil on PostgreSQL.
+	SQLite *sql.DB
+	// Path is the SQLite file.
+	Path string
+}
+
+// OpenStore opens the database dbURL names: a SQLite file for
+// sqlite:///path (see [SQLitePath]), else a PostgreSQL pool of maxConns
+// ([OpenDB]).
+func OpenStore(ctx context.Context, dbURL string, maxConns int32, log *slog.Logger) (*Store, error) {
+	path, ok, err := SQLitePath(dbURL)
+	if err != nil {
+		return nil, UsageError{Err: fmt.Errorf("DATABASE_URL: %w", err)}
+	}
+	if ok {
+		db, err := sqliteinbox.Open(ctx, path)
+		if err != nil {
+			return nil, fmt.Errorf("database: %w", err)
+		}
+		return &Store{SQLite: db, Path: path}, nil
+	}
+	pool, err := OpenDB(ctx, dbURL, maxConns, log)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{PG: pool}, nil
+}
+
+// Kind is [StorePostgres] or [StoreSQLite].
+func (s *Store) Kind() string {
+	if s.SQLite != nil {
+		return StoreSQLite
+	}
+	return StorePostgres
+}
+
+// String names the store for logs: the SQLite file, or PostgreSQL.
+func (s *Store) String() string {
+	if s.SQLite != nil {
+		return "SQLite " + s.Path
+	}
+	return "PostgreSQL"
+}
+
+// Close closes the pool or the file.
+func (s *Store) Close() {
+	if s.SQLite != nil {
+		_ = s.SQLite.Close()
+		return
+	}
+	s.PG.Close()
+}
+
+// Ping checks the database answers; a Store is a [jsinbox.Pinger].
+func (s *Store) Ping(ctx context.Context) error {
+	if s.SQLite != nil {
+		return s.SQLite.PingContext(ctx)
+	}
+	return s.PG.Ping(ctx)
+}
+
+// CheckSchema reports [inbox.ErrNotMigrated] unless the inbox schema is
+// up to date.
+func (s *Store) CheckSchema(ctx context.Context) error {
+	if s.SQLite != nil {
+		return sqliteinbox.CheckSchema(ctx, s.SQLite)
+	}
+	return inbox.CheckSchema(ctx, s.PG)
+}
+
+// Migrate applies the inbox and ledger schemas and returns how many
+// migrations of each it applied.
+func (s *Store) Migrate(ctx context.Context) (inboxN, ledgerN int, err error) {
+	if s.SQLite != nil {
+		if inboxN, err = sqliteinbox.Migrate(ctx, s.SQLite); err != nil {
+			return inboxN, 0, err
+		}
+		ledgerN, err = effects.MigrateSQLite(ctx, s.SQLite)
+		return inboxN, ledgerN, err
+	}
+	if inboxN, err = inbox.Migrate(ctx, s.PG); err != nil {
+		return inboxN, 0, err
+	}
+	ledgerN, err = effects.Migrate(ctx, s.PG)
+	return inboxN, ledgerN, err
+}
+
+// MigrationStatus compares the inbox and ledger migrations with what the
+// database recorded.
+func (s *Store) MigrationStatus(ctx context.Context) (in, ledger []inbox.MigrationState, err error) {
+	if s.SQLite != nil {
+		if in, err = sqliteinbox.MigrationStatus(ctx, s.SQLite); err != nil {
+			return nil, nil, err
+		}
+		ledger, err = effects.MigrationStatusSQLite(ctx, s.SQLite)
+		return in, ledger, err
+	}
+	if in, err = inbox.MigrationStatus(ctx, s.PG); err != nil {
+		return nil, nil, err
+	}
+	ledger, err = effects.MigrationStatus(ctx, s.PG)
+	return in, ledger, err
+}
+
+// SeedAccounts makes sure accounts 1..n exist.
+func (s *Store) SeedAccounts(ctx context.Context, n int) error {
+	if s.SQLite != nil {
+		return effects.SeedAccountsSQLite(ctx, s.SQLite, n)
+	}
+	return effects.SeedAccounts(ctx, s.PG, n)
+}
+
+// Prune deletes old inbox rows; see [inbox.Prune].
+func (s *Store) Prune(ctx context.Context, opts inbox.PruneOptions) (int64, error) {
+	if s.SQLite != nil {
+		return sqliteinbox.Prune(ctx, s.SQLite, opts)
+	}
+	return inbox.Prune(ctx, s.PG, opts)
+}
+
+// LedgerProcessor returns the ledger's processor on this store, with the
+// inbox scope and the ledger scope one and the same, cfg.Scope (see
+// [NewLedgerProcessor]); cfg.Handler is ignored.
+func (s *Store) LedgerProcessor(cfg inbox.Config) (jsinbox.BatchProcessor, error) {
+	return s.ledgerProcessor(cfg, false)
+}
+
+// DryRunLedgerProcessor is [Store.LedgerProcessor] whose commits roll
+// back: a dry run takes the processor's whole path (claims, effects,
+// rejections, conflicts) and leaves nothing behind.
+func (s *Store) DryRunLedgerProcessor(cfg inbox.Config) (jsinbox.BatchProcessor, error) {
+	return s.ledgerProcessor(cfg, true)
+}
+
+func (s *Store) ledgerProcessor(cfg inbox.Config, dryRun bool) (jsinbox.BatchProcessor, error) {
+	if s.SQLite == nil {
+		l, err := effects.NewScopedLedger(cfg.Scope)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Handler = l
+		st := inbox.Postgres(s.PG)
+		if dryRun {
+			st = rollbackStore[pgx.Tx]{st}
+		}
+		return inbox.NewProcessorOf(st, cfg)
+	}
+	l, err := effects.NewScopedSQLiteLedger(cfg.Scope)
+	if err != nil {
+		return nil, err
+	}
+	var st inbox.Store[*sql.Tx] = sqliteinbox.New(s.SQLite)
+	if dryRun {
+		st = rollbackStore[*sql.Tx]{st}
+	}
+	return inbox.NewProcessorOf(st, inbox.ConfigOf[*sql.Tx]{
+		Scope: cfg.Scope, Handler: l, Logger: cfg.Logger, TxRetry: cfg.TxRetry,
+		TracerProvider: cfg.TracerProvider, CommitTimeout: cfg.CommitTimeout, EffectConcurrency: cfg.EffectConcurrency,
+	})
+}
+
+// rollbackStore is a store whose Commit rolls back.
+type rollbackStore[TX any] struct{ inbox.Store[TX] }
+
+// Commit rolls tx back.
+func (s rollbackStore[TX]) Commit(ctx context.Context, tx TX) error { return s.Rollback(ctx, tx) }
+
+// HasRows reports whether the inbox holds any row of scope.
+func (s *Store) HasRows(ctx context.Context, scope string) (bool, error) {
+	var some bool
+	var err error
+	if s.SQLite != nil {
+		err = s.SQLite.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM inbox WHERE scope = ?)`, scope).Scan(&some)
+	} else {
+		err = s.PG.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM inbox WHERE scope = $1)`, scope).Scan(&some)
+	}
+	if err != nil {
+		return false, fmt.Errorf("inbox: %w", err)
+	}
+	return some, nil
+}
+
+// ErrPostgresOnly is returned by commands that work on PostgreSQL only.
+var ErrPostgresOnly = errors.New("this command works on PostgreSQL only, not on a SQLite file")
