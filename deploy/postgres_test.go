@@ -74,7 +74,7 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 	// component's SQL files, as the schema owner.
 	migrator.must(t, `CREATE TABLE IF NOT EXISTS jetinbox_migrations (component text NOT NULL, version integer NOT NULL, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (component, version))`)
 	var migrations []string
-	for _, dir := range []string{"../inbox/migrations", "../effects/migrations"} {
+	for _, dir := range []string{"../inbox/migrations", "../effects/migrations", "../outbox/migrations"} {
 		m, _ := filepath.Glob(filepath.Join(dir, "*.sql"))
 		if len(m) == 0 {
 			t.Fatalf("no migrations in %s: has the schema moved? deploy/postgres/grants.sql must follow it", dir)
@@ -103,6 +103,14 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 		`WITH upd AS (UPDATE accounts a SET balance = a.balance + u.total FROM unnest(ARRAY[1::bigint], ARRAY[5::bigint]) AS u(id, total) WHERE a.id = u.id) SELECT u.id FROM unnest(ARRAY[1::bigint]) AS u(id) WHERE NOT EXISTS (SELECT 1 FROM accounts a WHERE a.id = u.id)`,
 		`INSERT INTO ledger_entries (scope, message_id, account, amount) VALUES ('ledger', 'm1', 1, 5)`,
 		`SELECT coalesce(max(version), 0) FROM jetinbox_migrations WHERE component = 'inbox'`,
+		// The outbox: follow-ups added, a repeat read back, the relay's
+		// round (the trigger notifies the relays as the consumer).
+		`INSERT INTO outbox (id, subject, payload, fingerprint, parent_id) SELECT * FROM unnest(ARRAY['notify:m1'], ARRAY['notifications.1'], ARRAY['\x01'::bytea], ARRAY['\x02'::bytea], ARRAY['m1']) ON CONFLICT (id) DO NOTHING RETURNING id`,
+		`SELECT id, subject, fingerprint FROM outbox WHERE id = ANY(ARRAY['notify:m1'])`,
+		`BEGIN; SELECT id, subject, payload FROM outbox WHERE sent_at IS NULL AND failed IS NULL ORDER BY seq LIMIT 10 FOR UPDATE SKIP LOCKED; ` +
+			`UPDATE outbox SET sent_at = clock_timestamp() WHERE id = ANY(ARRAY['notify:m1']) RETURNING extract(epoch FROM sent_at - created_at)::float8; COMMIT`,
+		`UPDATE outbox SET failed = f.reason FROM unnest(ARRAY['none'], ARRAY['x']) AS f(id, reason) WHERE outbox.id = f.id`,
+		`SELECT coalesce(max(version), 0) FROM jetinbox_migrations WHERE component = 'outbox'`,
 	} {
 		consumer.must(t, q)
 	}
@@ -126,6 +134,9 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 		`UPDATE inbox SET received_at = now()`,
 		`UPDATE inbox SET message_id = 'other' WHERE message_id = 'm1'`,
 		`UPDATE inbox SET fingerprint = '\x02'`,
+		`DELETE FROM outbox`,
+		`UPDATE outbox SET payload = '\x03'`,
+		`INSERT INTO outbox (id, subject, payload, fingerprint, created_at) VALUES ('o2', 'notifications.1', '', '\x01', now() - interval '1 year')`,
 		`INSERT INTO inbox (scope, message_id, fingerprint, received_at) VALUES ('ledger', 'm3', '\x01', now())`,
 		`DELETE FROM accounts`,
 		`INSERT INTO accounts (id) VALUES (3)`,
@@ -153,6 +164,7 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 	for _, q := range []string{
 		`SELECT count(*) FROM inbox, inbox_conflicts, accounts, ledger_entries`,
 		`SELECT count(*) FROM jetinbox_migrations`,
+		`SELECT id FROM outbox WHERE sent_at IS NULL AND failed IS NULL`,
 	} {
 		verifier.must(t, q)
 	}
@@ -170,6 +182,8 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 		`DELETE FROM accounts`,
 		`TRUNCATE inbox`,
 		`SELECT inbox_release('ledger', ARRAY['m1'])`,
+		`UPDATE outbox SET sent_at = now()`,
+		`DELETE FROM outbox`,
 		`DELETE FROM jetinbox_migrations`,
 		`CREATE TEMP TABLE evil (id int)`,
 		`CREATE TABLE evil (id int)`,
@@ -188,6 +202,8 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 	for _, q := range []string{
 		`DELETE FROM inbox WHERE ctid = ANY (ARRAY (SELECT ctid FROM inbox WHERE received_at < now() - interval '30 days' AND ('' = '' OR scope = '') LIMIT 10000))`,
 		`WITH del AS (DELETE FROM inbox WHERE scope = 'ledger' AND message_id = 'rejected' AND status = 'rejected' RETURNING status) SELECT coalesce((SELECT status FROM del), (SELECT status FROM inbox WHERE scope = 'ledger' AND message_id = 'rejected'), '')`,
+		// outbox.Prune's statement (prune -outbox).
+		`DELETE FROM outbox WHERE ctid = ANY (ARRAY (SELECT ctid FROM outbox WHERE created_at < now() - interval '30 days' AND sent_at IS NOT NULL LIMIT 10000))`,
 	} {
 		maintainer.must(t, q)
 	}

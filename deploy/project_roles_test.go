@@ -22,6 +22,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/verify"
+	"github.com/jetinbox/jetinbox/outbox"
 )
 
 // TestProjectUnderShippedRoles runs jetinbox's own producer and consumer
@@ -555,6 +556,9 @@ func provisionPostgres(t *testing.T, fx *secretsFixture) map[string]string {
 		t.Fatal(err)
 	}
 	if _, err := effects.Migrate(ctx, migrator); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outbox.Migrate(ctx, migrator); err != nil {
 		t.Fatal(err)
 	}
 	pg.as("jetinbox_migrator", "migrator-pw").mustFile(t, "postgres/grants.sql")

@@ -3,8 +3,11 @@ package effects
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -12,6 +15,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/migrate"
 	"github.com/jetinbox/jetinbox/internal/pgcopy"
+	"github.com/jetinbox/jetinbox/outbox"
 )
 
 //go:embed migrations/*.sql
@@ -78,7 +82,55 @@ const DefaultScope = "ledger"
 // The entries carry the scope of the [inbox.Processor] the ledger runs
 // under (see [inbox.ScopeFromContext]): they then say which (scope, message
 // ID) applied them, and a checker can count effects per scope.
-type Ledger struct{ scope string }
+type Ledger struct {
+	scope  string
+	follow *FollowUps // nil: no follow-ups (the default)
+}
+
+// FollowUps configures the follow-up intent a [Ledger] emits for every
+// credit it applies: written to the outbox (package outbox) in the inbox
+// transaction, published by the relay. Off by default.
+type FollowUps struct {
+	// Subject is the subject prefix: the follow-up of a credit to account
+	// N goes to "<Subject>.<N mod 16>", like the intents it follows.
+	// Required.
+	Subject string
+	// Kind names the follow-up in its ID (see outbox.FollowUpID):
+	// "<Kind>:<parent message ID>". Default "notify".
+	Kind string
+}
+
+// DefaultFollowUpKind is the kind of a ledger follow-up when none is set.
+const DefaultFollowUpKind = "notify"
+
+// WithFollowUps returns a copy of l that emits, for every credit it
+// applies, a follow-up intent carrying the same account and amount (its
+// canonical JSON), with the ID outbox.FollowUpID(message ID, f.Kind): a
+// notification of the credit, consumed by the next inbox scope. The
+// database needs the outbox schema.
+func (l *Ledger) WithFollowUps(f FollowUps) (*Ledger, error) {
+	if f.Kind == "" {
+		f.Kind = DefaultFollowUpKind
+	}
+	if _, err := outbox.FollowUpID("x", f.Kind); err != nil {
+		return nil, fmt.Errorf("effects: follow-ups: %w", err)
+	}
+	if f.Subject == "" || strings.ContainsAny(f.Subject, " *>") || strings.HasSuffix(f.Subject, ".") {
+		return nil, fmt.Errorf("effects: follow-ups: subject prefix %q: want a subject such as \"notifications\"", f.Subject)
+	}
+	c := *l
+	c.follow = &f
+	return &c, nil
+}
+
+// FollowUpsOf returns the ledger's follow-up configuration, if it emits
+// follow-ups.
+func (l *Ledger) FollowUpsOf() (FollowUps, bool) {
+	if l.follow == nil {
+		return FollowUps{}, false
+	}
+	return *l.follow, true
+}
 
 // NewLedger returns the ledger effect. Its entries carry the scope of the
 // processor it runs under; called outside one, [DefaultScope].
@@ -268,17 +320,51 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 		}
 		copyBufs.Put(w)
 	}
-	if len(unknown) == 0 {
-		return nil
+	if len(unknown) > 0 {
+		for i := range msgs {
+			if errs[i] != nil {
+				continue
+			}
+			in, _ := ParseIntent(msgs[i].Payload)
+			if slices.Contains(unknown, in.Account) {
+				errs[i] = inbox.BadInput(fmt.Errorf("%w: unknown account %d", ErrBadIntent, in.Account))
+			}
+		}
 	}
+	if l.follow != nil {
+		return l.emit(ctx, tx, msgs, errs)
+	}
+	return nil
+}
+
+// emit adds the follow-up of every message applied in this batch to the
+// outbox, in the batch's transaction. An error fails the batch; the
+// processor then applies its messages one at a time, and a message whose
+// follow-up ID the outbox holds with other contents is rejected.
+func (l *Ledger) emit(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, errs []error) error {
+	f := l.follow
+	out := make([]outbox.Intent, 0, len(msgs))
 	for i := range msgs {
 		if errs[i] != nil {
 			continue
 		}
-		in, _ := ParseIntent(msgs[i].Payload)
-		if slices.Contains(unknown, in.Account) {
-			errs[i] = inbox.BadInput(fmt.Errorf("%w: unknown account %d", ErrBadIntent, in.Account))
+		in, _ := ParseIntent(msgs[i].Payload) // parsed above: valid
+		id, err := outbox.FollowUpID(msgs[i].ID, f.Kind)
+		if err != nil {
+			return inbox.Permanent(fmt.Errorf("effects: follow-up of %s: %w", msgs[i].ID, err))
 		}
+		out = append(out, outbox.Intent{ID: id, Subject: f.Subject + "." + strconv.FormatInt(in.Account%16, 10),
+			Payload: in.AppendJSON(make([]byte, 0, 48)), Parent: msgs[i].ID})
+	}
+	// The parents were claimed fresh in tx, so their follow-ups are new:
+	// AddFresh copies a big batch. If one is there after all, the batch
+	// fails and the processor applies its messages one at a time, where
+	// Add tells a repeat from a conflict.
+	if err := outbox.AddFresh(ctx, tx, out...); err != nil {
+		if errors.Is(err, outbox.ErrConflict) || errors.Is(err, outbox.ErrBadIntent) {
+			return inbox.Permanent(fmt.Errorf("effects: follow-ups: %w", err))
+		}
+		return fmt.Errorf("effects: follow-ups: %w", err)
 	}
 	return nil
 }

@@ -44,14 +44,24 @@ GRANT INSERT (scope, message_id, account, amount) ON TABLE ledger_entries TO jet
 GRANT SELECT ON TABLE accounts TO jetinbox_consumer;
 GRANT UPDATE (balance) ON TABLE accounts TO jetinbox_consumer;
 
+-- The outbox: an effect's follow-ups are appended in the inbox
+-- transaction (created_at is the server's now(): retention relies on it),
+-- a repeat is recognised by reading the row that is there; the relay
+-- (`consumer -relay`, `jetinbox relay`, run as this role) locks pending rows
+-- (FOR UPDATE needs UPDATE) and marks them sent or failed. No DELETE: sent
+-- rows go with `jetinbox prune -outbox`, as the maintainer.
+GRANT SELECT ON TABLE outbox TO jetinbox_consumer;
+GRANT INSERT (id, subject, payload, fingerprint, parent_id) ON TABLE outbox TO jetinbox_consumer;
+GRANT UPDATE (sent_at, failed) ON TABLE outbox TO jetinbox_consumer;
+
 -- Read-only: lets a consumer check at start that the schema is migrated.
 GRANT SELECT ON TABLE jetinbox_migrations TO jetinbox_consumer;
 
 -- jetinbox_verifier -------------------------------------------------------
 
--- `jetinbox verify` reads the inbox, the conflict log and the ledger, and
--- writes nothing.
-GRANT SELECT ON TABLE inbox, inbox_conflicts, accounts, ledger_entries, jetinbox_migrations TO jetinbox_verifier;
+-- `jetinbox verify` reads the inbox, the conflict log, the ledger and (for
+-- -next-stream) the outbox, and writes nothing.
+GRANT SELECT ON TABLE inbox, inbox_conflicts, accounts, ledger_entries, outbox, jetinbox_migrations TO jetinbox_verifier;
 
 -- jetinbox_maintainer -----------------------------------------------------
 
@@ -60,5 +70,8 @@ GRANT SELECT ON TABLE inbox, inbox_conflicts, accounts, ledger_entries, jetinbox
 -- publishes again. Both read the rows they delete. Nothing else: it can
 -- neither write an effect nor touch the ledger.
 GRANT SELECT, DELETE ON TABLE inbox TO jetinbox_maintainer;
+-- `jetinbox prune -outbox` deletes sent outbox rows older than the same
+-- horizon (never pending ones).
+GRANT SELECT, DELETE ON TABLE outbox TO jetinbox_maintainer;
 
 COMMIT;

@@ -23,6 +23,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/outbox"
 )
 
 func TestMain(m *testing.M) { testenv.MainNoLeaks(m) }
@@ -208,13 +209,22 @@ SELECT 'ledger', 'old-' || g, '\x00'::bytea, now() - interval '30 days' FROM gen
 	if err == nil || !strings.Contains(err.Error(), "MaxAge") {
 		t.Fatalf("prune inside the stream's 7-day MaxAge: %v", err)
 	}
+	// Sent outbox rows go with -outbox, under the same horizon; pending
+	// ones stay however old.
+	if _, err := outbox.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox (id, subject, payload, fingerprint, created_at, sent_at)
+SELECT 'o-' || g, 'notifications.1', '', '\x00'::bytea, now() - interval '30 days', CASE WHEN g <= 7 THEN now() END FROM generate_series(1, 10) g`); err != nil {
+		t.Fatal(err)
+	}
 	var out bytes.Buffer
 	// Re-drives of the dead letters (kept 30 days) would stretch the
 	// horizon past 30 days; this pipeline never re-drives.
-	if err := Prune(ctx, []string{"-older-than", "720h", "-batch", "10", "-dlq-redrive=false"}, env, nil, &out, io.Discard); err != nil {
+	if err := Prune(ctx, []string{"-older-than", "720h", "-batch", "10", "-dlq-redrive=false", "-outbox"}, env, nil, &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "pruned 25 inbox rows") {
+	if !strings.Contains(out.String(), "pruned 25 inbox rows") || !strings.Contains(out.String(), "pruned 7 sent outbox rows") {
 		t.Fatalf("prune: %s", out.String())
 	}
 }
@@ -524,7 +534,7 @@ func TestEveryDocumentedCommandExists(t *testing.T) {
 			named[f[0]] = true
 		}
 	}
-	for _, word := range []string{"demo", "verify", "replay", "prune", "migrate", "chaos", "bench", "jitter", "consumer"} {
+	for _, word := range []string{"demo", "verify", "replay", "prune", "migrate", "chaos", "bench", "jitter", "consumer", "relay"} {
 		if !named[word] {
 			t.Errorf("jetinbox %s is neither in the READMEs nor in -h", word)
 		}

@@ -27,6 +27,7 @@ func TestExitCodeConvention(t *testing.T) {
 		"consumer": {"-batch", "x"},
 		"replay":   {"-batch", "x"},
 		"prune":    {"-margin", "soon"},
+		"relay":    {"-batch", "x"},
 		"bench":    {"-n", "x"},
 		"chaos":    {"-intents", "x"},
 		"jitter":   {"-clients", "x"},
@@ -59,6 +60,7 @@ func TestExitCodeConvention(t *testing.T) {
 		{"bench", "-n", "-5"}, {"bench", "-rate", "0"}, {"bench", "-only", "fast"}, {"bench", "-latency", "-1s"},
 		{"chaos", "-crash", "1.5"}, {"chaos", "-poison", "-0.1"}, {"chaos", "-drop-publish", "NaN"},
 		{"chaos", "-intents", "0"}, {"chaos", "-give-ups", "-1"}, {"chaos", "-producers", "sometimes"},
+		{"relay", "-batch", "0"}, {"relay", "-publish-batch", "5000"},
 		{"jitter", "-clients", "-3"}, {"jitter", "-cap", "1ms", "-base", "1s"}, {"jitter", "extra"},
 	} {
 		err := Jetinbox(context.Background(), args, mapEnv(nil), nil, io.Discard, io.Discard)

@@ -30,6 +30,8 @@ import (
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/jittersim"
 	"github.com/jetinbox/jetinbox/internal/verify"
+	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
 
 type command struct {
@@ -42,7 +44,8 @@ func commands() map[string]command {
 		"demo":     {"the all-in-one run: embedded JetStream, throwaway PostgreSQL, producer, two consumers, faults, verified result", Demo},
 		"accounts": {"open ledger accounts (-open 1-1024), or list them with their balances (-list)", Accounts},
 		"dlq":      {"list a scope's dead letters by reason, -show one, -redrive a selection after fixing the cause", DLQ},
-		"migrate":  {"apply the inbox and ledger schemas (-print shows the SQL instead)", Migrate},
+		"migrate":  {"apply the inbox, ledger and outbox schemas (-print shows the SQL instead)", Migrate},
+		"relay":    {"publish the outbox's pending rows (follow-ups, services' own intents) with their IDs and mark them sent", Relay},
 		"verify":   {"check a stream against one scope's inbox and ledger: lost, duplicated, unexpected", Verify},
 		"consumer": {"the consumer (same as the consumer binary), for one-binary deployments and jetinbox bench", func(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return cli.Consumer(ctx, args, env, stdout, stderr)
@@ -97,11 +100,11 @@ func Jetinbox(ctx context.Context, args []string, env cli.Env, stdin io.Reader, 
 
 // ownUsage names the commands whose usage text (cli.NewFlagSet) already
 // ends with the exit-code convention; the dispatcher adds it to the others'.
-var ownUsage = map[string]bool{"demo": true, "accounts": true, "dlq": true, "migrate": true, "verify": true, "consumer": true, "replay": true, "prune": true}
+var ownUsage = map[string]bool{"demo": true, "accounts": true, "dlq": true, "migrate": true, "verify": true, "consumer": true, "replay": true, "prune": true, "relay": true}
 
 // Migrate applies the schemas, or prints them.
 func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
-	fs := cli.NewFlagSet("jetinbox migrate", "Apply the inbox and ledger schemas to DATABASE_URL (PostgreSQL, or a SQLite file: sqlite:///path). Nothing migrates implicitly.", stderr)
+	fs := cli.NewFlagSet("jetinbox migrate", "Apply the inbox, ledger and outbox schemas to DATABASE_URL (PostgreSQL, or a SQLite file: sqlite:///path). Nothing migrates implicitly.", stderr)
 	dbURL := cli.DatabaseFlag(fs, env, cli.DatabaseUsage)
 	print := fs.Bool("print", false, "print the SQL for your own migration tool instead of applying it")
 	status := fs.Bool("status", false, "list each migration as applied, pending, edited (applied with other SQL: exit 1) or unknown (from a newer release); apply nothing")
@@ -110,10 +113,10 @@ func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdou
 	}
 	if *print {
 		if cli.StoreKind(*dbURL) == cli.StoreSQLite {
-			fmt.Fprint(stdout, sqliteinbox.MigrationSQL(), effects.MigrationSQLSQLite())
+			fmt.Fprint(stdout, sqliteinbox.MigrationSQL(), effects.MigrationSQLSQLite(), sqliteoutbox.MigrationSQL())
 			return nil
 		}
-		fmt.Fprint(stdout, inbox.MigrationSQL(), effects.MigrationSQL())
+		fmt.Fprint(stdout, inbox.MigrationSQL(), effects.MigrationSQL(), outbox.MigrationSQL())
 		return nil
 	}
 	if err := cli.RequireDatabase(*dbURL); err != nil {
@@ -131,7 +134,16 @@ func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdou
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "applied %d inbox and %d ledger migrations\n", n, m)
+	var o int
+	if store.SQLite != nil {
+		o, err = sqliteoutbox.Migrate(ctx, store.SQLite)
+	} else {
+		o, err = outbox.Migrate(ctx, store.PG)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "applied %d inbox, %d ledger and %d outbox migrations\n", n, m, o)
 	return nil
 }
 
@@ -162,8 +174,20 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	httpAddr := fs.String("http", "127.0.0.1:9091", "-watch: address for /metrics and /healthz (loopback only by default; 0.0.0.0:9091 to serve a scraper elsewhere); empty disables")
 	checkpoint := fs.String("checkpoint", "", "-watch: keep the checkpoint (last sequence checked, violations so far) in this file across restarts; empty: in memory, a restart checks the stream from its start again")
 	textfile := fs.String("textfile", "", "also write jetinbox_verify_violations{kind} to this file in Prometheus text format (node_exporter's textfile collector); the JetinboxVerifyViolations alert reads the verify service's job (-watch), so point its job matcher here if you use this instead")
+	nextStream := fs.String("next-stream", "", "also check the chain into this stream: every applied message of -scope has its follow-up (ID <kind>:<message ID>, see -follow-up-kind) in it exactly once by ID, "+
+		"nothing is in it without an applied parent, and -next-scope applied each once")
+	nextScope := fs.String("next-scope", "", "-next-stream: the inbox scope that applies the follow-ups (its ledger entries are counted); empty: only the stream is checked")
+	kind := fs.String("follow-up-kind", "notify", "-next-stream: the kind of the follow-ups")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
+	}
+	if *nextStream != "" && *watch {
+		return cli.UsageError{Err: errors.New("verify: -next-stream is not checked by -watch")}
+	}
+	if *nextScope != "" {
+		if err := cli.CheckScope(*nextScope); err != nil {
+			return err
+		}
 	}
 	rg := verify.Range{FromSeq: *fromSeq, ToSeq: *toSeq}
 	for _, t := range []struct {
@@ -234,16 +258,37 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 			return err
 		}
 	}
+	var chain *verify.ChainReport
+	co := verify.ChainOptions{ParentScope: *scope, Kind: *kind, Stream: *nextStream, Scope: *nextScope, Ledger: true}
+	if *nextStream != "" {
+		if store.PG == nil {
+			return cli.UsageError{Err: errors.New("verify: -next-stream checks follow-ups of the ledger, which go to the outbox in PostgreSQL")}
+		}
+		if chain, err = verify.Chain(ctx, js, store.PG, co); err != nil {
+			return cli.UsageError{Err: streamMissing("verify", *nextStream, err)}
+		}
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(r); err != nil {
+		var v any = r
+		if chain != nil {
+			v = struct {
+				Report *verify.Report      `json:"report"`
+				Chain  *verify.ChainReport `json:"chain"`
+			}{r, chain}
+		}
+		if err := enc.Encode(v); err != nil {
 			return err
 		}
 	} else {
 		r.WriteTable(stdout)
+		if chain != nil {
+			fmt.Fprintf(stdout, "\nchain: follow-ups of scope %q in %s:\n", *scope, *nextStream)
+			chain.WriteTable(stdout, co)
+		}
 	}
-	if !r.Clean() {
+	if !r.Clean() || (chain != nil && !chain.Clean()) {
 		return errViolations
 	}
 	return nil
@@ -273,6 +318,16 @@ func migrationStatus(ctx context.Context, store *cli.Store, stdout io.Writer) er
 	if err != nil {
 		return err
 	}
+	var out []inbox.MigrationState
+	if store.SQLite != nil {
+		out, err = sqliteoutbox.MigrationStatus(ctx, store.SQLite)
+	} else {
+		out, err = outbox.MigrationStatus(ctx, store.PG)
+	}
+	if err != nil {
+		return err
+	}
+	led = append(led, out...)
 	edited := 0
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "component\tversion\tfile\tstate")

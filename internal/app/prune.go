@@ -12,6 +12,8 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
 
 // Prune deletes old inbox rows. The horizon it must respect is read from
@@ -36,6 +38,8 @@ func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout,
 		redrive   = fs.Bool("dlq-redrive", true, "dead letters may be re-published into the stream with their message ID while the dead-letter stream keeps them; false leaves its MaxAge out")
 		margin    = fs.Duration("margin", inbox.DefaultPruneMargin, "how much longer than the horizon -older-than must be (clock skew between NATS and PostgreSQL, batches in flight)")
 		batch     = fs.Int("batch", 10000, "rows per DELETE")
+		outboxToo = fs.Bool("outbox", false, "also delete sent outbox rows created longer ago than -older-than, under the same horizon: the parents of follow-ups come from this stream; "+
+			"pending rows and rows the stream refused are never deleted")
 	)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -79,6 +83,19 @@ func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout,
 		return err
 	}
 	fmt.Fprintf(stdout, "pruned %d inbox rows of scope %q older than %v (horizon %v: %s)\n", n, *scope, *olderThan, span.Total, span.Why)
+	if *outboxToo {
+		opts := outbox.PruneOptions{OlderThan: *olderThan, ReplayHorizon: span.Total, Margin: *margin, BatchSize: *batch}
+		var m int64
+		if store.SQLite != nil {
+			m, err = sqliteoutbox.Prune(ctx, store.SQLite, opts)
+		} else {
+			m, err = outbox.Prune(ctx, store.PG, opts)
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "pruned %d sent outbox rows older than %v\n", m, *olderThan)
+	}
 	return nil
 }
 

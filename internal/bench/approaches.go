@@ -117,10 +117,26 @@ func consumeWith(ctx context.Context, js jetstream.JetStream, c jetstream.Consum
 	k := max(o.Consumers, 1)
 	all := make([]*jsinbox.Consumer, k)
 	for i := range all {
-		proc, err := store.LedgerProcessor(inbox.Config{Scope: "ledger"})
-		if err != nil {
-			return err
+		var proc jsinbox.BatchProcessor
+		if o.followUps {
+			// The outbox lives in PostgreSQL: the ledger with follow-ups
+			// runs there only.
+			h, err := o.handler()
+			if err != nil {
+				return err
+			}
+			proc, err = inbox.NewProcessor(store.PG, inbox.Config{Scope: "ledger", Handler: h})
+			if err != nil {
+				return err
+			}
+		} else {
+			var err error
+			proc, err = store.LedgerProcessor(inbox.Config{Scope: "ledger"})
+			if err != nil {
+				return err
+			}
 		}
+		var err error
 		all[i], err = jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{
 			Stream: info.Stream, Durable: info.Name, BatchSize: o.Batch, InFlight: o.InFlight,
 			AckWait: time.Minute, MaxAckPending: 50_000, DB: store, Observer: obs,

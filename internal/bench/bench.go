@@ -50,6 +50,11 @@ type Options struct {
 	Only        string
 	CPUProfile  string
 	ChildRSS    bool
+
+	// followUps: the ledger emits a follow-up per credit into the outbox
+	// (the outbox approach and its latency phase).
+	followUps  bool
+	followKind string
 	// Store is where the inbox and the ledger live: postgres or sqlite.
 	Store string
 }
@@ -83,7 +88,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&o.LoadLatency, "load-latency", true, "also measure latency at half the measured jetinbox maximum")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a Go CPU profile of the consuming phases (NATS server included) to this file")
 	fs.BoolVar(&o.ChildRSS, "child", true, "also run the consumer as its own process over the same messages and report its peak RSS (memory is bounded by batch × in-flight, not by the stream)")
-	fs.StringVar(&o.Only, "only", "", "run only these approaches, comma separated: raw,naive,jetinbox")
+	fs.StringVar(&o.Only, "only", "", "run only these approaches, comma separated: raw,naive,jetinbox,outbox (jetinbox whose ledger emits a follow-up per credit through the outbox, then the relay draining it)")
 	fs.StringVar(&o.Store, "store", cli.StorePostgres, "the inbox store: postgres (a throwaway server, fsync on) or sqlite (files in a temporary directory, WAL, synchronous=FULL)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage of jetinbox bench: raw pipe vs naive vs jetinbox on the same messages, embedded NATS and a throwaway PostgreSQL (fsync on) or SQLite files (-store sqlite).")
@@ -117,8 +122,8 @@ func (o Options) validate(extra int) error {
 		errs = append(errs, fmt.Errorf("-latency %v: must not be negative", o.Latency))
 	}
 	for _, a := range strings.Split(o.Only, ",") {
-		if a != "" && !slices.Contains([]string{"raw", "naive", "jetinbox"}, a) {
-			errs = append(errs, fmt.Errorf("-only %q: want raw, naive or jetinbox", a))
+		if a != "" && !slices.Contains([]string{"raw", "naive", "jetinbox", "outbox"}, a) {
+			errs = append(errs, fmt.Errorf("-only %q: want raw, naive, jetinbox or outbox", a))
 		}
 	}
 	if o.Store != cli.StorePostgres && o.Store != cli.StoreSQLite {
@@ -200,6 +205,10 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if _, err := jsinbox.EnsureStream(ctx, js, stream); err != nil {
 		return err
 	}
+	// Where the outbox approach's follow-ups go.
+	if _, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{Name: followStream, Subjects: []string{followSubject + ".>"}}); err != nil {
+		return err
+	}
 
 	// Publish the messages once; every approach reads the same ones.
 	intents := pipeline.Generate(pipeline.Load{Count: o.N, Accounts: o.Accounts, HotAccount: o.Hot, Prefix: "b", Seed: 7, PayloadPad: o.PayloadPad})
@@ -256,8 +265,14 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	want := func(name string) bool { return o.Only == "" || slices.Contains(strings.Split(o.Only, ","), name) }
+	want := func(name string) bool {
+		if name == "outbox" && o.Store == cli.StoreSQLite {
+			return false // the ledger's follow-ups go to the outbox in PostgreSQL
+		}
+		return o.Only == "" || slices.Contains(strings.Split(o.Only, ","), name)
+	}
 	results := map[string]*result{}
+	var relays []relayRun
 	var heapPeak atomic.Uint64
 	stopSampler := sampleHeap(&heapPeak)
 	defer stopSampler()
@@ -266,11 +281,17 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 			name string
 			n    int
 			run  func(context.Context, jetstream.Consumer, *cli.Store, int) error
+			// timed, if set, runs instead of run and says how long the
+			// part that counts took.
+			timed func(context.Context, jetstream.Consumer, *cli.Store, int) (time.Duration, error)
 		}{
-			{"raw", o.N, runRaw},
-			{"naive", min(o.N, o.NaiveMax), runNaive},
+			{"raw", o.N, runRaw, nil},
+			{"naive", min(o.N, o.NaiveMax), runNaive, nil},
 			{"jetinbox", o.N, func(ctx context.Context, c jetstream.Consumer, pool *cli.Store, n int) error {
 				return runJetinbox(ctx, js, c, pool, n, o)
+			}, nil},
+			{"outbox", o.N, nil, func(ctx context.Context, c jetstream.Consumer, pool *cli.Store, n int) (time.Duration, error) {
+				return runOutbox(ctx, js, c, pool, n, o, &relays)
 			}},
 		} {
 			if !want(a.name) {
@@ -289,8 +310,13 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 				return err
 			}
 			start := time.Now()
-			err = a.run(ctx, cons, pool, a.n)
-			el := time.Since(start)
+			var el time.Duration
+			if a.timed != nil {
+				el, err = a.timed(ctx, cons, pool, a.n)
+			} else {
+				err = a.run(ctx, cons, pool, a.n)
+				el = time.Since(start)
+			}
 			if err == nil && a.name != "raw" {
 				err = checkLedger(ctx, pool, a.n, prefixSums[a.n])
 			}
@@ -362,6 +388,18 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 			lats = append(lats, run)
 		}
 	}
+	var outboxLat *latencyRun
+	if o.Latency > 0 && want("outbox") {
+		if err := dbs.settle(ctx); err != nil {
+			return err
+		}
+		lo := o
+		lo.followUps = true
+		if outboxLat, err = latencyPhase(ctx, js, dbs, lo, o.Rate, "latency_outbox"); err != nil {
+			return err
+		}
+		say("outbox latency phase at %d msg/s offered: emit-to-publish p50 %v p99 %v", o.Rate, pct(outboxLat.relayLat, 50), pct(outboxLat.relayLat, 99))
+	}
 
 	fmt.Fprintf(stdout, "\njetinbox bench: %d messages, %d accounts%s, %d consumer(s), batch ≤ %d, %d in flight, payload %d B, %d round(s), median\n",
 		o.N, o.Accounts, map[bool]string{true: " (hot: all on account 1)"}[o.Hot], o.Consumers, o.Batch, o.InFlight, payloadSize, o.Rounds)
@@ -372,7 +410,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "producer: %.0f msg/s into a local stream (sync_interval always: %v, %s)\n\n", pubRate, o.SyncAlways, pubMode(o.PubBatch))
 	fmt.Fprintf(stdout, "%-38s %10s  %s\n", "approach", "msg/s", "vs raw (median of per-round ratios, min–max)")
 	raw := results["raw"]
-	for _, name := range []string{"raw", "naive", "jetinbox"} {
+	for _, name := range []string{"raw", "naive", "jetinbox", "outbox"} {
 		r := results[name]
 		if r == nil {
 			continue
@@ -381,6 +419,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 			"raw":      "raw fetch+ack, no database",
 			"naive":    fmt.Sprintf("naive: 1 tx per message (%d msgs)", r.n),
 			"jetinbox": "jetinbox consumer",
+			"outbox":   "jetinbox + a follow-up per credit",
 		}[name]
 		vs := "-"
 		if raw != nil {
@@ -391,6 +430,16 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if j, n := results["jetinbox"], results["naive"]; j != nil && n != nil {
 		fmt.Fprintf(stdout, "\njetinbox / naive: %s\n", ratios(j.rates, n.rates))
 	}
+	if ob, j := results["outbox"], results["jetinbox"]; ob != nil && j != nil {
+		fmt.Fprintf(stdout, "jetinbox + follow-ups / jetinbox: %s (the outbox row each credit adds, in the same transaction)\n", ratios(ob.rates, j.rates))
+	}
+	if len(relays) > 0 {
+		rates := make([]float64, len(relays))
+		for i, r := range relays {
+			rates[i] = r.rate
+		}
+		fmt.Fprintf(stdout, "outbox relay draining %d rows into a stream: %.0f rows/s (median of %d rounds; publish, PubAck, mark sent)\n", o.N, median(rates), len(rates))
+	}
 	for i, l := range lats {
 		load := "low load"
 		if i > 0 {
@@ -398,6 +447,10 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "publish-to-commit at %d msg/s offered (%s, %.0f achieved): p50 %v  p99 %v  max %v  (%d messages)\n",
 			l.offered, load, l.achieved, pct(l.lat, 50), pct(l.lat, 99), pct(l.lat, 100), len(l.lat))
+	}
+	if l := outboxLat; l != nil {
+		fmt.Fprintf(stdout, "emit-to-publish at %d msg/s offered (relay beside the consumer, %.0f achieved): p50 %v  p99 %v  max %v  (%d follow-ups)\n",
+			l.offered, l.achieved, pct(l.relayLat, 50), pct(l.relayLat, 99), pct(l.relayLat, 100), len(l.relayLat))
 	}
 	if len(startup) > 0 {
 		fmt.Fprintf(stdout, "time to first commit of a cold consumer (Run to commit, no open connection, a message waiting): median %v, max %v (%d starts)\n",

@@ -52,6 +52,17 @@ func TestBenchCommandSmoke(t *testing.T) {
 					t.Errorf("output lacks %s:\n%s", want, out.String())
 				}
 			}
+			// The outbox approach runs where the outbox lives: PostgreSQL.
+			for _, want := range []string{
+				`(?m)^jetinbox \+ a follow-up per credit +\d+  \d+\.\d\dx`,
+				`(?m)^jetinbox \+ follow-ups / jetinbox: \d+\.\d\dx`,
+				`(?m)^outbox relay draining 3000 rows into a stream: \d+ rows/s`,
+				`(?m)^emit-to-publish at 500 msg/s offered \(relay beside the consumer`,
+			} {
+				if got := regexp.MustCompile(want).MatchString(out.String()); got != (store == "postgres") {
+					t.Errorf("%s: output has %s: %v:\n%s", store, want, got, out.String())
+				}
+			}
 		})
 	}
 	if err := Main(context.Background(), []string{"-store", "mysql"}, io.Discard, io.Discard); err == nil {

@@ -5,6 +5,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"time"
@@ -22,6 +23,9 @@ type latencyRun struct {
 	offered  int     // msg/s asked for
 	achieved float64 // msg/s the publisher kept up
 	lat      []time.Duration
+	// relayLat: with follow-ups, each follow-up's emit-to-publish time
+	// (its transaction's start to being marked sent).
+	relayLat []time.Duration
 }
 
 // latencyPhase offers a steady rate for o.Latency and measures
@@ -52,6 +56,20 @@ func latencyPhase(ctx context.Context, js jetstream.JetStream, dbs databases, o 
 	obs := &countObserver{done: make(chan struct{}), n: int64(total), latency: true}
 	intents := pipeline.Generate(pipeline.Load{Count: total, Accounts: o.Accounts, HotAccount: o.Hot, Prefix: name, Seed: 9})
 	run := &latencyRun{offered: rate}
+	var lags lagCollector
+	if o.followUps {
+		relay, err := newRelay(pool, js, o, &lags)
+		if err != nil {
+			return nil, err
+		}
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- relay.Run(rctx) }()
+		defer func() {
+			stop()
+			<-done
+		}()
+	}
 	err = consumeWith(ctx, js, c, pool, o, obs, func() error {
 		// One by one, pipelined: without sync_interval always that keeps up
 		// with a higher rate than group commit, so the offered rate is met.
@@ -95,6 +113,14 @@ func latencyPhase(ctx context.Context, js jetstream.JetStream, dbs databases, o 
 		return nil, err
 	}
 	run.lat = obs.lat
+	if o.followUps {
+		for deadline := time.Now().Add(time.Minute); len(lags.all()) < total; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("latency phase: the relay sent %d of %d follow-ups within a minute", len(lags.all()), total)
+			}
+		}
+		run.relayLat = lags.all()
+	}
 	return run, nil
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/outbox"
 )
 
 // databases makes the approaches' databases.
@@ -122,6 +123,13 @@ func prepare(ctx context.Context, s *cli.Store, accounts int) (*cli.Store, error
 	if _, _, err := s.Migrate(ctx); err != nil {
 		s.Close()
 		return nil, err
+	}
+	if s.PG != nil {
+		// The outbox approach's follow-ups go there.
+		if _, err := outbox.Migrate(ctx, s.PG); err != nil {
+			s.Close()
+			return nil, err
+		}
 	}
 	if err := s.SeedAccounts(ctx, accounts); err != nil {
 		s.Close()

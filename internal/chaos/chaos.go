@@ -44,6 +44,8 @@ type Options struct {
 	Restarts bool
 	Seed     uint64
 	Duration time.Duration
+	// TwoHop also runs the two-hop pipeline (see RunTwoHop).
+	TwoHop   bool
 	Progress io.Writer
 }
 
@@ -82,6 +84,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.GiveUps, "give-ups", 20, "first intents the server gives up on after MaxDeliver while no worker listens")
 	fs.BoolVar(&o.Restarts, "restarts", true, "restart the nats-server and PostgreSQL once each mid-run")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed for the fault dice")
+	fs.BoolVar(&o.TwoHop, "two-hop", true, "also run the two-hop pipeline: intents → ledger emitting a notification per credit through the outbox → relays → notifications applied by a second scope, with the relays crashing before publish, in the PubAck wait and before marking")
 	fs.DurationVar(&o.Duration, "duration", 0, "soak: repeat the stable-id × jetinbox combination with fresh intents until this long has passed")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage of jetinbox chaos: producer strategies × consumer strategies under lost publishes, lost PubAcks,\ncrashes at each crash point, lost acks, poison intents, give-ups after MaxDeliver while no worker\nlistens, two workers, a NATS and a PostgreSQL restart.\n"+
@@ -116,6 +119,16 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for _, v := range reps {
 		if !v.Report.Clean() {
 			return fmt.Errorf("chaos: verify found violations after %s × jetinbox", v.Producer)
+		}
+	}
+	if o.TwoHop {
+		th, err := RunTwoHop(ctx, o)
+		if err != nil {
+			return fmt.Errorf("chaos: two-hop: %w", err)
+		}
+		WriteTwoHop(stdout, th)
+		if !th.Clean() {
+			return errors.New("chaos: the two-hop pipeline lost, duplicated or added intents, or a check found violations")
 		}
 	}
 	return nil

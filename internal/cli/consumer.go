@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,6 +15,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/metrics"
+	"github.com/jetinbox/jetinbox/outbox"
 )
 
 // Consumer runs the inbox consumer until ctx ends (SIGTERM/SIGINT), then
@@ -45,6 +47,8 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	maxBytes := envSize(env, "JETINBOX_MAX_BYTES", &envErrs)
 	fs.Var(&maxBytes, "max-bytes", "most bytes of messages held at once, e.g. 64MiB: half for the pull buffer, half for the batches formed and in flight; "+
 		"keep it well inside the memory limit (env JETINBOX_MAX_BYTES; 0: 64MiB)")
+	var relay consumerRelay
+	relay.register(fs, env)
 	w := defaultWaits()
 	w.register(fs)
 	fs.DurationVar(&w.nak.Base, "nak-base", w.nak.Base, "base delay of a nak (NakWithDelay by delivery count)")
@@ -80,11 +84,15 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	bad.positive("nak-cap", w.nak.Cap)
 	bad.add(CheckLogFormat(*logFormat))
 	bad.add(CheckListenAddr("http", *httpAddr))
+	relay.check(&bad)
 	if err := bad.err(); err != nil {
 		return err
 	}
 	if *dbConns == 0 {
 		*dbConns = *inflight + 2
+		if relay.run {
+			*dbConns += 2 // the relay's rounds and its listener
+		}
 	}
 	log := NewLogger(stderr, *logFormat, slog.LevelInfo)
 
@@ -109,7 +117,19 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	defer stopTracing(context.WithoutCancel(ctx)) //nolint:errcheck // best effort at exit
 	txRetry := w.db
 	txRetry.Base, txRetry.Cap, txRetry.MaxAttempts = 5*time.Millisecond, 200*time.Millisecond, 3
-	proc, err := store.LedgerProcessor(inbox.Config{Scope: *scope, Logger: log, TxRetry: txRetry, TracerProvider: tp})
+	pcfg := inbox.Config{Scope: *scope, Logger: log, TxRetry: txRetry, TracerProvider: tp}
+	var proc jsinbox.BatchProcessor
+	if relay.followUps != "" {
+		if store.PG == nil {
+			return UsageError{Err: errors.New("-follow-ups: the ledger's follow-ups go to the outbox in PostgreSQL; on SQLite a service adds its intents with sqliteoutbox.Add")}
+		}
+		if err := outbox.CheckSchema(ctx, store.PG); err != nil {
+			return UsageError{Err: err}
+		}
+		proc, err = NewLedgerProcessorWith(store.PG, pcfg, relay.followUps)
+	} else {
+		proc, err = store.LedgerProcessor(pcfg)
+	}
 	if err != nil {
 		return err
 	}
@@ -142,6 +162,31 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	log.Info("consumer: running", "store", store.String(), "stream", *stream, "scope", *scope, "durable", *durable, "batch", *batch, "inflight", *inflight, "max_bytes", c.Config().MaxBytes)
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
+	stopRelay := func() {}
+	if relay.run {
+		rm, err := metrics.NewRelay(reg, RelayBacklog(store))
+		if err != nil {
+			return err
+		}
+		cfg := RelayConfigFor(relay.stream, relay.batch, 0, w.kind, log)
+		cfg.OnSent = rm.ObserveSent
+		r, relayDone, err := StartRelay(runCtx, store, js, cfg)
+		if err != nil {
+			return err
+		}
+		rm.Attach(r)
+		// The relay stops with the consumer, before NATS drains.
+		stopRelay = sync.OnceFunc(func() {
+			cancel()
+			if err := <-relayDone; err != nil {
+				log.Warn("relay: stopped", "err", err)
+			}
+			s := r.Stats()
+			log.Info("relay: stopped", "sent", s.Sent, "duplicates", s.Duplicates, "failed", s.Failed, "retried", s.Retried)
+		})
+		defer stopRelay()
+		log.Info("relay: running", "stream", relay.stream, "batch", relay.batch)
+	}
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
 	select {
@@ -155,6 +200,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 			return fmt.Errorf("in-flight batches did not finish within %v; unacked messages will be redelivered", *drainTimeout)
 		}
 	}
+	stopRelay()
 	var setup *jsinbox.SetupError
 	if errors.As(err, &setup) {
 		return UsageError{Err: err}

@@ -20,6 +20,10 @@ const (
 	EffectPanic  = hook.EffectPanic
 	SkipAck      = hook.SkipAck
 	LosePubAck   = hook.LosePubAck
+	// The outbox relay's points.
+	RelayBeforePublish = hook.RelayBeforePublish
+	RelayPubAckWait    = hook.RelayPubAckWait
+	RelayBeforeMark    = hook.RelayBeforeMark
 )
 
 // Set is a group of armed points. The zero value is not usable; use New.
@@ -64,7 +68,8 @@ func (s *Set) Hits(p hook.Point) int {
 }
 
 // Attach installs s on each target: an *inbox.Processor, a
-// *jsinbox.Consumer or a *jsinbox.Publisher.
+// *jsinbox.Consumer, a *jsinbox.Publisher or an *outbox.Relay (whose
+// publisher then loses PubAcks too, if LosePubAck is armed).
 func (s *Set) Attach(targets ...any) {
 	for _, t := range targets {
 		hook.Attach(t, s.hit)

@@ -28,9 +28,21 @@ const (
 	// LosePubAck makes the publisher treat a stored publish as timed out,
 	// so that it publishes again with the same ID.
 	LosePubAck
+	// RelayBeforePublish fires after the outbox relay locked a batch of
+	// pending rows, before it publishes them: a crash between the
+	// effect's COMMIT and the relay's publish.
+	RelayBeforePublish
+	// RelayPubAckWait fires after the relay handed a batch to the
+	// publisher, before the PubAcks are in: a crash while waiting for
+	// them, some publishes stored and some not.
+	RelayPubAckWait
+	// RelayBeforeMark fires after every publish of a batch was
+	// acknowledged, before the rows are marked sent: a crash between
+	// publish and mark.
+	RelayBeforeMark
 )
 
-var names = [...]string{"", "before-claim", "before-commit", "after-commit", "effect-panic", "skip-ack", "lose-puback"}
+var names = [...]string{"", "before-claim", "before-commit", "after-commit", "effect-panic", "skip-ack", "lose-puback", "relay-before-publish", "relay-puback-wait", "relay-before-mark"}
 
 // String returns the point's name.
 func (p Point) String() string {
@@ -56,8 +68,8 @@ var attachers []func(target any, f Func) bool
 // a function that installs f on target if target is one of its types.
 func Register(attach func(target any, f Func) bool) { attachers = append(attachers, attach) }
 
-// Attach installs f on target: an *inbox.Processor, a *jsinbox.Consumer or
-// a *jsinbox.Publisher. It panics for any other type.
+// Attach installs f on target: an *inbox.Processor, a *jsinbox.Consumer, a
+// *jsinbox.Publisher or an *outbox.Relay. It panics for any other type.
 func Attach(target any, f Func) {
 	for _, a := range attachers {
 		if a(target, f) {

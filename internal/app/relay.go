@@ -1,0 +1,118 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/jitter"
+	"github.com/jetinbox/jetinbox/metrics"
+)
+
+// reconnect is the default NATS reconnect policy with the chosen kind.
+func reconnect(kind jitter.Kind) jitter.Policy {
+	p := cli.DefaultReconnect()
+	p.Kind = kind
+	return p
+}
+
+// Relay is `jetinbox relay`: the outbox relay on its own.
+func Relay(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, stderr io.Writer) error {
+	fs := cli.NewFlagSet("jetinbox relay", "Publish the outbox's pending rows to a JetStream stream with Nats-Msg-Id = the row's ID, wait for the PubAck,\n"+
+		"then mark them sent. Rows come from outbox.Add in an effect's or a service's own transaction. Any number of\n"+
+		"relays may run: each locks its own batch of rows (FOR UPDATE SKIP LOCKED). It wakes on PostgreSQL\n"+
+		"notifications, polls with jittered waits as a safety net, and stops on SIGTERM/SIGINT after its round.", stderr)
+	var nf cli.NATSFlags
+	nf.Register(fs, env)
+	var (
+		dbURL        = cli.DatabaseFlag(fs, env, cli.DatabaseUsage+"; required")
+		stream       = fs.String("stream", env.Or("JETINBOX_RELAY_STREAM", cli.DefaultRelayStream), "the stream every outbox row must land in (env JETINBOX_RELAY_STREAM)")
+		batch        = fs.Int("batch", 500, "most outbox rows per relay transaction")
+		publishBatch = fs.Int("publish-batch", 0, "publish in JetStream atomic batches of this many rows (0: one publish per row)")
+		create       = fs.String("create-stream", "", "create -stream, capturing SUBJECT.>, if it does not exist (e.g. -create-stream "+cli.DefaultFollowUpPrefix+")")
+		httpAddr     = fs.String("http", "127.0.0.1:9092", "address for /metrics (jetinbox_outbox_*); loopback only by default: set 0.0.0.0:9092 where scrapes come from elsewhere; empty disables")
+		noListen     = fs.Bool("no-listen", false, "poll only, without LISTEN/NOTIFY (for a connection pooler in transaction mode)")
+		logFormat    = fs.String("log-format", env.Or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto (text on a terminal)")
+	)
+	kind := jitter.Decorrelated
+	fs.Var(&kind, "jitter", "jitter policy for every wait (publish retries, polls, retries after errors, NATS reconnects): none, full, equal, decorrelated")
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	if err := nf.Validate(); err != nil {
+		return cli.UsageError{Err: err}
+	}
+	var bad []error
+	if *batch < 1 {
+		bad = append(bad, fmt.Errorf("-batch %d: must be at least 1", *batch))
+	}
+	if *publishBatch < 0 || *publishBatch > jsinbox.MaxBatch {
+		bad = append(bad, fmt.Errorf("-publish-batch %d: must be within [0, %d]", *publishBatch, jsinbox.MaxBatch))
+	}
+	bad = append(bad, cli.CheckLogFormat(*logFormat), cli.CheckListenAddr("http", *httpAddr))
+	if *stream == "" {
+		bad = append(bad, errors.New("-stream: empty"))
+	}
+	if *create != "" && (strings.ContainsAny(*create, " *>") || strings.HasSuffix(*create, ".")) {
+		bad = append(bad, fmt.Errorf("-create-stream %q: want a subject prefix such as %q", *create, cli.DefaultFollowUpPrefix))
+	}
+	if err := errors.Join(bad...); err != nil {
+		return cli.UsageError{Err: err}
+	}
+	if err := cli.RequireDatabase(*dbURL); err != nil {
+		return err
+	}
+	log := cli.NewLogger(stderr, *logFormat, slog.LevelInfo)
+	store, err := cli.OpenStore(ctx, *dbURL, 3, log)
+	if err != nil {
+		return cli.UsageError{Err: err}
+	}
+	defer store.Close()
+	if store.SQLite != nil && !*noListen {
+		*noListen = true // SQLite has no notifications: the relay polls with jittered waits
+	}
+	nc, js, err := nf.Connect("jetinbox-relay", reconnect(kind), log)
+	if err != nil {
+		return cli.UsageError{Err: err}
+	}
+	defer nc.Close()
+	if *create != "" {
+		if err := cli.EnsureRelayStream(ctx, js, *stream, *create); err != nil {
+			return err
+		}
+	}
+	cfg := cli.RelayConfigFor(*stream, *batch, *publishBatch, kind, log)
+	cfg.NoListen = *noListen
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m, err := metrics.NewRelay(reg, cli.RelayBacklog(store))
+	if err != nil {
+		return err
+	}
+	cfg.OnSent = m.ObserveSent
+	r, done, err := cli.StartRelay(ctx, store, js, cfg)
+	if err != nil {
+		return err
+	}
+	m.Attach(r)
+	if *httpAddr != "" {
+		srv, err := cli.ServeMetrics(*httpAddr, reg, log)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+	}
+	log.Info("relay: running", "stream", *stream, "batch", *batch, "listen", !*noListen)
+	err = <-done
+	s := r.Stats()
+	log.Info("relay: stopped", "sent", s.Sent, "duplicates", s.Duplicates, "failed", s.Failed, "retried", s.Retried, "rounds", s.Rounds)
+	return err
+}

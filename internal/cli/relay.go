@@ -1,0 +1,153 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetinbox/jetinbox/effects"
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/jitter"
+	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
+)
+
+// The outbox's defaults in the commands: the ledger's follow-ups go to
+// "notifications.<n>", which the NOTIFICATIONS stream captures.
+const (
+	DefaultRelayStream    = "NOTIFICATIONS"
+	DefaultFollowUpPrefix = "notifications"
+)
+
+// consumerRelay holds the consumer's outbox flags.
+type consumerRelay struct {
+	run       bool
+	stream    string
+	batch     int
+	followUps string
+}
+
+func (r *consumerRelay) register(fs FlagSet, env Env) {
+	fs.BoolVar(&r.run, "relay", false, "also run the outbox relay in this process: publish the outbox's pending rows (follow-ups, a service's own intents) to -relay-stream and mark them sent; any number of relays may run")
+	fs.StringVar(&r.stream, "relay-stream", env.Or("JETINBOX_RELAY_STREAM", DefaultRelayStream), "-relay: the stream every outbox row must land in (env JETINBOX_RELAY_STREAM)")
+	fs.IntVar(&r.batch, "relay-batch", 500, "-relay: most outbox rows per relay transaction")
+	fs.StringVar(&r.followUps, "follow-ups", "", "the ledger adds a follow-up intent per applied credit to the outbox, in the inbox transaction, on subject PREFIX.<account mod 16> "+
+		"with ID notify:<message ID> (e.g. -follow-ups "+DefaultFollowUpPrefix+"); empty: none. Needs the outbox schema (jetinbox migrate)")
+}
+
+func (r *consumerRelay) check(c *checks) {
+	c.atLeast("relay-batch", r.batch, 1)
+	if r.run && r.stream == "" {
+		c.add(errors.New("-relay-stream: empty"))
+	}
+	if r.followUps != "" {
+		if _, err := effects.NewLedger().WithFollowUps(effects.FollowUps{Subject: r.followUps}); err != nil {
+			c.add(fmt.Errorf("-follow-ups: %w", err))
+		}
+	}
+}
+
+// RelayConfigFor returns the relay's configuration with every wait of the
+// chosen jitter kind.
+func RelayConfigFor(stream string, batch, publishBatch int, kind jitter.Kind, log *slog.Logger) outbox.RelayConfig {
+	return outbox.RelayConfig{
+		Stream: stream,
+		Batch:  batch,
+		Publisher: jsinbox.PublisherConfig{Batch: publishBatch, Logger: log,
+			Retry: jitter.Policy{Kind: kind, Base: 100 * time.Millisecond, Cap: 5 * time.Second, MaxAttempts: 5, MaxElapsed: 30 * time.Second}},
+		Idle:   jitter.Policy{Kind: kind, Base: time.Second, Cap: 10 * time.Second},
+		Retry:  jitter.Policy{Kind: kind, Base: 100 * time.Millisecond, Cap: 10 * time.Second},
+		Logger: log,
+	}
+}
+
+// CheckRelayStream reports a relay's target stream that the server does
+// not have as a configuration error that says what to do.
+func CheckRelayStream(ctx context.Context, js jetstream.JetStream, stream string) error {
+	if _, err := js.Stream(ctx, stream); err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return UsageError{Err: fmt.Errorf("relay: stream %s not found: create it (jetinbox relay -create-stream, or nats stream add) before relaying into it: %w", stream, err)}
+		}
+		return fmt.Errorf("relay: stream %s: %w", stream, err)
+	}
+	return nil
+}
+
+// EnsureRelayStream creates the relay's target stream, capturing
+// "<subject>.>", with its dead-letter and advisory streams, if it does not
+// exist.
+func EnsureRelayStream(ctx context.Context, js jetstream.JetStream, stream, subject string) error {
+	if _, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{Name: stream, Subjects: []string{subject + ".>"}}); err != nil {
+		return fmt.Errorf("relay: create stream %s: %w", stream, err)
+	}
+	return nil
+}
+
+// StartRelay checks the outbox schema and the target stream, then runs a
+// relay on store's outbox (PostgreSQL: SKIP LOCKED batches and LISTEN;
+// SQLite: leased batches and polling) until ctx ends. The returned channel
+// yields Run's result.
+func StartRelay(ctx context.Context, store *Store, js jetstream.JetStream, cfg outbox.RelayConfig) (*outbox.Relay, <-chan error, error) {
+	var src outbox.Source
+	if store.SQLite != nil {
+		if err := sqliteoutbox.CheckSchema(ctx, store.SQLite); err != nil {
+			return nil, nil, UsageError{Err: err}
+		}
+		src = sqliteoutbox.Source(store.SQLite, 0)
+	} else {
+		if err := outbox.CheckSchema(ctx, store.PG); err != nil {
+			return nil, nil, UsageError{Err: err}
+		}
+		src = outbox.Postgres(store.PG)
+	}
+	if err := CheckRelayStream(ctx, js, cfg.Stream); err != nil {
+		return nil, nil, err
+	}
+	r, err := outbox.NewRelayOn(src, js, cfg)
+	if err != nil {
+		return nil, nil, UsageError{Err: err}
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	return r, done, nil
+}
+
+// RelayBacklog returns how the relay metrics count the outbox's pending
+// rows on store.
+func RelayBacklog(store *Store) func(context.Context) (int64, time.Duration, error) {
+	if store.SQLite != nil {
+		return func(ctx context.Context) (int64, time.Duration, error) {
+			return sqliteoutbox.Backlog(ctx, store.SQLite)
+		}
+	}
+	return func(ctx context.Context) (int64, time.Duration, error) { return outbox.Backlog(ctx, store.PG) }
+}
+
+// ServeMetrics serves /metrics from reg on addr until the returned
+// server is closed.
+func ServeMetrics(addr string, reg *prometheus.Registry, log *slog.Logger) (io.Closer, error) {
+	return serveHTTP(addr, nil, reg, log)
+}
+
+// NewLedgerProcessorWith is NewLedgerProcessor whose ledger emits a
+// follow-up per credit on subject prefix followUps ("": none).
+func NewLedgerProcessorWith(db inbox.Beginner, cfg inbox.Config, followUps string) (*inbox.Processor, error) {
+	l, err := effects.NewScopedLedger(cfg.Scope)
+	if err != nil {
+		return nil, err
+	}
+	if followUps != "" {
+		if l, err = l.WithFollowUps(effects.FollowUps{Subject: followUps}); err != nil {
+			return nil, err
+		}
+	}
+	cfg.Handler = l
+	return inbox.NewProcessor(db, cfg)
+}

@@ -1,0 +1,287 @@
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/internal/pgcopy"
+)
+
+// Sentinel errors. Match them with [errors.Is].
+var (
+	// ErrConflict is returned by [Add] for an ID the outbox already holds
+	// with another subject or payload: a second attempt of the same work
+	// must emit the same message, so this is a bug in how IDs are derived
+	// (or a reused ID), never a second message.
+	ErrConflict = errors.New("outbox: ID already emitted with a different subject or payload")
+	// ErrBadIntent is returned by [Add] for an intent without a valid ID
+	// or subject.
+	ErrBadIntent = errors.New("outbox: bad intent")
+)
+
+// Intent is one message to publish once the transaction that adds it
+// commits.
+type Intent struct {
+	// ID is the message's stable identity, its Nats-Msg-Id: the same on
+	// every attempt of the work that emits it. Derive it from the parent
+	// message with [FollowUpID], or from the service's own key.
+	ID string
+	// Subject the relay publishes to. Required.
+	Subject string
+	// Payload is the message body.
+	Payload []byte
+	// Parent is the ID of the message whose effect emitted this one, if
+	// any. Stored for checks and operators; never sent.
+	Parent string
+}
+
+// maxKindLen bounds the kind of a follow-up, so that a derived ID stays
+// well inside [inbox.MaxIDLen].
+const maxKindLen = 64
+
+// FollowUpID returns the ID of the follow-up of kind emitted by the message
+// parent: the same for the same inputs on every redelivery and replay, so a
+// second attempt can emit neither a second message nor a different one. It
+// is kind + ":" + parent, or, when that would be longer than
+// [inbox.MaxIDLen], kind + ":h" + the hex SHA-256 of parent.
+//
+// parent must be a valid message ID (see [inbox.ValidateID]); kind names the
+// follow-up ("notify", "ship"): 1 to 64 bytes of letters, digits, '-', '_'
+// and '.'. A message with several follow-ups uses a kind for each. Two
+// effects (scopes) that emit the same kind for the same parent would emit
+// the same ID: put the scope in the kind then.
+func FollowUpID(parent, kind string) (string, error) {
+	if err := inbox.ValidateID(parent); err != nil {
+		return "", fmt.Errorf("%w: parent: %w", ErrBadIntent, err)
+	}
+	if err := validateKind(kind); err != nil {
+		return "", err
+	}
+	if id := kind + ":" + parent; len(id) <= inbox.MaxIDLen {
+		return id, nil
+	}
+	sum := sha256.Sum256([]byte(parent))
+	return kind + ":h" + hex.EncodeToString(sum[:]), nil
+}
+
+func validateKind(kind string) error {
+	if kind == "" || len(kind) > maxKindLen {
+		return fmt.Errorf("%w: follow-up kind %q: want 1 to %d bytes", ErrBadIntent, kind, maxKindLen)
+	}
+	for i := 0; i < len(kind); i++ {
+		c := kind[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return fmt.Errorf("%w: follow-up kind %q: only letters, digits, '-', '_' and '.'", ErrBadIntent, kind)
+		}
+	}
+	return nil
+}
+
+// Validate checks what the outbox and the relay need of an intent before
+// anything is written: a valid ID (see inbox.ValidateID), a NATS subject to
+// publish to (no wildcards, no empty tokens), a valid parent ID if any.
+// Errors wrap [ErrBadIntent]. Add and AddFresh call it; a store of its own
+// calls it too.
+func (in *Intent) Validate() error { return in.validate() }
+
+// validate checks what the table and the relay need before anything is
+// written.
+func (in *Intent) validate() error {
+	if err := inbox.ValidateID(in.ID); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadIntent, err)
+	}
+	if in.Subject == "" || !utf8.ValidString(in.Subject) || strings.ContainsAny(in.Subject, " \t\r\n\x00") ||
+		strings.HasPrefix(in.Subject, ".") || strings.HasSuffix(in.Subject, ".") || strings.Contains(in.Subject, "..") ||
+		strings.ContainsAny(in.Subject, "*>") {
+		return fmt.Errorf("%w: %s: subject %q is not a NATS subject to publish to", ErrBadIntent, in.ID, in.Subject)
+	}
+	if in.Parent != "" {
+		if err := inbox.ValidateID(in.Parent); err != nil {
+			return fmt.Errorf("%w: %s: parent: %w", ErrBadIntent, in.ID, err)
+		}
+	}
+	return nil
+}
+
+// Execer is what [Add] writes through: a pgx.Tx, so that the intent commits
+// or rolls back with the effect it follows from. *pgx.Conn and
+// *pgxpool.Pool satisfy it too, for a write of its own.
+type Execer interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// insertSQL inserts the intents that are new and returns their IDs. It
+// never raises on a duplicate ID: the transaction stays usable.
+const insertSQL = `INSERT INTO outbox (id, subject, payload, fingerprint, parent_id)
+SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bytea[], $5::text[])
+ON CONFLICT (id) DO NOTHING
+RETURNING id`
+
+// existingSQL reads the rows of IDs the insert found there. It is a
+// statement of its own so that, under READ COMMITTED, it sees a row that a
+// concurrent transaction committed while the insert waited for it.
+const existingSQL = `SELECT id, subject, fingerprint FROM outbox WHERE id = ANY($1)`
+
+// Add writes intents to the outbox in tx, the transaction of the effect or
+// the row they follow from: they are published if and only if it commits.
+// The relay ([Relay]) publishes them with Nats-Msg-Id = Intent.ID.
+//
+// An ID already in the outbox with the same subject and payload is a repeat
+// of the same work and is left alone (no second message); with another
+// subject or payload Add returns an error wrapping [ErrConflict]: roll the
+// transaction back (or back to a savepoint), since the call's other new rows
+// are in it. A sent row is remembered until retention deletes it (see
+// [Prune]). Bad input wraps [ErrBadIntent]; nothing is written then either.
+// Two intents of one call with the same ID count as one if they are equal.
+func Add(ctx context.Context, tx Execer, intents ...Intent) error {
+	if len(intents) == 0 {
+		return nil
+	}
+	ids := make([]string, 0, len(intents))
+	subjects := make([]string, 0, len(intents))
+	payloads := make([][]byte, 0, len(intents))
+	fps := make([][]byte, 0, len(intents))
+	parents := make([]string, 0, len(intents))
+	seen := make(map[string]int, len(intents))
+	for i := range intents {
+		in := &intents[i]
+		if err := in.validate(); err != nil {
+			return err
+		}
+		fp := inbox.Fingerprint(in.Payload)
+		if j, ok := seen[in.ID]; ok {
+			if subjects[j] != in.Subject || !bytes.Equal(fps[j], fp[:]) {
+				return fmt.Errorf("%w: %s twice in one call, with different contents", ErrConflict, in.ID)
+			}
+			continue
+		}
+		seen[in.ID] = len(ids)
+		payload := in.Payload
+		if payload == nil {
+			payload = []byte{} // the column is NOT NULL; nil and empty are one payload
+		}
+		ids, subjects, payloads = append(ids, in.ID), append(subjects, in.Subject), append(payloads, payload)
+		fps, parents = append(fps, fp[:]), append(parents, in.Parent)
+	}
+	rows, err := tx.Query(ctx, insertSQL, ids, subjects, payloads, fps, parents)
+	if err != nil {
+		return fmt.Errorf("outbox: add: %w", err)
+	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("outbox: add: %w", err)
+	}
+	if len(inserted) == len(ids) {
+		return nil
+	}
+	there := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		there[id] = true
+	}
+	for _, id := range inserted {
+		delete(there, id)
+	}
+	repeat := make([]string, 0, len(there))
+	for id := range there {
+		repeat = append(repeat, id)
+	}
+	rows, err = tx.Query(ctx, existingSQL, repeat)
+	if err != nil {
+		return fmt.Errorf("outbox: add: %w", err)
+	}
+	defer rows.Close()
+	var conflicts []string
+	for rows.Next() {
+		var id, subject string
+		var fp []byte
+		if err := rows.Scan(&id, &subject, &fp); err != nil {
+			return fmt.Errorf("outbox: add: %w", err)
+		}
+		delete(there, id)
+		if j := seen[id]; subject != subjects[j] || !bytes.Equal(fp, fps[j]) {
+			conflicts = append(conflicts, id)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("outbox: add: %w", err)
+	}
+	for id := range there {
+		// Neither inserted nor there: retention deleted it between the
+		// two statements. Emitting it again could send a second message.
+		conflicts = append(conflicts, id)
+	}
+	if len(conflicts) > 0 {
+		slices.Sort(conflicts)
+		return fmt.Errorf("%w: %s (%d in all); roll the transaction back", ErrConflict, conflicts[0], len(conflicts))
+	}
+	return nil
+}
+
+// ErrNotFresh is returned by [AddFresh] when an ID was in the outbox
+// already. The statement failed and aborted the transaction: roll it back
+// and add the intents with [Add].
+var ErrNotFresh = errors.New("outbox: an intent added as fresh is in the outbox already")
+
+// freshThreshold is the number of intents from which AddFresh copies.
+const freshThreshold = 64
+
+var copyBufs = sync.Pool{New: func() any { return pgcopy.New(5, 1024, 128) }}
+
+// AddFresh is [Add] for intents whose IDs cannot be in the outbox yet, such
+// as follow-ups derived from messages the inbox claimed fresh in tx: from 64
+// intents on it writes them with one COPY, which is cheaper than Add's
+// INSERT … ON CONFLICT, instead of checking each ID. If an ID is there after
+// all (the parent's inbox row was pruned and the parent replayed, say), the
+// COPY fails, tx is aborted, and AddFresh returns an error wrapping
+// [ErrNotFresh]: roll back and run the work again with Add, which tells a
+// repeat from a conflict. Below 64 intents it is Add.
+func AddFresh(ctx context.Context, tx pgx.Tx, intents ...Intent) error {
+	if len(intents) < freshThreshold {
+		return Add(ctx, tx, intents...)
+	}
+	w := copyBufs.Get().(*pgcopy.Buffer)
+	w.Reset(5)
+	seen := make(map[string]bool, len(intents))
+	for i := range intents {
+		in := &intents[i]
+		if err := in.validate(); err != nil {
+			copyBufs.Put(w)
+			return err
+		}
+		if seen[in.ID] {
+			// Repeats inside one call: let Add sort them out.
+			copyBufs.Put(w)
+			return Add(ctx, tx, intents...)
+		}
+		seen[in.ID] = true
+		fp := inbox.Fingerprint(in.Payload)
+		w.Row()
+		w.Text(in.ID)
+		w.Text(in.Subject)
+		w.Bytea(in.Payload)
+		w.Bytea(fp[:])
+		w.Text(in.Parent)
+	}
+	if _, err := w.CopyTo(ctx, tx, "outbox", "id, subject, payload, fingerprint, parent_id"); err != nil {
+		// pgconn may still be reading w: leave it to the GC.
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation
+			return fmt.Errorf("%w: %w", ErrNotFresh, err)
+		}
+		return fmt.Errorf("outbox: add: %w", err)
+	}
+	copyBufs.Put(w)
+	return nil
+}

@@ -1,0 +1,395 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/hook"
+	"github.com/jetinbox/jetinbox/jitter"
+)
+
+// Channel is the PostgreSQL notification channel the outbox table's trigger
+// notifies at each COMMIT that added rows, and relays LISTEN on.
+const Channel = "jetinbox_outbox"
+
+// RelayConfig configures a [Relay].
+type RelayConfig struct {
+	// Stream is the stream every row must be stored in: a row whose
+	// subject another stream captures is refused for good (see
+	// [jsinbox.ErrWrongStream]) and marked failed. Required.
+	Stream string
+	// Batch is the most rows one round locks, publishes and marks, in one
+	// transaction. Default 500.
+	Batch int
+	// Publisher configures the publisher the relay sends through; its
+	// Stream is the relay's. Its Retry bounds how long one round retries
+	// a publish before leaving the row pending for a later round; the
+	// default is shorter than the publisher's own (5 retries, 30 s in
+	// all), since the round's rows stay locked meanwhile. Batch > 1 sends
+	// JetStream atomic batches.
+	Publisher jsinbox.PublisherConfig
+	// Idle times the waits between rounds when there is nothing to send:
+	// a relay wakes at once on a notification from PostgreSQL, and polls
+	// after these jittered waits (growing from Base to Cap while idle)
+	// in case a notification was missed. Default: Decorrelated, 1 s to
+	// 10 s.
+	Idle jitter.Policy
+	// Retry times the waits after a round failed (the database or NATS
+	// unreachable, publishes left pending). Default: Decorrelated, 100 ms
+	// to 10 s, no limit.
+	Retry jitter.Policy
+	// NoListen turns LISTEN/NOTIFY off: the relay only polls, with Idle's
+	// waits.
+	NoListen bool
+	// Logger receives a line per failed round and per row refused for
+	// good. Default: discard.
+	Logger *slog.Logger
+	// OnSent, if set, is called after each round that marked rows sent,
+	// with how long each row waited from its transaction's start to being
+	// marked (both by PostgreSQL's clock). For metrics and measurements.
+	OnSent func(lags []time.Duration)
+}
+
+func (c RelayConfig) withDefaults() RelayConfig {
+	if c.Batch <= 0 {
+		c.Batch = 500
+	}
+	if unset(c.Publisher.Retry) {
+		c.Publisher.Retry = jitter.Policy{Kind: jitter.Decorrelated, Base: 100 * time.Millisecond, Cap: 5 * time.Second, MaxAttempts: 5, MaxElapsed: 30 * time.Second}
+	}
+	c.Publisher.Stream = c.Stream
+	if unset(c.Idle) {
+		c.Idle = jitter.Policy{Kind: jitter.Decorrelated, Base: time.Second, Cap: 10 * time.Second}
+	}
+	if unset(c.Retry) {
+		c.Retry = jitter.Policy{Kind: jitter.Decorrelated, Base: 100 * time.Millisecond, Cap: 10 * time.Second}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// unset reports a policy left at its zero value, which takes the relay's
+// default rather than jitter's.
+func unset(p jitter.Policy) bool {
+	return p.Kind == 0 && p.Base == 0 && p.Cap == 0 && p.MaxAttempts == 0 && p.MaxElapsed == 0
+}
+
+func (c RelayConfig) validate() error {
+	var errs []error
+	if c.Stream == "" {
+		errs = append(errs, errors.New("outbox: relay: Stream is required"))
+	}
+	for _, p := range []struct {
+		name string
+		p    jitter.Policy
+	}{{"Idle", c.Idle}, {"Retry", c.Retry}, {"Publisher.Retry", c.Publisher.Retry}} {
+		if err := p.p.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("outbox: relay: %s: %w", p.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RelayStats counts what a relay did.
+type RelayStats struct {
+	// Rounds that locked at least one row.
+	Rounds int64
+	// Sent: rows marked sent (their publish acknowledged, as new or as a
+	// duplicate of a copy the stream already held).
+	Sent int64
+	// Duplicates: of those, rows the stream already held (published
+	// before by a relay that died before marking them).
+	Duplicates int64
+	// Failed: rows refused for good and marked failed (an ID the stream
+	// holds with another payload, a subject another stream captures).
+	Failed int64
+	// Retried: rows left pending by a round whose publish did not get
+	// through in time; a later round sends them.
+	Retried int64
+}
+
+// Relay publishes the outbox's pending rows to JetStream and marks them sent.
+// Run it in every process that should help, or in one: relays share the rows
+// without a leader (see the package documentation).
+type Relay struct {
+	src Source
+	js  jetstream.JetStream
+	cfg RelayConfig
+
+	mu  sync.Mutex
+	pub *jsinbox.Publisher
+
+	rounds, sent, duplicates, failed, retried atomic.Int64
+
+	// hook, nil unless a harness attached one (internal/hook), stops the
+	// relay at its points; it is attached to the publisher too.
+	hook hook.Func
+}
+
+func init() {
+	hook.Register(func(target any, f hook.Func) bool {
+		r, ok := target.(*Relay)
+		if ok {
+			r.mu.Lock()
+			r.hook = f
+			hook.Attach(r.pub, f)
+			r.mu.Unlock()
+		}
+		return ok
+	})
+}
+
+func (r *Relay) fires(pt hook.Point) bool { return r.hook != nil && r.hook(pt) }
+
+// NewRelay returns a relay that reads the outbox in PostgreSQL through pool
+// and publishes through js. [Relay.Run] runs it.
+func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg RelayConfig) (*Relay, error) {
+	if pool == nil {
+		return nil, errors.New("outbox: relay: a pool is required")
+	}
+	return NewRelayOn(Postgres(pool), js, cfg)
+}
+
+// NewRelayOn returns a relay that takes the outbox's rows from src and
+// publishes through js.
+func NewRelayOn(src Source, js jetstream.JetStream, cfg RelayConfig) (*Relay, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if src == nil || js == nil {
+		return nil, errors.New("outbox: relay: a source and a JetStream client are required")
+	}
+	r := &Relay{src: src, js: js, cfg: cfg}
+	pub, err := jsinbox.NewPublisher(js, cfg.Publisher)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: relay: %w", err)
+	}
+	r.pub = pub
+	return r, nil
+}
+
+// Stats returns the counters so far.
+func (r *Relay) Stats() RelayStats {
+	return RelayStats{Rounds: r.rounds.Load(), Sent: r.sent.Load(), Duplicates: r.duplicates.Load(), Failed: r.failed.Load(), Retried: r.retried.Load()}
+}
+
+// Close stops the relay's publisher, abandoning publishes in flight (their
+// rows stay pending). Run closes it when it returns; call Close after using
+// only [Relay.Round]. It is safe to call more than once.
+func (r *Relay) Close() { r.publisher().Close() }
+
+// Run relays until ctx ends, then returns nil. It returns early only for a
+// crash simulated by a harness. Errors of a round (the database or NATS
+// away) are logged and retried after a jittered wait.
+func (r *Relay) Run(ctx context.Context) error {
+	defer r.Close()
+	var ln Waiter
+	defer func() {
+		if ln != nil {
+			ln.Close()
+		}
+	}()
+	listener, canListen := r.src.(Listener)
+	idle, fail := r.cfg.Idle.NewBackOff(), r.cfg.Retry.NewBackOff()
+	for {
+		if ln == nil && canListen && !r.cfg.NoListen {
+			var err error
+			if ln, err = listener.Listen(ctx); err != nil && ctx.Err() == nil {
+				ln = nil
+				r.cfg.Logger.Warn("outbox: relay: listening for new rows failed; polling until it works", "err", err)
+			}
+		}
+		n, err := r.Round(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var crash *hook.Crash
+		if errors.As(err, &crash) {
+			return err
+		}
+		var d time.Duration
+		switch {
+		case err != nil:
+			r.cfg.Logger.Warn("outbox: relay: round failed", "err", err)
+			d = next(fail, r.cfg.Retry)
+		case n >= r.cfg.Batch:
+			fail.Reset()
+			idle.Reset()
+			continue
+		default:
+			fail.Reset()
+			if n > 0 {
+				idle.Reset()
+			}
+			d = next(idle, r.cfg.Idle)
+		}
+		if ln == nil || err != nil {
+			if !sleep(ctx, d) {
+				return nil
+			}
+			continue
+		}
+		if werr := ln.Wait(ctx, d); werr != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			r.cfg.Logger.Warn("outbox: relay: lost the listener connection; polling until it is back", "err", werr)
+			ln.Close()
+			ln = nil
+		}
+	}
+}
+
+// next returns the next wait of b, or p's Cap once b has stopped.
+func next(b backoff.BackOff, p jitter.Policy) time.Duration {
+	if d := b.NextBackOff(); d != backoff.Stop {
+		return d
+	}
+	return p.WithDefaults().Cap
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (r *Relay) publisher() *jsinbox.Publisher {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pub
+}
+
+// renewPublisher replaces the publisher: after a crash in the PubAck wait
+// (its publishes are abandoned, as a dead process's would be), or when its
+// list of failures has grown long.
+func (r *Relay) renewPublisher() error {
+	pub, err := jsinbox.NewPublisher(r.js, r.cfg.Publisher)
+	if err != nil {
+		return fmt.Errorf("outbox: relay: %w", err)
+	}
+	r.mu.Lock()
+	old := r.pub
+	r.pub = pub
+	if r.hook != nil {
+		hook.Attach(pub, r.hook)
+	}
+	r.mu.Unlock()
+	old.Close()
+	return nil
+}
+
+// Round runs one round: it locks up to Batch pending rows (skipping rows
+// another relay holds), publishes them, waits for every PubAck, marks the
+// acknowledged rows sent and those refused for good failed, and commits. It
+// returns how many rows it locked. A row whose publish did not get through
+// stays pending for a later round, and the round returns an error saying
+// how many. Run calls Round in a loop; call it directly to drain the outbox
+// in a test or a one-off job, never at the same time as Run or another
+// Round of the same relay (use another Relay for that).
+func (r *Relay) Round(ctx context.Context) (int, error) {
+	taken, err := r.src.Take(ctx, r.cfg.Batch)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: relay: %w", err)
+	}
+	defer taken.Abandon(context.WithoutCancel(ctx)) // after Finish this is a no-op
+	rows := taken.Rows()
+	batch := make([]jsinbox.Intent, len(rows))
+	for i, row := range rows {
+		batch[i] = jsinbox.Intent{ID: row.ID, Subject: row.Subject, Payload: row.Payload}
+	}
+	if len(batch) == 0 {
+		return 0, nil
+	}
+	r.rounds.Add(1)
+	if r.fires(hook.RelayBeforePublish) {
+		return len(batch), &hook.Crash{Point: hook.RelayBeforePublish}
+	}
+	pub := r.publisher()
+	before := len(pub.Failures())
+	dupBefore := pub.Stats().Duplicates
+	refused := map[string]string{}
+	for _, in := range batch {
+		if err := pub.Publish(ctx, in); err != nil {
+			if errors.Is(err, jsinbox.ErrBadIntent) {
+				refused[in.ID] = err.Error()
+				continue
+			}
+			return len(batch), fmt.Errorf("outbox: relay: publish: %w", err)
+		}
+	}
+	if r.fires(hook.RelayPubAckWait) {
+		// The process dies with publishes in flight: some stored, some
+		// not, none marked.
+		if err := r.renewPublisher(); err != nil {
+			return len(batch), err
+		}
+		return len(batch), &hook.Crash{Point: hook.RelayPubAckWait}
+	}
+	if err := pub.Flush(ctx); err != nil {
+		return len(batch), fmt.Errorf("outbox: relay: waiting for PubAcks: %w", err)
+	}
+	failures := pub.Failures()
+	pending := 0
+	unsent := map[string]bool{}
+	for _, f := range failures[before:] {
+		if errors.Is(f.Err, jsinbox.ErrConflict) || errors.Is(f.Err, jsinbox.ErrWrongStream) {
+			refused[f.ID] = f.Err.Error()
+			continue
+		}
+		unsent[f.ID] = true
+		pending++
+	}
+	if r.fires(hook.RelayBeforeMark) {
+		return len(batch), &hook.Crash{Point: hook.RelayBeforeMark}
+	}
+	ids := make([]string, 0, len(batch))
+	for _, in := range batch {
+		if _, bad := refused[in.ID]; !bad && !unsent[in.ID] {
+			ids = append(ids, in.ID)
+		}
+	}
+	for id, why := range refused {
+		r.cfg.Logger.Error("outbox: relay: the stream refused a row for good; marked failed", "id", id, "err", why)
+	}
+	lags, err := taken.Finish(ctx, ids, refused)
+	if err != nil {
+		// Unknown outcome at worst: the rows are published, and sent
+		// again with the same IDs if the marks did not commit.
+		return len(batch), fmt.Errorf("outbox: relay: mark: %w", err)
+	}
+	r.sent.Add(int64(len(ids)))
+	r.failed.Add(int64(len(refused)))
+	r.retried.Add(int64(pending))
+	r.duplicates.Add(pub.Stats().Duplicates - dupBefore)
+	if r.cfg.OnSent != nil && len(lags) > 0 {
+		r.cfg.OnSent(lags)
+	}
+	if len(failures) > 10_000 {
+		if err := r.renewPublisher(); err != nil {
+			return len(batch), err
+		}
+	}
+	if pending > 0 {
+		return len(batch), fmt.Errorf("outbox: relay: %d of %d rows not acknowledged in time; they stay pending", pending, len(batch))
+	}
+	return len(batch), nil
+}

@@ -1,0 +1,73 @@
+package outbox
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/internal/migrate"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Component is the name the outbox's migrations are recorded under in
+// jetinbox_migrations.
+const Component = "outbox"
+
+func migrations() []migrate.Migration {
+	ms, err := migrate.Load(migrationFS, "migrations")
+	if err != nil {
+		panic(err) // embedded at build time; a bad name is a build bug
+	}
+	return ms
+}
+
+// Migrate creates or upgrades the outbox table in the database db points at,
+// recording applied versions in jetinbox_migrations under the component
+// "outbox". It is safe to call concurrently and repeatedly, and returns how
+// many migrations it applied. `jetinbox migrate` calls it.
+func Migrate(ctx context.Context, db inbox.Beginner) (int, error) {
+	return migrate.Apply(ctx, db, Component, migrations())
+}
+
+// MigrationSQL returns the outbox schema as one SQL script, for people who
+// run their own migration tool.
+func MigrationSQL() string { return migrate.Script(Component, migrations()) }
+
+// MigrationStatus compares the outbox migrations this package ships with
+// what the database recorded.
+func MigrationStatus(ctx context.Context, db interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}) ([]inbox.MigrationState, error) {
+	return migrate.Status(ctx, db, Component, migrations())
+}
+
+// ErrNotMigrated is returned by [CheckSchema] when the outbox table is
+// missing or older than this package.
+var ErrNotMigrated = errors.New("outbox: schema not migrated (run `jetinbox migrate` or apply MigrationSQL)")
+
+// CheckSchema reports [ErrNotMigrated] unless every outbox migration this
+// package ships has been applied. The relay calls it at start.
+func CheckSchema(ctx context.Context, db inbox.Querier) error {
+	ms := migrations()
+	want := ms[len(ms)-1].Version
+	var have int
+	err := db.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM jetinbox_migrations WHERE component = $1`, Component).Scan(&have)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return ErrNotMigrated
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: check schema: %w", err)
+	}
+	if have < want {
+		return fmt.Errorf("%w: at version %d, this package needs %d", ErrNotMigrated, have, want)
+	}
+	return nil
+}

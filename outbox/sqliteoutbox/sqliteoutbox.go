@@ -1,0 +1,279 @@
+// Package sqliteoutbox keeps the outbox in a SQLite file, next to an inbox
+// of package sqliteinbox: [Add] in the batch's (or the service's own)
+// *sql.Tx, and a [Source] a relay (outbox.NewRelayOn) takes rows from.
+//
+// SQLite has one writer and no row locks a relay could hold while it
+// publishes, so a relay leases a batch instead: one short transaction sets
+// lease_until on the oldest pending rows nobody holds, the relay publishes
+// them, and a second short transaction marks them sent. A relay that dies in
+// between leaves its rows leased until the lease runs out; then any relay
+// publishes them again with the same IDs, which the stream (inside its
+// duplicate window) or the next inbox drops. There is no notification: the
+// relay polls with its jittered Idle waits.
+package sqliteoutbox
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/internal/migrate"
+	"github.com/jetinbox/jetinbox/outbox"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+func migrations() []migrate.Migration {
+	ms, err := migrate.Load(migrationFS, "migrations")
+	if err != nil {
+		panic(err) // embedded at build time; a bad name is a build bug
+	}
+	return ms
+}
+
+// Migrate creates or upgrades the outbox table in the SQLite database db and
+// returns how many migrations it applied.
+func Migrate(ctx context.Context, db *sql.DB) (int, error) {
+	return migrate.ApplySQLite(ctx, db, outbox.Component, migrations())
+}
+
+// MigrationStatus compares the outbox migrations with what db recorded.
+func MigrationStatus(ctx context.Context, db *sql.DB) ([]inbox.MigrationState, error) {
+	return migrate.StatusSQLite(ctx, db, outbox.Component, migrations())
+}
+
+// MigrationSQL returns the SQLite outbox schema as one SQL script.
+func MigrationSQL() string { return migrate.Script(outbox.Component, migrations()) }
+
+// CheckSchema reports outbox.ErrNotMigrated unless every outbox migration
+// has been applied to db.
+func CheckSchema(ctx context.Context, db *sql.DB) error {
+	ms := migrations()
+	want := ms[len(ms)-1].Version
+	have, ok, err := migrate.VersionSQLite(ctx, db, outbox.Component)
+	switch {
+	case err != nil:
+		return fmt.Errorf("outbox: check schema: %w", err)
+	case !ok:
+		return outbox.ErrNotMigrated
+	case have < want:
+		return fmt.Errorf("%w: at version %d, this package needs %d", outbox.ErrNotMigrated, have, want)
+	}
+	return nil
+}
+
+// Add writes intents to the outbox in tx, as outbox.Add does on PostgreSQL:
+// an ID already there with the same subject and payload is left alone, with
+// another one the error wraps outbox.ErrConflict (roll tx back), bad input
+// wraps outbox.ErrBadIntent.
+func Add(ctx context.Context, tx *sql.Tx, intents ...outbox.Intent) error {
+	now := time.Now().UnixMicro()
+	for i := range intents {
+		in := &intents[i]
+		if err := in.Validate(); err != nil {
+			return err
+		}
+		fp := inbox.Fingerprint(in.Payload)
+		payload := in.Payload
+		if payload == nil {
+			payload = []byte{}
+		}
+		r, err := tx.ExecContext(ctx, `INSERT INTO outbox (id, subject, payload, fingerprint, parent_id, created_at) VALUES (?, ?, ?, ?, ?, ?)
+ON CONFLICT (id) DO NOTHING`, in.ID, in.Subject, payload, fp[:], in.Parent, now)
+		if err != nil {
+			return fmt.Errorf("outbox: add: %w", err)
+		}
+		if n, err := r.RowsAffected(); err != nil {
+			return fmt.Errorf("outbox: add: %w", err)
+		} else if n == 1 {
+			continue
+		}
+		var subject string
+		var have []byte
+		if err := tx.QueryRowContext(ctx, `SELECT subject, fingerprint FROM outbox WHERE id = ?`, in.ID).Scan(&subject, &have); err != nil {
+			return fmt.Errorf("outbox: add: %s: %w", in.ID, err)
+		}
+		if subject != in.Subject || !bytes.Equal(have, fp[:]) {
+			return fmt.Errorf("%w: %s; roll the transaction back", outbox.ErrConflict, in.ID)
+		}
+	}
+	return nil
+}
+
+// DefaultLease is how long a relay holds the rows it took before another
+// relay may take them: longer than a round can last (the publisher's retry
+// budget and its PubAck wait).
+const DefaultLease = 2 * time.Minute
+
+// Source returns the outbox.Source of the outbox in db; a relay holds the
+// rows it takes for lease (0: DefaultLease).
+func Source(db *sql.DB, lease time.Duration) outbox.Source {
+	if lease <= 0 {
+		lease = DefaultLease
+	}
+	return source{db: db, lease: lease}
+}
+
+type source struct {
+	db    *sql.DB
+	lease time.Duration
+}
+
+func (s source) Take(ctx context.Context, n int) (outbox.Taken, error) {
+	now := time.Now().UnixMicro()
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit this is a no-op
+	rows, err := tx.QueryContext(ctx, `UPDATE outbox SET lease_until = ?
+WHERE seq IN (SELECT seq FROM outbox WHERE sent_at IS NULL AND failed IS NULL AND (lease_until IS NULL OR lease_until < ?) ORDER BY seq LIMIT ?)
+RETURNING seq, id, subject, payload`, now+s.lease.Microseconds(), now, n)
+	if err != nil {
+		return nil, err
+	}
+	type seqRow struct {
+		seq int64
+		row outbox.Row
+	}
+	var got []seqRow
+	for rows.Next() {
+		var r seqRow
+		if err := rows.Scan(&r.seq, &r.row.ID, &r.row.Subject, &r.row.Payload); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		got = append(got, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows.Close()
+	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(got, func(a, b seqRow) int { return int(a.seq - b.seq) })
+	t := &taken{db: s.db}
+	for _, r := range got {
+		t.rows = append(t.rows, r.row)
+	}
+	return t, nil
+}
+
+type taken struct {
+	db   *sql.DB
+	rows []outbox.Row
+	done bool
+}
+
+func (t *taken) Rows() []outbox.Row { return t.rows }
+
+// placeholders returns "?, ?, …" for n values.
+func placeholders(n int) string { return strings.TrimSuffix(strings.Repeat("?, ", n), ", ") }
+
+func (t *taken) Finish(ctx context.Context, sent []string, failed map[string]string) ([]time.Duration, error) {
+	now := time.Now().UnixMicro()
+	tx, err := t.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit this is a no-op
+	var lags []time.Duration
+	for start := 0; start < len(sent); start += 500 {
+		part := sent[start:min(len(sent), start+500)]
+		args := []any{now}
+		for _, id := range part {
+			args = append(args, id)
+		}
+		rows, err := tx.QueryContext(ctx, `UPDATE outbox SET sent_at = ?1, lease_until = NULL WHERE id IN (`+placeholders(len(part))+`) RETURNING sent_at - created_at`, args...)
+		if err != nil {
+			return nil, fmt.Errorf("mark sent: %w", err)
+		}
+		for rows.Next() {
+			var us int64
+			if err := rows.Scan(&us); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("mark sent: %w", err)
+			}
+			lags = append(lags, time.Duration(us)*time.Microsecond)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("mark sent: %w", err)
+		}
+		rows.Close()
+	}
+	for id, why := range failed {
+		if _, err := tx.ExecContext(ctx, `UPDATE outbox SET failed = ?, lease_until = NULL WHERE id = ?`, why, id); err != nil {
+			return nil, fmt.Errorf("mark failed: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	t.done = true
+	return lags, nil
+}
+
+// Abandon gives the rows back at once, best effort: if it fails, their
+// lease runs out.
+func (t *taken) Abandon(ctx context.Context) {
+	if t.done || len(t.rows) == 0 {
+		return
+	}
+	t.done = true
+	args := make([]any, len(t.rows))
+	for i, r := range t.rows {
+		args[i] = r.ID
+	}
+	_, _ = t.db.ExecContext(ctx, `UPDATE outbox SET lease_until = NULL WHERE sent_at IS NULL AND id IN (`+placeholders(len(args))+`)`, args...)
+}
+
+// Prune deletes sent outbox rows created longer than opts.OlderThan ago,
+// with outbox.Prune's horizon check; pending and failed rows stay. The
+// cut-off comes from this machine's clock, the one created_at was written
+// with.
+func Prune(ctx context.Context, db *sql.DB, opts outbox.PruneOptions) (int64, error) {
+	if err := outbox.CheckPrune(&opts); err != nil {
+		return 0, err
+	}
+	cutoff := time.Now().Add(-opts.OlderThan).UnixMicro()
+	var total int64
+	for {
+		r, err := db.ExecContext(ctx, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE created_at < ? AND sent_at IS NOT NULL LIMIT ?)`, cutoff, opts.BatchSize)
+		if err != nil {
+			return total, fmt.Errorf("outbox: prune: %w", err)
+		}
+		n, err := r.RowsAffected()
+		if err != nil {
+			return total, fmt.Errorf("outbox: prune: %w", err)
+		}
+		total += n
+		if n < int64(opts.BatchSize) {
+			return total, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+	}
+}
+
+// Backlog returns how many rows wait to be published and how long the
+// oldest has waited, by this machine's clock.
+func Backlog(ctx context.Context, db *sql.DB) (int64, time.Duration, error) {
+	var n int64
+	var oldest sql.NullInt64
+	if err := db.QueryRowContext(ctx, `SELECT count(*), min(created_at) FROM outbox WHERE sent_at IS NULL AND failed IS NULL`).Scan(&n, &oldest); err != nil {
+		return 0, 0, fmt.Errorf("outbox: backlog: %w", err)
+	}
+	if !oldest.Valid {
+		return n, 0, nil
+	}
+	return n, time.Since(time.UnixMicro(oldest.Int64)), nil
+}
