@@ -88,63 +88,6 @@ func TestClaimBatchOneStatement(t *testing.T) {
 	}
 }
 
-// TestProcessMixedBatch: fresh, duplicate, conflicting and poison messages in
-// one batch each get their outcome, and the ledger holds the fresh ones once.
-func TestProcessMixedBatch(t *testing.T) {
-	t.Parallel()
-	pool := newDB(t)
-	ctx := context.Background()
-	p := newLedgerProcessor(t, pool)
-
-	first := []inbox.Message{intent("dup", 1, 100), intent("conflict", 2, 200)}
-	if out, err := p.Process(ctx, first); err != nil || statuses(out) != "applied,applied" {
-		t.Fatalf("setup batch: %s, %v", statuses(out), err)
-	}
-	batch := []inbox.Message{
-		intent("fresh-1", 3, 10),
-		intent("dup", 1, 100),
-		intent("conflict", 2, 999),
-		{ID: "bad-json", Payload: []byte(`{"account":1,`)},
-		intent("unknown-account", 99999, 5),
-		intent("fresh-2", 3, 20),
-		{ID: "", Payload: []byte(`{}`)},
-		intent("fresh-1", 3, 10),
-	}
-	out, err := p.Process(ctx, batch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := statuses(out), "applied,duplicate,conflict,rejected,rejected,applied,rejected,duplicate"; got != want {
-		t.Fatalf("outcomes %s, want %s", got, want)
-	}
-	for _, i := range []int{3, 4, 6} {
-		if out[i].Reason == "" {
-			t.Errorf("rejection %d has no reason", i)
-		}
-	}
-	if !strings.Contains(out[4].Reason, "unknown account 99999") {
-		t.Errorf("unknown account reason: %q", out[4].Reason)
-	}
-	assertClean(t, pool, map[string]inbox.Message{
-		"dup": first[0], "conflict": first[1], "fresh-1": batch[0], "fresh-2": batch[5],
-	})
-	var rejected, conflicts int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'rejected') FROM inbox`).Scan(&rejected); err != nil {
-		t.Fatal(err)
-	}
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM inbox_conflicts WHERE message_id = 'conflict'`).Scan(&conflicts); err != nil {
-		t.Fatal(err)
-	}
-	if rejected != 2 || conflicts != 1 {
-		t.Fatalf("rejected rows %d (want 2), conflict rows %d (want 1)", rejected, conflicts)
-	}
-	// Redelivering a rejected message reports the stored rejection again.
-	out, err = p.Process(ctx, batch[3:4])
-	if err != nil || out[0].Status != inbox.StatusRejected || !out[0].Redelivered || out[0].Reason == "" {
-		t.Fatalf("redelivered poison: %+v, %v", out[0], err)
-	}
-}
-
 // TestPoisonDoesNotStallNeighbours: effects that panic or abort the
 // transaction are isolated; their neighbours commit.
 func TestPoisonDoesNotStallNeighbours(t *testing.T) {

@@ -318,6 +318,11 @@ func (s suite[TX]) mixedBatch(t *testing.T) {
 	if got, want := Statuses(out), "applied,duplicate,conflict,rejected,rejected,applied,rejected,duplicate"; got != want {
 		t.Fatalf("outcomes %s, want %s", got, want)
 	}
+	for _, i := range []int{3, 4, 6} {
+		if out[i].Reason == "" {
+			t.Errorf("rejection %d has no reason", i)
+		}
+	}
 	if !strings.Contains(out[4].Reason, "unknown account 99999") || out[4].Cause != inbox.CauseBadInput {
 		t.Errorf("unknown account: %q %v", out[4].Reason, out[4].Cause)
 	}
