@@ -4,12 +4,16 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/migrate"
+	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
 
 //go:embed sqlite_migrations/*.sql
@@ -99,6 +103,23 @@ func NewScopedSQLiteLedger(scope string) (*SQLiteLedger, error) {
 // Scope returns the inbox scope the ledger is bound to, or "".
 func (s *SQLiteLedger) Scope() string { return s.l.scope }
 
+// WithFollowUps returns a copy of s that emits, for every credit it
+// applies, the follow-up [Ledger.WithFollowUps] describes, added to the
+// SQLite outbox (package sqliteoutbox) in the batch's transaction: it
+// commits or rolls back with the credit. The file needs the outbox schema
+// (sqliteoutbox.Migrate).
+func (s *SQLiteLedger) WithFollowUps(f FollowUps) (*SQLiteLedger, error) {
+	l, err := s.l.WithFollowUps(f)
+	if err != nil {
+		return nil, err
+	}
+	return &SQLiteLedger{l: *l}, nil
+}
+
+// FollowUpsOf returns the ledger's follow-up configuration, if it emits
+// follow-ups.
+func (s *SQLiteLedger) FollowUpsOf() (FollowUps, bool) { return s.l.FollowUpsOf() }
+
 // Handle implements inbox.HandlerOf[*sql.Tx].
 func (s *SQLiteLedger) Handle(ctx context.Context, tx *sql.Tx, msgs []inbox.Message, errs []error) error {
 	scope, err := s.l.scopeFor(ctx)
@@ -183,7 +204,41 @@ func (s *SQLiteLedger) Handle(ctx context.Context, tx *sql.Tx, msgs []inbox.Mess
 			}
 		}
 	}
-	return flush()
+	if err := flush(); err != nil {
+		return err
+	}
+	if s.l.follow == nil {
+		return nil
+	}
+	return s.emit(ctx, tx, msgs, intents, errs)
+}
+
+// emit adds the follow-up of every message applied in this batch to the
+// outbox, in the batch's transaction. An ID the outbox holds with other
+// contents fails the batch with a permanent error; the processor then
+// applies its messages one at a time and rejects that one.
+func (s *SQLiteLedger) emit(ctx context.Context, tx *sql.Tx, msgs []inbox.Message, intents []Intent, errs []error) error {
+	f := s.l.follow
+	out := make([]outbox.Intent, 0, len(msgs))
+	for i := range msgs {
+		if errs[i] != nil {
+			continue
+		}
+		id, err := outbox.FollowUpID(msgs[i].ID, f.Kind)
+		if err != nil {
+			return inbox.Permanent(fmt.Errorf("effects: follow-up of %s: %w", msgs[i].ID, err))
+		}
+		in := intents[i]
+		out = append(out, outbox.Intent{ID: id, Subject: f.Subject + "." + strconv.FormatInt(in.Account%16, 10),
+			Payload: in.AppendJSON(make([]byte, 0, 48)), Parent: msgs[i].ID})
+	}
+	if err := sqliteoutbox.Add(ctx, tx, out...); err != nil {
+		if errors.Is(err, outbox.ErrConflict) || errors.Is(err, outbox.ErrBadIntent) {
+			return inbox.Permanent(fmt.Errorf("effects: follow-ups: %w", err))
+		}
+		return fmt.Errorf("effects: follow-ups: %w", err)
+	}
+	return nil
 }
 
 // sqliteChunk is how many rows one ledger statement carries.

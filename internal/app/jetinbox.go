@@ -261,10 +261,7 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	var chain *verify.ChainReport
 	co := verify.ChainOptions{ParentScope: *scope, Kind: *kind, Stream: *nextStream, Scope: *nextScope, Ledger: true}
 	if *nextStream != "" {
-		if store.PG == nil {
-			return cli.UsageError{Err: errors.New("verify: -next-stream checks follow-ups of the ledger, which go to the outbox in PostgreSQL")}
-		}
-		if chain, err = verify.Chain(ctx, js, store.PG, co); err != nil {
+		if chain, err = verify.Chain(ctx, js, verifyDB(store), co); err != nil {
 			return cli.UsageError{Err: streamMissing("verify", *nextStream, err)}
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
@@ -219,5 +220,83 @@ func TestRelayOnSQLite(t *testing.T) {
 	m, err := s.GetMsg(ctx, 1)
 	if err != nil || m.Header.Get(jetstream.MsgIDHeader) != "charge-o-1" {
 		t.Fatalf("ORDERS holds %v, %v", m, err)
+	}
+}
+
+// TestTwoHopCommandsOnSQLite: the two-hop pipeline on a SQLite file, with
+// the operator's commands: the consumer with -follow-ups and -relay adds a
+// notification per credit to the SQLite outbox in its inbox transaction and
+// relays it; a second consumer applies them; verify -next-stream checks the
+// chain on SQLite and goes red for a notification without an applied parent.
+func TestTwoHopCommandsOnSQLite(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	path := filepath.Join(t.TempDir(), "twohop.db")
+	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": "sqlite://" + path})
+	if err := Migrate(ctx, nil, env, nil, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if err := Accounts(ctx, []string{"-open", "1-1024"}, env, nil, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.EnsureRelayStream(ctx, js, cli.DefaultRelayStream, cli.DefaultFollowUpPrefix); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.Producer(ctx, []string{"-count", "300", "-prefix", "sth"}, env, nil, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sqliteinbox.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	pending := func() int {
+		var n int
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	runUntil(t, "consumer -follow-ups -relay on SQLite", func(ctx context.Context, stderr io.Writer) error {
+		return cli.Consumer(ctx, []string{"-http", "", "-follow-ups", "notifications", "-relay"}, env, io.Discard, stderr)
+	}, func() bool { return settled(js, "INTENTS", "ledger")() && pending() == 0 })
+	var rows int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM outbox WHERE id = 'notify:' || parent_id`).Scan(&rows); err != nil || rows != 300 {
+		t.Fatalf("%d follow-ups in the SQLite outbox (%v), want 300", rows, err)
+	}
+	next := withEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": "sqlite://" + path}, "JETINBOX_STREAM", "NOTIFICATIONS", "JETINBOX_SCOPE", "notifications", "JETINBOX_DURABLE", "notifications")
+	runUntil(t, "consumer of NOTIFICATIONS on SQLite", func(ctx context.Context, stderr io.Writer) error {
+		return cli.Consumer(ctx, []string{"-http", ""}, next, io.Discard, stderr)
+	}, settled(js, "NOTIFICATIONS", "notifications"))
+
+	var out bytes.Buffer
+	if err := Verify(ctx, []string{"-next-stream", "NOTIFICATIONS", "-next-scope", "notifications"}, env, nil, &out, io.Discard); err != nil {
+		t.Fatalf("verify the chain on SQLite: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{`applied parents +300`, `follow-ups in NOTIFICATIONS +300`, `lost +0 +ok`, `without applied parent +0 +ok`, `applied once by notifications +300`, `duplicated +0 +ok`} {
+		if !regexp.MustCompile(`(?m)^ *` + want).MatchString(out.String()) {
+			t.Errorf("verify output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: "notifications.3", Data: []byte(`{"account":3,"amount":1}`), Header: nats.Header{jetstream.MsgIDHeader: []string{"notify:ghost"}}}); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	err = Verify(ctx, []string{"-next-stream", "NOTIFICATIONS"}, env, nil, &out, io.Discard)
+	if cli.ExitCode(err) != 1 || !regexp.MustCompile(`(?m)^ *without applied parent +1 +VIOLATION`).MatchString(out.String()) {
+		t.Fatalf("verify with a follow-up of no parent on SQLite: %v (exit %d)\n%s", err, cli.ExitCode(err), out.String())
 	}
 }

@@ -211,7 +211,7 @@ func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 	if res.Reports[1], err = verify.Run(ctx, r.js, r.pool, verify.Options{Stream: nextStream, Scope: nextScope, Durable: nextScope, Ledger: true}); err != nil {
 		return nil, err
 	}
-	if res.Chain, err = verify.Chain(ctx, r.js, r.pool, verify.ChainOptions{Stream: nextStream, Scope: nextScope, Ledger: true}); err != nil {
+	if res.Chain, err = verify.Chain(ctx, r.js, verify.Postgres(r.pool), verify.ChainOptions{Stream: nextStream, Scope: nextScope, Ledger: true}); err != nil {
 		return nil, err
 	}
 	var fs []string

@@ -15,7 +15,6 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/metrics"
-	"github.com/jetinbox/jetinbox/outbox"
 )
 
 // Consumer runs the inbox consumer until ctx ends (SIGTERM/SIGINT), then
@@ -120,13 +119,10 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	pcfg := inbox.Config{Scope: *scope, Logger: log, TxRetry: txRetry, TracerProvider: tp}
 	var proc jsinbox.BatchProcessor
 	if relay.followUps != "" {
-		if store.PG == nil {
-			return UsageError{Err: errors.New("-follow-ups: the ledger's follow-ups go to the outbox in PostgreSQL; on SQLite a service adds its intents with sqliteoutbox.Add")}
-		}
-		if err := outbox.CheckSchema(ctx, store.PG); err != nil {
+		if err := CheckOutboxSchema(ctx, store); err != nil {
 			return UsageError{Err: err}
 		}
-		proc, err = NewLedgerProcessorWith(store.PG, pcfg, relay.followUps)
+		proc, err = store.FollowUpLedgerProcessor(pcfg, relay.followUps)
 	} else {
 		proc, err = store.LedgerProcessor(pcfg)
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetinbox/jetinbox/effects"
-	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
@@ -90,22 +89,26 @@ func EnsureRelayStream(ctx context.Context, js jetstream.JetStream, stream, subj
 	return nil
 }
 
+// CheckOutboxSchema reports outbox.ErrNotMigrated unless store holds the
+// outbox schema.
+func CheckOutboxSchema(ctx context.Context, store *Store) error {
+	if store.SQLite != nil {
+		return sqliteoutbox.CheckSchema(ctx, store.SQLite)
+	}
+	return outbox.CheckSchema(ctx, store.PG)
+}
+
 // StartRelay checks the outbox schema and the target stream, then runs a
 // relay on store's outbox (PostgreSQL: SKIP LOCKED batches and LISTEN;
 // SQLite: leased batches and polling) until ctx ends. The returned channel
 // yields Run's result.
 func StartRelay(ctx context.Context, store *Store, js jetstream.JetStream, cfg outbox.RelayConfig) (*outbox.Relay, <-chan error, error) {
-	var src outbox.Source
+	if err := CheckOutboxSchema(ctx, store); err != nil {
+		return nil, nil, UsageError{Err: err}
+	}
+	src := outbox.Postgres(store.PG)
 	if store.SQLite != nil {
-		if err := sqliteoutbox.CheckSchema(ctx, store.SQLite); err != nil {
-			return nil, nil, UsageError{Err: err}
-		}
 		src = sqliteoutbox.Source(store.SQLite, 0)
-	} else {
-		if err := outbox.CheckSchema(ctx, store.PG); err != nil {
-			return nil, nil, UsageError{Err: err}
-		}
-		src = outbox.Postgres(store.PG)
 	}
 	if err := CheckRelayStream(ctx, js, cfg.Stream); err != nil {
 		return nil, nil, err
@@ -134,20 +137,4 @@ func RelayBacklog(store *Store) func(context.Context) (int64, time.Duration, err
 // server is closed.
 func ServeMetrics(addr string, reg *prometheus.Registry, log *slog.Logger) (io.Closer, error) {
 	return serveHTTP(addr, nil, reg, log)
-}
-
-// NewLedgerProcessorWith is NewLedgerProcessor whose ledger emits a
-// follow-up per credit on subject prefix followUps ("": none).
-func NewLedgerProcessorWith(db inbox.Beginner, cfg inbox.Config, followUps string) (*inbox.Processor, error) {
-	l, err := effects.NewScopedLedger(cfg.Scope)
-	if err != nil {
-		return nil, err
-	}
-	if followUps != "" {
-		if l, err = l.WithFollowUps(effects.FollowUps{Subject: followUps}); err != nil {
-			return nil, err
-		}
-	}
-	cfg.Handler = l
-	return inbox.NewProcessor(db, cfg)
 }

@@ -186,21 +186,34 @@ func (s *Store) Prune(ctx context.Context, opts inbox.PruneOptions) (int64, erro
 // inbox scope and the ledger scope one and the same, cfg.Scope (see
 // [NewLedgerProcessor]); cfg.Handler is ignored.
 func (s *Store) LedgerProcessor(cfg inbox.Config) (jsinbox.BatchProcessor, error) {
-	return s.ledgerProcessor(cfg, false)
+	return s.ledgerProcessor(cfg, false, "")
+}
+
+// FollowUpLedgerProcessor is [Store.LedgerProcessor] whose ledger adds a
+// follow-up per applied credit, on subject prefix followUps, to this
+// store's outbox in the inbox transaction (effects.Ledger.WithFollowUps,
+// effects.SQLiteLedger.WithFollowUps).
+func (s *Store) FollowUpLedgerProcessor(cfg inbox.Config, followUps string) (jsinbox.BatchProcessor, error) {
+	return s.ledgerProcessor(cfg, false, followUps)
 }
 
 // DryRunLedgerProcessor is [Store.LedgerProcessor] whose commits roll
 // back: a dry run takes the processor's whole path (claims, effects,
 // rejections, conflicts) and leaves nothing behind.
 func (s *Store) DryRunLedgerProcessor(cfg inbox.Config) (jsinbox.BatchProcessor, error) {
-	return s.ledgerProcessor(cfg, true)
+	return s.ledgerProcessor(cfg, true, "")
 }
 
-func (s *Store) ledgerProcessor(cfg inbox.Config, dryRun bool) (jsinbox.BatchProcessor, error) {
+func (s *Store) ledgerProcessor(cfg inbox.Config, dryRun bool, followUps string) (jsinbox.BatchProcessor, error) {
 	if s.SQLite == nil {
 		l, err := effects.NewScopedLedger(cfg.Scope)
 		if err != nil {
 			return nil, err
+		}
+		if followUps != "" {
+			if l, err = l.WithFollowUps(effects.FollowUps{Subject: followUps}); err != nil {
+				return nil, err
+			}
 		}
 		cfg.Handler = l
 		st := inbox.Postgres(s.PG)
@@ -212,6 +225,11 @@ func (s *Store) ledgerProcessor(cfg inbox.Config, dryRun bool) (jsinbox.BatchPro
 	l, err := effects.NewScopedSQLiteLedger(cfg.Scope)
 	if err != nil {
 		return nil, err
+	}
+	if followUps != "" {
+		if l, err = l.WithFollowUps(effects.FollowUps{Subject: followUps}); err != nil {
+			return nil, err
+		}
 	}
 	var st inbox.Store[*sql.Tx] = sqliteinbox.New(s.SQLite)
 	if dryRun {

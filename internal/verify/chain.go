@@ -5,14 +5,17 @@ package verify
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
+	"hash/maphash"
 	"io"
+	"strings"
 	"text/tabwriter"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/effects"
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/outbox"
 )
 
@@ -29,6 +32,9 @@ type ChainOptions struct {
 	// have an applied inbox row there (and, with Ledger, one ledger entry).
 	Scope  string
 	Ledger bool
+	// ChunkSize is how many IDs are read and looked up at a time. Default
+	// 10000.
+	ChunkSize int
 }
 
 // ChainReport is what the chain check found.
@@ -70,12 +76,29 @@ func (r *ChainReport) example(format string, args ...any) {
 	}
 }
 
+// defaultChainChunk is how many IDs the chain check reads and looks up at
+// a time.
+const defaultChainChunk = 10000
+
 // Chain checks one hop of follow-ups: every applied message of the parent
 // scope has its follow-up in the next stream exactly once by ID (copies of
 // one ID are counted apart), applied once by the next scope; nothing is in
-// the next stream without an applied parent. It holds every ID of the hop
-// in memory.
-func Chain(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o ChainOptions) (*ChainReport, error) {
+// the next stream without an applied parent. It runs on either store (db:
+// [Postgres] or [SQLite]).
+//
+// Memory: one 64-bit hash per distinct follow-up ID in the stream, in a set
+// (about 16 bytes an ID: 160 MB for ten million), plus one chunk of
+// messages and IDs at a time; nothing per parent. The stream is read once,
+// in chunks: each chunk's new IDs are looked up in the database (the parent
+// applied? the next scope applied it, how often?). Then the applied parents
+// are read in chunks of their primary key, and each parent's follow-up ID is
+// looked up in the hash set, the ones missing there in the outbox (still
+// pending, or lost). Only follow-up IDs in the hashed long form whose
+// parent is not applied under the literal reading are kept whole, until the
+// parents with IDs that long have been read. A hash collision (odds about
+// IDs² / 2^65, randomly seeded per run) could hide one lost follow-up or
+// one copy; it can never report a violation that is not there.
+func Chain(ctx context.Context, js jetstream.JetStream, db DB, o ChainOptions) (*ChainReport, error) {
 	if o.ParentScope == "" {
 		o.ParentScope = effects.DefaultScope
 	}
@@ -85,136 +108,228 @@ func Chain(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, o Ch
 	if o.Stream == "" {
 		return nil, fmt.Errorf("verify: chain: no stream to check")
 	}
-	r := &ChainReport{}
-	// What each applied parent must have emitted.
-	want := map[string]string{} // follow-up ID → parent
-	rows, err := pool.Query(ctx, `SELECT message_id FROM inbox WHERE scope = $1 AND status = 'applied'`, o.ParentScope)
-	if err != nil {
-		return nil, fmt.Errorf("verify: chain: parents: %w", err)
+	if o.ChunkSize <= 0 {
+		o.ChunkSize = defaultChainChunk
 	}
-	for rows.Next() {
-		var parent string
-		if err := rows.Scan(&parent); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("verify: chain: parents: %w", err)
-		}
-		id, err := outbox.FollowUpID(parent, o.Kind)
-		if err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("verify: chain: %w", err)
-		}
-		want[id] = parent
+	if _, err := outbox.FollowUpID("x", o.Kind); err != nil {
+		return nil, fmt.Errorf("verify: chain: %w", err)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("verify: chain: parents: %w", err)
-	}
-	r.Parents = len(want)
-	seen := map[string]int{}
-	_, err = walkRange(ctx, js, o.Stream, Range{}, 10000, nil, func(chunk []Message) error {
-		for _, m := range chunk {
-			seen[m.ID]++
-		}
-		return nil
+	c := chain{ctx: ctx, db: db, o: o, r: &ChainReport{}, seed: maphash.MakeSeed(),
+		seen: map[uint64]struct{}{}, hashed: map[string]struct{}{}}
+	_, err := walkRange(ctx, js, o.Stream, Range{}, o.ChunkSize, nil, func(chunk []Message) error {
+		return c.streamChunk(chunk)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("verify: chain: stream %s: %w", o.Stream, err)
 	}
-	pending := map[string]bool{}
-	prow, err := pool.Query(ctx, `SELECT id FROM outbox WHERE sent_at IS NULL AND failed IS NULL`)
+	if err := c.parents(); err != nil {
+		return nil, err
+	}
+	for id := range c.hashed {
+		c.r.Unexpected++
+		c.r.example("unexpected: %s is in %s, but no applied message of scope %q emits it", id, o.Stream, o.ParentScope)
+	}
+	return c.r, nil
+}
+
+// chain is the state of one chain check.
+type chain struct {
+	ctx  context.Context
+	db   DB
+	o    ChainOptions
+	r    *ChainReport
+	seed maphash.Seed
+	// seen holds the hash of every distinct follow-up ID read from the
+	// stream.
+	seen map[uint64]struct{}
+	// hashed holds follow-up IDs of the hashed long form (kind:h<sha256>)
+	// whose parent is not known yet.
+	hashed map[string]struct{}
+}
+
+func (c *chain) hash(id string) uint64 { return maphash.String(c.seed, id) }
+
+// isHashedForm reports whether id could be a follow-up ID in the hashed
+// long form: prefix + "h" + 64 hex digits.
+func isHashedForm(id, prefix string) bool {
+	rest, ok := strings.CutPrefix(id, prefix+"h")
+	if !ok || len(rest) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(rest)
+	return err == nil
+}
+
+// streamChunk counts one chunk of the stream: copies, follow-ups without
+// an applied parent, and how the next scope applied the new ones.
+func (c *chain) streamChunk(chunk []Message) error {
+	prefix := c.o.Kind + ":"
+	var fresh, parents []string
+	for _, m := range chunk {
+		h := c.hash(m.ID)
+		if _, ok := c.seen[h]; ok {
+			c.r.Copies++
+			continue
+		}
+		c.seen[h] = struct{}{}
+		c.r.InStream++
+		parent, ok := strings.CutPrefix(m.ID, prefix)
+		if !ok || inbox.ValidateID(parent) != nil {
+			c.r.Unexpected++
+			c.r.example("unexpected: %q is in %s, but it is no follow-up of kind %q", m.ID, c.o.Stream, c.o.Kind)
+			continue
+		}
+		fresh = append(fresh, m.ID)
+		parents = append(parents, parent)
+	}
+	if len(fresh) == 0 {
+		return nil
+	}
+	applied, err := c.lookup(stmt{
+		`SELECT message_id, 1 FROM inbox WHERE scope = $1 AND status = 'applied' AND message_id = ANY($2)`,
+		`SELECT message_id, 1 FROM inbox WHERE scope = ?1 AND status = 'applied' AND message_id IN (SELECT value FROM json_each(?2))`,
+	}, c.o.ParentScope, parents)
 	if err != nil {
-		return nil, fmt.Errorf("verify: chain: outbox: %w", err)
+		return fmt.Errorf("verify: chain: parents: %w", err)
 	}
-	for prow.Next() {
-		var id string
-		if err := prow.Scan(&id); err != nil {
-			prow.Close()
-			return nil, fmt.Errorf("verify: chain: outbox: %w", err)
+	for i, id := range fresh {
+		if applied[parents[i]] > 0 {
+			continue
 		}
-		pending[id] = true
-	}
-	if err := prow.Err(); err != nil {
-		return nil, fmt.Errorf("verify: chain: outbox: %w", err)
-	}
-	ids := make([]string, 0, len(seen))
-	for id, n := range seen {
-		r.InStream++
-		r.Copies += n - 1
-		ids = append(ids, id)
-		if _, ok := want[id]; !ok {
-			r.Unexpected++
-			r.example("unexpected: %s is in %s, but no applied message of scope %q emits it", id, o.Stream, o.ParentScope)
+		if isHashedForm(id, prefix) {
+			c.hashed[id] = struct{}{} // judged once the long parents are read
+			continue
 		}
+		c.r.Unexpected++
+		c.r.example("unexpected: %s is in %s, but no applied message of scope %q emits it", id, c.o.Stream, c.o.ParentScope)
 	}
-	for id, parent := range want {
-		switch {
-		case seen[id] > 0:
-		case pending[id]:
-			r.Pending++
-		default:
-			r.Lost++
-			r.example("lost: %s, the follow-up of applied %s, is neither in %s nor pending in the outbox", id, parent, o.Stream)
-		}
+	if c.o.Scope == "" {
+		return nil
 	}
-	if o.Scope == "" {
-		return r, nil
+	next, err := c.lookup(stmt{
+		`SELECT message_id, 1 FROM inbox WHERE scope = $1 AND status = 'applied' AND message_id = ANY($2)`,
+		`SELECT message_id, 1 FROM inbox WHERE scope = ?1 AND status = 'applied' AND message_id IN (SELECT value FROM json_each(?2))`,
+	}, c.o.Scope, fresh)
+	if err != nil {
+		return fmt.Errorf("verify: chain: next scope: %w", err)
 	}
-	applied := map[string]bool{}
-	entries := map[string]int{}
-	for start := 0; start < len(ids); start += 10000 {
-		part := ids[start:min(len(ids), start+10000)]
-		if err := scan(ctx, pool, `SELECT message_id FROM inbox WHERE scope = $1 AND status = 'applied' AND message_id = ANY($2)`, func(id string, _ int) {
-			applied[id] = true
-		}, o.Scope, part); err != nil {
-			return nil, err
-		}
-		if o.Ledger {
-			if err := scan(ctx, pool, `SELECT message_id, count(*)::int FROM ledger_entries WHERE scope = $1 AND message_id = ANY($2) GROUP BY message_id`, func(id string, n int) {
-				entries[id] = n
-			}, o.Scope, part); err != nil {
-				return nil, err
-			}
+	var entries map[string]int
+	if c.o.Ledger {
+		if entries, err = c.lookup(stmt{
+			`SELECT message_id, count(*)::int FROM ledger_entries WHERE scope = $1 AND message_id = ANY($2) GROUP BY message_id`,
+			`SELECT message_id, count(*) FROM ledger_entries WHERE scope = ?1 AND message_id IN (SELECT value FROM json_each(?2)) GROUP BY message_id`,
+		}, c.o.Scope, fresh); err != nil {
+			return fmt.Errorf("verify: chain: next scope's ledger: %w", err)
 		}
 	}
-	for _, id := range ids {
-		n := 1
-		if o.Ledger {
+	for _, id := range fresh {
+		n := next[id]
+		if c.o.Ledger && n > 0 {
 			n = entries[id]
 		}
 		switch {
-		case !applied[id] || n == 0:
-			r.NotApplied++
-			r.example("not applied: %s is in %s, but scope %q has not applied it", id, o.Stream, o.Scope)
+		case n == 0:
+			c.r.NotApplied++
+			c.r.example("not applied: %s is in %s, but scope %q has not applied it", id, c.o.Stream, c.o.Scope)
 		case n > 1:
-			r.Duplicated++
-			r.example("duplicated: %s applied %d times by scope %q", id, n, o.Scope)
+			c.r.Duplicated++
+			c.r.example("duplicated: %s applied %d times by scope %q", id, n, c.o.Scope)
 		default:
-			r.AppliedOnce++
+			c.r.AppliedOnce++
 		}
 	}
-	return r, nil
+	return nil
 }
 
-// scan runs a query whose rows are an ID and, optionally, a count.
-func scan(ctx context.Context, pool *pgxpool.Pool, sql string, each func(id string, n int), args ...any) error {
-	rows, err := pool.Query(ctx, sql, args...)
+// parents reads the applied parents in chunks of their primary key and
+// counts the follow-ups that are missing from the stream: pending in the
+// outbox, or lost.
+func (c *chain) parents() error {
+	after := ""
+	for {
+		page, err := c.page(after)
+		if err != nil {
+			return err
+		}
+		if len(page) == 0 {
+			return nil
+		}
+		after = page[len(page)-1]
+		c.r.Parents += len(page)
+		var missing, of []string
+		for _, parent := range page {
+			id, err := outbox.FollowUpID(parent, c.o.Kind)
+			if err != nil {
+				return fmt.Errorf("verify: chain: %w", err)
+			}
+			delete(c.hashed, id)
+			if _, ok := c.seen[c.hash(id)]; !ok {
+				missing, of = append(missing, id), append(of, parent)
+			}
+		}
+		if len(missing) == 0 {
+			continue
+		}
+		pending, err := c.lookup(stmt{
+			`SELECT id, 1 FROM outbox WHERE sent_at IS NULL AND failed IS NULL AND id = ANY($1)`,
+			`SELECT id, 1 FROM outbox WHERE sent_at IS NULL AND failed IS NULL AND id IN (SELECT value FROM json_each(?1))`,
+		}, missing)
+		if err != nil {
+			return fmt.Errorf("verify: chain: outbox: %w", err)
+		}
+		for i, id := range missing {
+			if pending[id] > 0 {
+				c.r.Pending++
+				continue
+			}
+			c.r.Lost++
+			c.r.example("lost: %s, the follow-up of applied %s, is neither in %s nor pending in the outbox", id, of[i], c.o.Stream)
+		}
+	}
+}
+
+// page returns the next chunk of applied parents after the given ID, in
+// primary-key order.
+func (c *chain) page(after string) ([]string, error) {
+	rows, err := c.db.query(c.ctx, stmt{
+		`SELECT message_id FROM inbox WHERE scope = $1 AND status = 'applied' AND message_id > $2 ORDER BY message_id LIMIT $3`,
+		`SELECT message_id FROM inbox WHERE scope = ?1 AND status = 'applied' AND message_id > ?2 ORDER BY message_id LIMIT ?3`,
+	}, c.o.ParentScope, after, c.o.ChunkSize)
 	if err != nil {
-		return fmt.Errorf("verify: chain: %w", err)
+		return nil, fmt.Errorf("verify: chain: parents: %w", err)
 	}
 	defer rows.Close()
-	cols := len(rows.FieldDescriptions())
+	var page []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("verify: chain: parents: %w", err)
+		}
+		page = append(page, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("verify: chain: parents: %w", err)
+	}
+	return page, nil
+}
+
+// lookup runs a query whose rows are an ID and a count.
+func (c *chain) lookup(q stmt, args ...any) (map[string]int, error) {
+	rows, err := c.db.query(c.ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	got := map[string]int{}
 	for rows.Next() {
 		var id string
 		var n int
-		dst := []any{&id, &n}[:cols]
-		if err := rows.Scan(dst...); err != nil {
-			return fmt.Errorf("verify: chain: %w", err)
+		if err := rows.Scan(&id, &n); err != nil {
+			return nil, err
 		}
-		each(id, n)
+		got[id] = n
 	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("verify: chain: %w", err)
-	}
-	return nil
+	return got, rows.Err()
 }
 
 // WriteTable prints the chain report for people.
