@@ -45,7 +45,11 @@ type Options struct {
 	Seed     uint64
 	Duration time.Duration
 	// TwoHop also runs the two-hop pipeline (see RunTwoHop).
-	TwoHop   bool
+	TwoHop bool
+	// Store is the store of the two-hop pipeline: "postgres" (or "") or
+	// "sqlite" (a file of its own). The producer × consumer matrix runs on
+	// PostgreSQL.
+	Store    string
 	Progress io.Writer
 }
 
@@ -85,6 +89,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&o.Restarts, "restarts", true, "restart the nats-server and PostgreSQL once each mid-run")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed for the fault dice")
 	fs.BoolVar(&o.TwoHop, "two-hop", true, "also run the two-hop pipeline: intents → ledger emitting a notification per credit through the outbox → relays → notifications applied by a second scope, with the relays crashing before publish, in the PubAck wait and before marking")
+	fs.StringVar(&o.Store, "store", "postgres", "the store of the two-hop pipeline: postgres or sqlite (a file of its own, with its outbox; no database restart there); the producer × consumer matrix runs on PostgreSQL")
 	fs.DurationVar(&o.Duration, "duration", 0, "soak: repeat the stable-id × jetinbox combination with fresh intents until this long has passed")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage of jetinbox chaos: producer strategies × consumer strategies under lost publishes, lost PubAcks,\ncrashes at each crash point, lost acks, poison intents, give-ups after MaxDeliver while no worker\nlistens, two workers, a NATS and a PostgreSQL restart.\n"+
@@ -160,6 +165,9 @@ func (o Options) validate(extra int) error {
 	}
 	if o.GiveUps < 0 || o.GiveUps > o.Intents {
 		errs = append(errs, fmt.Errorf("-give-ups %d: want 0 to -intents (%d)", o.GiveUps, o.Intents))
+	}
+	if o.Store != "" && o.Store != "postgres" && o.Store != "sqlite" {
+		errs = append(errs, fmt.Errorf("-store %q: want postgres or sqlite", o.Store))
 	}
 	if o.Duration < 0 {
 		errs = append(errs, fmt.Errorf("-duration %v: must not be negative", o.Duration))

@@ -5,6 +5,7 @@ package chaos
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -19,17 +20,22 @@ import (
 
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
 type run struct {
-	o       Options
-	pg      *testenv.Postgres
-	nats    *testenv.NATS
-	js      jetstream.JetStream
-	pool    *pgxpool.Pool
+	o    Options
+	pg   *testenv.Postgres
+	nats *testenv.NATS
+	js   jetstream.JetStream
+	pool *pgxpool.Pool
+	// sqlite is the two-hop run's SQLite file, when it runs there (pool
+	// is nil then); store is the two-hop run's store either way.
+	sqlite  *sql.DB
+	store   *cli.Store
 	intents []jsinbox.Intent
 	dice    *rand.Rand
 	diceMu  sync.Mutex
@@ -186,23 +192,14 @@ func (r *run) count(ctx context.Context, row *Row) error {
 		base, _, _ := strings.Cut(d.Header[jsinbox.HeaderMessageID], "~r")
 		deadIDs[base] = true
 	}
-	rows, err := r.pool.Query(ctx, `SELECT message_id, count(*) FROM ledger_entries GROUP BY message_id`)
+	entries, err := r.idCounts(ctx, `SELECT message_id, count(*) FROM ledger_entries GROUP BY message_id`)
 	if err != nil {
 		return err
 	}
-	defer rows.Close()
 	per := map[string]int{}
-	for rows.Next() {
-		var id string
-		var n int
-		if err := rows.Scan(&id, &n); err != nil {
-			return err
-		}
+	for id, n := range entries {
 		base, _, _ := strings.Cut(id, "~r")
 		per[base] += n
-	}
-	if err := rows.Err(); err != nil {
-		return err
 	}
 	for _, in := range r.intents {
 		switch n := per[in.ID]; {

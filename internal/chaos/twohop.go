@@ -6,11 +6,14 @@ package chaos
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +27,8 @@ import (
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
+	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
@@ -31,6 +36,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
 
 // The two-hop pipeline's streams and scopes.
@@ -56,6 +62,8 @@ type HopRow struct {
 // TwoHop is the result of a two-hop run: its rows, verify's reports on
 // both hops, and the chain check between them.
 type TwoHop struct {
+	// Store names the store the pipeline ran on.
+	Store   string
 	Rows    []HopRow
 	Reports [2]*verify.Report
 	Chain   *verify.ChainReport
@@ -75,7 +83,7 @@ func (t *TwoHop) Clean() bool {
 
 // WriteTwoHop prints the two-hop rows, the chain check and verify's reports.
 func WriteTwoHop(w io.Writer, t *TwoHop) {
-	fmt.Fprintf(w, "\ntwo-hop pipeline: intents → ledger → outbox → relay → notifications → second scope (%.1fs)\n", t.Elapsed.Seconds())
+	fmt.Fprintf(w, "\ntwo-hop pipeline: intents → ledger → outbox → relay → notifications → second scope, on %s (%.1fs)\n", t.Store, t.Elapsed.Seconds())
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "hop\tintents\tlost\tapplied once\tduplicated\tunexpected\tdead-lettered\tfaults")
 	for _, r := range t.Rows {
@@ -98,18 +106,17 @@ var twoHopFaults = []string{"dropped publishes", "lost PubAcks", "crashes", "los
 // with the stable-id producer: two workers per hop, two relays, the relays
 // dying between COMMIT and publish, in the PubAck wait and between publish
 // and mark (each at least once), random crashes of every kind, a NATS and
-// a PostgreSQL restart.
+// a PostgreSQL restart. With o.Store "sqlite" the inbox, both ledgers and
+// the outbox live in a SQLite file of its own (relays lease their batches,
+// a short lease so that a relay's death shows), and there is no database
+// restart.
 func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 	start := time.Now()
-	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
-	if err != nil {
-		return nil, err
-	}
-	defer pg.Close()
-	r := &run{o: o, pg: pg, stream: jsinbox.DefaultStream, dice: rand.New(rand.NewPCG(o.Seed, 0x2b0b)), faults: map[string]*atomic.Int64{}}
+	r := &run{o: o, stream: jsinbox.DefaultStream, dice: rand.New(rand.NewPCG(o.Seed, 0x2b0b)), faults: map[string]*atomic.Int64{}}
 	for _, f := range append(twoHopFaults, faultNames...) {
 		r.faults[f] = &atomic.Int64{}
 	}
+	var err error
 	if r.nats, err = testenv.StartNATS(testenv.NATSOptions{}); err != nil {
 		return nil, err
 	}
@@ -120,19 +127,50 @@ func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 	}
 	defer nc.Close()
 	r.js, _ = jetstream.New(nc)
-	url, err := pg.CreateDatabase(ctx, "chaos_two_hop")
-	if err != nil {
-		return nil, err
-	}
-	if r.pool, err = pgxpool.New(ctx, url); err != nil {
-		return nil, err
-	}
-	defer r.pool.Close()
-	if err := pipeline.Setup(ctx, r.js, r.pool, jsinbox.StreamConfig{}, 64); err != nil {
-		return nil, err
-	}
-	if _, err := outbox.Migrate(ctx, r.pool); err != nil {
-		return nil, err
+	if o.Store == "sqlite" {
+		dir, err := os.MkdirTemp("", "jetinbox-chaos-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		if r.sqlite, err = sqliteinbox.Open(ctx, filepath.Join(dir, "two-hop.db")); err != nil {
+			return nil, err
+		}
+		defer r.sqlite.Close()
+		for _, m := range []func(context.Context, *sql.DB) (int, error){sqliteinbox.Migrate, effects.MigrateSQLite, sqliteoutbox.Migrate} {
+			if _, err := m(ctx, r.sqlite); err != nil {
+				return nil, err
+			}
+		}
+		if err := effects.SeedAccountsSQLite(ctx, r.sqlite, 64); err != nil {
+			return nil, err
+		}
+		if _, err := jsinbox.EnsureStream(ctx, r.js, jsinbox.StreamConfig{}); err != nil {
+			return nil, err
+		}
+		r.store = &cli.Store{SQLite: r.sqlite}
+	} else {
+		pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
+		if err != nil {
+			return nil, err
+		}
+		defer pg.Close()
+		r.pg = pg
+		url, err := pg.CreateDatabase(ctx, "chaos_two_hop")
+		if err != nil {
+			return nil, err
+		}
+		if r.pool, err = pgxpool.New(ctx, url); err != nil {
+			return nil, err
+		}
+		defer r.pool.Close()
+		if err := pipeline.Setup(ctx, r.js, r.pool, jsinbox.StreamConfig{}, 64); err != nil {
+			return nil, err
+		}
+		if _, err := outbox.Migrate(ctx, r.pool); err != nil {
+			return nil, err
+		}
+		r.store = &cli.Store{PG: r.pool}
 	}
 	if _, err := jsinbox.EnsureStream(ctx, r.js, jsinbox.StreamConfig{Name: nextStream, Subjects: []string{nextSubject + ".>"}}); err != nil {
 		return nil, err
@@ -144,17 +182,6 @@ func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 			r.intents[i].Payload = []byte(`{"account":1,"amount":`)
 			r.fault("poison intents")
 		}
-	}
-	first, err := effects.NewScopedLedger(effects.DefaultScope)
-	if err != nil {
-		return nil, err
-	}
-	if first, err = first.WithFollowUps(effects.FollowUps{Subject: nextSubject}); err != nil {
-		return nil, err
-	}
-	second, err := effects.NewScopedLedger(nextScope)
-	if err != nil {
-		return nil, err
 	}
 	for _, d := range []struct{ stream, durable string }{{jsinbox.DefaultStream, "ledger"}, {nextStream, nextScope}} {
 		if _, err := r.js.CreateConsumer(ctx, d.stream, jetstream.ConsumerConfig{Durable: d.durable, AckPolicy: jetstream.AckExplicitPolicy,
@@ -169,11 +196,11 @@ func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 		wg.Add(3)
 		go func() {
 			defer wg.Done()
-			r.superviseHop(wctx, jsinbox.DefaultStream, "ledger", effects.DefaultScope, first, w)
+			r.superviseHop(wctx, jsinbox.DefaultStream, "ledger", effects.DefaultScope, nextSubject, w)
 		}()
 		go func() {
 			defer wg.Done()
-			r.superviseHop(wctx, nextStream, nextScope, nextScope, second, w)
+			r.superviseHop(wctx, nextStream, nextScope, nextScope, "", w)
 		}()
 		go func() {
 			defer wg.Done()
@@ -188,11 +215,11 @@ func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 			_ = r.nats.Restart()
 		}
 	})
-	if perr == nil && o.Restarts {
+	if perr == nil && o.Restarts && r.pg != nil {
 		r.fault("restarts")
-		_ = pg.Stop()
+		_ = r.pg.Stop()
 		time.Sleep(500 * time.Millisecond)
-		perr = pg.Start(ctx)
+		perr = r.pg.Start(ctx)
 	}
 	if perr == nil {
 		perr = r.settleTwoHop(ctx)
@@ -202,16 +229,22 @@ func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 	if perr != nil {
 		return nil, perr
 	}
-	r.pool.Reset() // fresh connections after the PostgreSQL restart (see runOne)
+	var db verify.DB
+	if r.sqlite != nil {
+		db = verify.SQLite(r.sqlite)
+	} else {
+		r.pool.Reset() // fresh connections after the PostgreSQL restart (see runOne)
+		db = verify.Postgres(r.pool)
+	}
 
 	res := &TwoHop{}
-	if res.Reports[0], err = verify.Run(ctx, r.js, r.pool, verify.Options{Scope: effects.DefaultScope, Durable: "ledger", Ledger: true}); err != nil {
+	if res.Reports[0], err = verify.RunOn(ctx, r.js, db, verify.Options{Scope: effects.DefaultScope, Durable: "ledger", Ledger: true}); err != nil {
 		return nil, err
 	}
-	if res.Reports[1], err = verify.Run(ctx, r.js, r.pool, verify.Options{Stream: nextStream, Scope: nextScope, Durable: nextScope, Ledger: true}); err != nil {
+	if res.Reports[1], err = verify.RunOn(ctx, r.js, db, verify.Options{Stream: nextStream, Scope: nextScope, Durable: nextScope, Ledger: true}); err != nil {
 		return nil, err
 	}
-	if res.Chain, err = verify.Chain(ctx, r.js, verify.Postgres(r.pool), verify.ChainOptions{Stream: nextStream, Scope: nextScope, Ledger: true}); err != nil {
+	if res.Chain, err = verify.Chain(ctx, r.js, db, verify.ChainOptions{Stream: nextStream, Scope: nextScope, Ledger: true}); err != nil {
 		return nil, err
 	}
 	var fs []string
@@ -233,7 +266,58 @@ func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 	two.Faults = faults
 	res.Rows = append(res.Rows, two)
 	res.Elapsed = time.Since(start)
+	res.Store = "PostgreSQL"
+	if r.sqlite != nil {
+		res.Store = "SQLite"
+	}
 	return res, nil
+}
+
+// idCounts runs q, whose rows are an ID and a count, on the run's store.
+// q has no parameters, so that it reads the same in both dialects.
+func (r *run) idCounts(ctx context.Context, q string) (map[string]int, error) {
+	got := map[string]int{}
+	each := func(next func() bool, scan func(...any) error) error {
+		for next() {
+			var id string
+			var n int
+			if err := scan(&id, &n); err != nil {
+				return err
+			}
+			got[id] += n
+		}
+		return nil
+	}
+	if r.sqlite != nil {
+		rows, err := r.sqlite.QueryContext(ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		if err := each(rows.Next, rows.Scan); err != nil {
+			return nil, err
+		}
+		return got, rows.Err()
+	}
+	rows, err := r.pool.Query(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	if err := each(rows.Next, rows.Scan); err != nil {
+		return nil, err
+	}
+	return got, rows.Err()
+}
+
+// pendingOutbox counts the outbox rows not yet published.
+func (r *run) pendingOutbox(ctx context.Context) (int, error) {
+	const q = `SELECT count(*) FROM outbox WHERE sent_at IS NULL AND failed IS NULL`
+	var n int
+	if r.sqlite != nil {
+		return n, r.sqlite.QueryRowContext(ctx, q).Scan(&n)
+	}
+	return n, r.pool.QueryRow(ctx, q).Scan(&n)
 }
 
 // settleTwoHop waits until the first hop is settled, the outbox has
@@ -246,8 +330,7 @@ func (r *run) settleTwoHop(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("two-hop: hop 1: %w", err)
 		}
-		var pending int
-		if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE sent_at IS NULL AND failed IS NULL`).Scan(&pending); err != nil || pending > 0 {
+		if pending, err := r.pendingOutbox(ctx); err != nil || pending > 0 {
 			if ctx.Err() != nil {
 				return fmt.Errorf("two-hop: %d outbox rows still pending: %w", pending, ctx.Err())
 			}
@@ -258,8 +341,7 @@ func (r *run) settleTwoHop(ctx context.Context) error {
 			return fmt.Errorf("two-hop: hop 2: %w", err)
 		}
 		// Nothing came in meanwhile: both hops settled and the outbox empty.
-		var after int
-		if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE sent_at IS NULL AND failed IS NULL`).Scan(&after); err == nil && after == 0 &&
+		if after, err := r.pendingOutbox(ctx); err == nil && after == 0 &&
 			pipeline.WaitSettled(ctx, r.js, jsinbox.DefaultStream, "ledger", nil) == nil {
 			return nil
 		}
@@ -279,33 +361,15 @@ func (r *run) countNext(ctx context.Context) (HopRow, error) {
 	for _, d := range dead {
 		deadIDs[d.Header[jsinbox.HeaderMessageID]] = true
 	}
-	per := map[string]int{}
-	rows, err := r.pool.Query(ctx, `SELECT message_id, count(*) FROM ledger_entries WHERE scope = $1 GROUP BY message_id`, nextScope)
+	per, err := r.idCounts(ctx, `SELECT message_id, count(*) FROM ledger_entries WHERE scope = '`+nextScope+`' GROUP BY message_id`)
 	if err != nil {
 		return row, err
 	}
-	for rows.Next() {
-		var id string
-		var n int
-		if err := rows.Scan(&id, &n); err != nil {
-			rows.Close()
-			return row, err
-		}
-		per[id] = n
-	}
-	if err := rows.Err(); err != nil {
-		return row, err
-	}
-	parents, err := r.pool.Query(ctx, `SELECT message_id FROM inbox WHERE scope = $1 AND status = 'applied'`, effects.DefaultScope)
+	parents, err := r.idCounts(ctx, `SELECT message_id, 1 FROM inbox WHERE scope = '`+effects.DefaultScope+`' AND status = 'applied'`)
 	if err != nil {
 		return row, err
 	}
-	defer parents.Close()
-	for parents.Next() {
-		var parent string
-		if err := parents.Scan(&parent); err != nil {
-			return row, err
-		}
+	for parent := range parents {
 		id, err := outbox.FollowUpID(parent, effects.DefaultFollowUpKind)
 		if err != nil {
 			return row, err
@@ -322,7 +386,7 @@ func (r *run) countNext(ctx context.Context) (HopRow, error) {
 			row.Duplicated++
 		}
 	}
-	return row, parents.Err()
+	return row, nil
 }
 
 // superviseHop runs a jetinbox worker of one hop and starts it again when
@@ -330,8 +394,8 @@ func (r *run) countNext(ctx context.Context) (HopRow, error) {
 // before COMMIT, after COMMIT before the ack) with the -crash odds, and
 // loses acks at the -lose-ack rate. Worker 0's first life dies after its
 // third COMMIT: its effects, follow-ups included, are committed and its
-// messages come back.
-func (r *run) superviseHop(ctx context.Context, stream, durable, scope string, h inbox.Handler, worker int) {
+// messages come back. Its ledger emits follow-ups on followUps, if set.
+func (r *run) superviseHop(ctx context.Context, stream, durable, scope, followUps string, worker int) {
 	for life := 0; ctx.Err() == nil; life++ {
 		fp := failpoint.New()
 		switch {
@@ -348,11 +412,11 @@ func (r *run) superviseHop(ctx context.Context, stream, durable, scope string, h
 			fp.EnableEvery(failpoint.SkipAck, max(1, int(1/r.o.LoseAck)), -1)
 		}
 		err := func() error {
-			proc, err := inbox.NewProcessor(r.pool, inbox.Config{Scope: scope, Handler: h})
+			proc, err := r.store.FollowUpLedgerProcessor(inbox.Config{Scope: scope}, followUps)
 			if err != nil {
 				return err
 			}
-			c, err := jsinbox.NewConsumer(r.js, proc, jsinbox.ConsumerConfig{Stream: stream, Durable: durable, BatchSize: 100, DB: r.pool,
+			c, err := jsinbox.NewConsumer(r.js, proc, jsinbox.ConsumerConfig{Stream: stream, Durable: durable, BatchSize: 100, DB: r.store,
 				Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				return err
@@ -370,6 +434,11 @@ func (r *run) superviseHop(ctx context.Context, stream, durable, scope string, h
 		}
 	}
 }
+
+// sqliteLease is how long a relay of the SQLite run holds a batch: longer
+// than a round there (PubAcks wait 2 s), short enough that the rows of a
+// relay that died go out again soon.
+const sqliteLease = 5 * time.Second
 
 // relayPlans are the planned crashes of the relays' first lives, so that
 // every point fires at least once: relay 0 dies between publish and mark,
@@ -406,7 +475,11 @@ func (r *run) superviseRelay(ctx context.Context, relay int) {
 		if r.o.LosePubAck > 0 {
 			fp.EnableEvery(failpoint.LosePubAck, max(2, int(1/r.o.LosePubAck)), -1)
 		}
-		rl, err := outbox.NewRelay(r.pool, r.js, outbox.RelayConfig{Stream: nextStream, Batch: 50,
+		src := outbox.Postgres(r.pool)
+		if r.sqlite != nil {
+			src = sqliteoutbox.Source(r.sqlite, sqliteLease)
+		}
+		rl, err := outbox.NewRelayOn(src, r.js, outbox.RelayConfig{Stream: nextStream, Batch: 50,
 			Publisher: jsinbox.PublisherConfig{AckTimeout: 2 * time.Second,
 				Retry: jitter.Policy{Kind: jitter.Full, Base: 5 * time.Millisecond, Cap: 100 * time.Millisecond, MaxAttempts: 20}},
 			Idle:  jitter.Policy{Kind: jitter.Decorrelated, Base: 50 * time.Millisecond, Cap: 500 * time.Millisecond},
