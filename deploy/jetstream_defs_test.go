@@ -13,8 +13,8 @@ import (
 )
 
 type jsDefs struct {
-	intents, dlq, advisories jetstream.StreamConfig
-	ledger, rescue           jetstream.ConsumerConfig
+	intents, dlq, advisories, notifications jetstream.StreamConfig
+	ledger, rescue                          jetstream.ConsumerConfig
 }
 
 func loadJetStream(fsys files) (*jsDefs, error) {
@@ -23,6 +23,7 @@ func loadJetStream(fsys files) (*jsDefs, error) {
 		"jetstream/intents-stream.json":         &d.intents,
 		"jetstream/dlq-stream.json":             &d.dlq,
 		"jetstream/advisories-stream.json":      &d.advisories,
+		"jetstream/notifications-stream.json":   &d.notifications,
 		"jetstream/ledger-consumer.json":        &d.ledger,
 		"jetstream/ledger-rescue-consumer.json": &d.rescue,
 	} {
@@ -75,6 +76,12 @@ func validateJetStream(fsys files) error {
 	errs := []error{
 		checkStream("intents-stream.json", d.intents, "INTENTS", "intents.>"),
 		checkStream("dlq-stream.json", d.dlq, "INTENTS_DLQ", "dlq.intents.>"),
+		// The relay's target: what it publishes must stay (deny delete and
+		// purge, discard new), and its rows are as small as intents.
+		checkStream("notifications-stream.json", d.notifications, "NOTIFICATIONS", "notifications.>"),
+	}
+	if d.notifications.MaxMsgSize != d.intents.MaxMsgSize {
+		errs = append(errs, fmt.Errorf("notifications-stream.json: max_msg_size %d, want the intents stream's %d", d.notifications.MaxMsgSize, d.intents.MaxMsgSize))
 	}
 	// The ledger's intents are at most 4 KiB: the stream takes what jsinbox
 	// creates by default, and the dead letters that much plus their headers.

@@ -47,6 +47,8 @@ func TestMutationsAreRejected(t *testing.T) {
 		{"policy egress only", "kubernetes/networkpolicy.yaml", "policyTypes: [Ingress, Egress]", "policyTypes: [Egress]", validateK8s},
 		{"stream unknown field", "jetstream/intents-stream.json", `"deny_delete"`, `"deny_delet"`, validateJetStream},
 		{"stream discard old", "jetstream/intents-stream.json", `"discard": "new"`, `"discard": "old"`, validateJetStream},
+		{"notifications purgeable", "jetstream/notifications-stream.json", `"deny_purge": true`, `"deny_purge": false`, validateJetStream},
+		{"notifications take 1MiB", "jetstream/notifications-stream.json", `"max_msg_size": 8192`, `"max_msg_size": 1048576`, validateJetStream},
 		{"stream replicas", "jetstream/dlq-stream.json", `"num_replicas": 3`, `"num_replicas": 1`, validateJetStream},
 		{"stream memory", "jetstream/intents-stream.json", `"storage": "file"`, `"storage": "memory"`, validateJetStream},
 		{"consumer infinite deliveries", "jetstream/ledger-consumer.json", `"max_deliver": 20`, `"max_deliver": -1`, validateJetStream},

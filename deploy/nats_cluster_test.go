@@ -299,6 +299,9 @@ func applyJetStream(t *testing.T, ctx context.Context, js jetstream.JetStream, d
 	if _, err := js.CreateConsumer(ctx, defs.intents.Name, defs.ledger); err != nil {
 		t.Fatalf("create consumer %s on %s: %v", defs.ledger.Durable, defs.intents.Name, err)
 	}
+	if _, err := js.CreateStream(ctx, defs.notifications); err != nil {
+		t.Fatalf("create %s: %v", defs.notifications.Name, err)
+	}
 	return intents
 }
 

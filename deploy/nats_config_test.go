@@ -52,11 +52,16 @@ var (
 		"$JS.API.CONSUMER.MSG.NEXT.INTENTS.*", "$JS.API.CONSUMER.MSG.NEXT.INTENTS_DLQ.*",
 		"$JS.API.STREAM.MSG.GET.INTENTS",
 	}
+	// jetinbox relay: the outbox's rows into NOTIFICATIONS, pinned there;
+	// the stream looked up at start, a duplicate's stored copy read back.
+	relayPublish = []string{
+		"notifications.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.NOTIFICATIONS", "$JS.API.STREAM.MSG.GET.NOTIFICATIONS",
+	}
 	// Each role's reply-subject prefix: it may subscribe under it and
 	// nowhere else, so no role reads another's replies (the consumer's
 	// pulled intents arrive on its reply subjects). The shipped compose and
 	// Kubernetes files give each client its role's prefix.
-	inboxPrefix = map[string]string{"producer": "_INBOX_producer", "consumer": "_INBOX_consumer", "verify": "_INBOX_verify"}
+	inboxPrefix = map[string]string{"producer": "_INBOX_producer", "consumer": "_INBOX_consumer", "relay": "_INBOX_relay", "verify": "_INBOX_verify"}
 )
 
 // roleSubscribe is what role may subscribe to: its own replies.
@@ -134,8 +139,8 @@ func validateNATSNode(path, node string) (*server.Options, error) {
 		check(nkeys.IsValidPublicUserKey(u.Nkey), "user key %q is not a public user nkey", u.Nkey)
 	}
 	check(len(opts.Users) == 0, "password users are configured; only nkeys are allowed")
-	check(len(opts.Nkeys) == 5, "%d nkey users, want producer, consumer, verify, admin, sys", len(opts.Nkeys))
-	var producer, consumer, verifier int
+	check(len(opts.Nkeys) == 6, "%d nkey users, want producer, consumer, relay, verify, admin, sys", len(opts.Nkeys))
+	var producer, consumer, relay, verifier int
 	for _, u := range opts.Nkeys {
 		acc := ""
 		if u.Account != nil {
@@ -162,18 +167,22 @@ func validateNATSNode(path, node string) (*server.Options, error) {
 			consumer++
 			role = "consumer"
 			check(sameSet(p.Publish.Allow, consumerPublish), "consumer may publish to %v, want %v", p.Publish.Allow, consumerPublish)
+		case slices.Contains(p.Publish.Allow, "notifications.>"):
+			relay++
+			role = "relay"
+			check(sameSet(p.Publish.Allow, relayPublish), "relay may publish to %v, want %v", p.Publish.Allow, relayPublish)
 		case slices.Contains(p.Publish.Allow, "$JS.API.CONSUMER.CREATE.INTENTS.*"):
 			verifier++
 			role = "verify"
 			check(sameSet(p.Publish.Allow, verifyPublish), "verify may publish to %v, want %v", p.Publish.Allow, verifyPublish)
 		default:
-			check(false, "user %s has permissions that are neither the producer's, the consumer's nor the verifier's: %v", u.Nkey, p.Publish.Allow)
+			check(false, "user %s has permissions that are none of the producer's, the consumer's, the relay's or the verifier's: %v", u.Nkey, p.Publish.Allow)
 		}
 		if role != "" {
 			check(sameSet(p.Subscribe.Allow, roleSubscribe(role)), "%s may subscribe to %v, want its own replies only: %v", role, p.Subscribe.Allow, roleSubscribe(role))
 		}
 	}
-	check(producer == 1 && consumer == 1 && verifier == 1, "found %d producer, %d consumer and %d verify users, want one each", producer, consumer, verifier)
+	check(producer == 1 && consumer == 1 && relay == 1 && verifier == 1, "found %d producer, %d consumer, %d relay and %d verify users, want one each", producer, consumer, relay, verifier)
 	return opts, errors.Join(errs...)
 }
 

@@ -15,9 +15,9 @@
 BEGIN;
 SET LOCAL search_path = jetinbox;
 
-REVOKE ALL ON ALL TABLES IN SCHEMA jetinbox FROM jetinbox_consumer, jetinbox_verifier, jetinbox_maintainer;
-REVOKE ALL ON ALL SEQUENCES IN SCHEMA jetinbox FROM jetinbox_consumer, jetinbox_verifier, jetinbox_maintainer;
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA jetinbox FROM PUBLIC, jetinbox_consumer, jetinbox_verifier, jetinbox_maintainer;
+REVOKE ALL ON ALL TABLES IN SCHEMA jetinbox FROM jetinbox_consumer, jetinbox_relay, jetinbox_verifier, jetinbox_maintainer;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA jetinbox FROM jetinbox_consumer, jetinbox_relay, jetinbox_verifier, jetinbox_maintainer;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA jetinbox FROM PUBLIC, jetinbox_consumer, jetinbox_relay, jetinbox_verifier, jetinbox_maintainer;
 
 -- jetinbox_consumer -------------------------------------------------------
 
@@ -46,16 +46,28 @@ GRANT UPDATE (balance) ON TABLE accounts TO jetinbox_consumer;
 
 -- The outbox: an effect's follow-ups are appended in the inbox
 -- transaction (created_at is the server's now(): retention relies on it),
--- a repeat is recognised by reading the row that is there; the relay
--- (`consumer -relay`, `jetinbox relay`, run as this role) locks pending rows
--- (FOR UPDATE needs UPDATE) and marks them sent or failed. No DELETE: sent
--- rows go with `jetinbox prune -outbox`, as the maintainer.
+-- a repeat is recognised by reading the row that is there. No UPDATE and
+-- no DELETE: publishing and marking rows is the relay's job, under its own
+-- role (below); sent rows go with `jetinbox prune -outbox`, as the
+-- maintainer. (`consumer -relay`, the relay inside the consumer, needs the
+-- relay's grants too; the shipped stack runs `jetinbox relay` apart.)
 GRANT SELECT ON TABLE outbox TO jetinbox_consumer;
 GRANT INSERT (id, subject, payload, fingerprint, parent_id) ON TABLE outbox TO jetinbox_consumer;
-GRANT UPDATE (sent_at, failed) ON TABLE outbox TO jetinbox_consumer;
 
 -- Read-only: lets a consumer check at start that the schema is migrated.
 GRANT SELECT ON TABLE jetinbox_migrations TO jetinbox_consumer;
+
+-- jetinbox_relay ----------------------------------------------------------
+
+-- `jetinbox relay` reads the pending rows, locks a batch (FOR UPDATE SKIP
+-- LOCKED needs UPDATE), marks it sent or failed, and counts the backlog
+-- for its metrics. It cannot add a row (a message nobody's effect emitted),
+-- change a row's ID, subject or payload, or delete one; it sees neither
+-- the inbox nor the ledger. LISTEN needs no grant.
+GRANT SELECT ON TABLE outbox TO jetinbox_relay;
+GRANT UPDATE (sent_at, failed) ON TABLE outbox TO jetinbox_relay;
+-- Read-only: lets the relay check at start that the outbox is migrated.
+GRANT SELECT ON TABLE jetinbox_migrations TO jetinbox_relay;
 
 -- jetinbox_verifier -------------------------------------------------------
 

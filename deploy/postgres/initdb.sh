@@ -11,7 +11,7 @@ cp /etc/postgresql/pg_hba.conf "$PGDATA/pg_hba.conf"
 
 # Login passwords from the secret files (written by `go run ./cmd/devsecrets`;
 # compose's entrypoint copied them where the postgres user may read them).
-for role in jetinbox_migrator jetinbox_consumer jetinbox_verifier jetinbox_maintainer; do
+for role in jetinbox_migrator jetinbox_consumer jetinbox_relay jetinbox_verifier jetinbox_maintainer; do
 	psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" \
 		-v role="$role" -v pw="$(cat "/etc/postgresql/secrets/${role}_password")" <<'SQL' || return 1 2>/dev/null || exit 1
 ALTER ROLE :"role" PASSWORD :'pw';

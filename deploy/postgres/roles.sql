@@ -10,7 +10,7 @@
 -- \password, or let the compose stack's initdb script do it from its secret
 -- files.
 --
--- Four login roles, each for one job (grants.sql has the table-by-table
+-- Five login roles, each for one job (grants.sql has the table-by-table
 -- detail, deploy/README.md the threat model):
 --   jetinbox_migrator   owns the schema and every table in it; runs
 --                       `jetinbox migrate`, grants.sql and `jetinbox
@@ -26,6 +26,11 @@
 --                       only rows its own open transaction inserted. A bug
 --                       or a stolen password cannot wipe the inbox or
 --                       rewrite the ledger's history.
+--   jetinbox_relay      `jetinbox relay`: reads the outbox's pending rows,
+--                       locks a batch and marks it sent or failed (SELECT,
+--                       UPDATE of sent_at and failed on outbox), nothing
+--                       else: it cannot add a row, change what a row says,
+--                       delete one, or touch the inbox or the ledger.
 --   jetinbox_verifier   `jetinbox verify`: SELECT on the tables it checks,
 --                       nothing else; its sessions are read-only too.
 --   jetinbox_maintainer `jetinbox prune` (retention) and `jetinbox dlq
@@ -39,7 +44,7 @@ DO $$
 DECLARE
 	r text;
 BEGIN
-	FOREACH r IN ARRAY ARRAY['jetinbox_migrator', 'jetinbox_consumer', 'jetinbox_verifier', 'jetinbox_maintainer'] LOOP
+	FOREACH r IN ARRAY ARRAY['jetinbox_migrator', 'jetinbox_consumer', 'jetinbox_relay', 'jetinbox_verifier', 'jetinbox_maintainer'] LOOP
 		IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = r) THEN
 			EXECUTE format('CREATE ROLE %I LOGIN', r);
 		END IF;
@@ -49,6 +54,8 @@ $$;
 ALTER ROLE jetinbox_migrator LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS;
 ALTER ROLE jetinbox_consumer LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT
   CONNECTION LIMIT 64;
+ALTER ROLE jetinbox_relay LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT
+  CONNECTION LIMIT 16;
 ALTER ROLE jetinbox_verifier LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT
   CONNECTION LIMIT 8;
 ALTER ROLE jetinbox_maintainer LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT
@@ -58,18 +65,19 @@ ALTER ROLE jetinbox_maintainer LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLI
 -- migrator may create temporary tables.
 REVOKE ALL ON DATABASE jetinbox FROM PUBLIC;
 GRANT CONNECT, TEMPORARY ON DATABASE jetinbox TO jetinbox_migrator;
-GRANT CONNECT ON DATABASE jetinbox TO jetinbox_consumer, jetinbox_verifier, jetinbox_maintainer;
+GRANT CONNECT ON DATABASE jetinbox TO jetinbox_consumer, jetinbox_relay, jetinbox_verifier, jetinbox_maintainer;
 
 -- The schema jetinbox holds everything and belongs to the migrator. The
 -- public schema is closed (PostgreSQL 15 already takes CREATE away from
 -- PUBLIC; this also takes USAGE, so nothing resolves there by accident).
 REVOKE ALL ON SCHEMA public FROM PUBLIC;
 CREATE SCHEMA IF NOT EXISTS jetinbox AUTHORIZATION jetinbox_migrator;
-GRANT USAGE ON SCHEMA jetinbox TO jetinbox_consumer, jetinbox_verifier, jetinbox_maintainer;
+GRANT USAGE ON SCHEMA jetinbox TO jetinbox_consumer, jetinbox_relay, jetinbox_verifier, jetinbox_maintainer;
 
 -- The code uses unqualified table names; this is where they resolve.
 ALTER ROLE jetinbox_migrator IN DATABASE jetinbox SET search_path = jetinbox;
 ALTER ROLE jetinbox_consumer IN DATABASE jetinbox SET search_path = jetinbox;
+ALTER ROLE jetinbox_relay IN DATABASE jetinbox SET search_path = jetinbox;
 ALTER ROLE jetinbox_verifier IN DATABASE jetinbox SET search_path = jetinbox;
 ALTER ROLE jetinbox_maintainer IN DATABASE jetinbox SET search_path = jetinbox;
 
@@ -81,6 +89,12 @@ ALTER ROLE jetinbox_maintainer IN DATABASE jetinbox SET search_path = jetinbox;
 ALTER ROLE jetinbox_consumer IN DATABASE jetinbox SET lock_timeout = '5s';
 ALTER ROLE jetinbox_consumer IN DATABASE jetinbox SET statement_timeout = '20s';
 ALTER ROLE jetinbox_consumer IN DATABASE jetinbox SET idle_in_transaction_session_timeout = '30s';
+
+-- The relay's rounds are short: a batch locked, published, marked. A lock
+-- held longer than the statement timeout means something is stuck; the
+-- rows are better given back (another relay takes them) than held.
+ALTER ROLE jetinbox_relay IN DATABASE jetinbox SET lock_timeout = '5s';
+ALTER ROLE jetinbox_relay IN DATABASE jetinbox SET idle_in_transaction_session_timeout = '2min';
 
 -- The verifier only reads: even a statement its grants allowed could not
 -- write in a read-only transaction.

@@ -26,6 +26,9 @@ const DefaultHTTPAddr = "127.0.0.1:8080"
 func serveHTTP(addr string, c *jsinbox.Consumer, reg *prometheus.Registry, log *slog.Logger) (*http.Server, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// Alive: the process serves. A relay (c nil) has nothing more to say:
+	// a round that fails is retried and counted, not restarted.
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	if c != nil {
 		registerHealth(mux, c)
 	}
@@ -44,7 +47,6 @@ func serveHTTP(addr string, c *jsinbox.Consumer, reg *prometheus.Registry, log *
 }
 
 func registerHealth(mux *http.ServeMux, c *jsinbox.Consumer) {
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		switch {
 		case c.Draining():

@@ -33,11 +33,11 @@ import (
 
 // Users are the NATS users of deploy/nats/auth.conf, by the prefix of the
 // variable that holds each one's public nkey there (PRODUCER_NKEY, …).
-var Users = []string{"producer", "consumer", "verify", "admin", "sys"}
+var Users = []string{"producer", "consumer", "relay", "verify", "admin", "sys"}
 
 // DBRoles are the PostgreSQL login roles of deploy/postgres/roles.sql that
 // get a password and a pgpass file.
-var DBRoles = []string{"jetinbox_migrator", "jetinbox_consumer", "jetinbox_verifier", "jetinbox_maintainer"}
+var DBRoles = []string{"jetinbox_migrator", "jetinbox_consumer", "jetinbox_relay", "jetinbox_verifier", "jetinbox_maintainer"}
 
 // Options says what to generate. The zero value of each field but Dir and
 // AuthTemplate has a usable default.
@@ -115,6 +115,7 @@ func Generate(opts Options) (*Result, error) {
 		{"postgres", opts.PostgresHosts, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}},
 		{"producer", nil, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}},
 		{"consumer", nil, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}},
+		{"relay", nil, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}},
 		{"verify", nil, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}},
 		{"admin", nil, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}},
 	}
