@@ -91,7 +91,7 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		check(err == nil, "%s %s does not exist", what, p)
 	}
 
-	want := []string{"accounts", "consumer", "db-grants", "migrate", "nats-1", "nats-2", "nats-3", "nats-setup", "postgres", "producer", "prometheus", "secrets-init", "verify"}
+	want := []string{"accounts", "consumer", "db-grants", "migrate", "nats-1", "nats-2", "nats-3", "nats-setup", "postgres", "producer", "prometheus", "relay", "secrets-init", "verify"}
 	got := slices.Sorted(maps.Keys(p.Services))
 	check(slices.Equal(got, want), "services %v, want %v", got, want)
 
@@ -214,7 +214,7 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 
 	if s, ok := p.Services["nats-setup"]; ok {
 		script := strings.Join(s.Command, " ")
-		for _, f := range []string{"advisories-stream.json", "ledger-rescue-consumer.json", "intents-stream.json", "dlq-stream.json", "ledger-consumer.json"} {
+		for _, f := range []string{"advisories-stream.json", "ledger-rescue-consumer.json", "intents-stream.json", "dlq-stream.json", "ledger-consumer.json", "notifications-stream.json"} {
 			check(strings.Contains(script, "/jetstream/"+f), "nats-setup does not apply jetstream/%s", f)
 		}
 		check(strings.Contains(script, fmt.Sprintf("nats consumer add %s %s --config /jetstream/ledger-rescue-consumer.json", js.advisories.Name, js.rescue.Durable)),
@@ -230,7 +230,7 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		}
 		return ""
 	}
-	for _, svc := range []string{"consumer", "producer", "migrate", "verify"} {
+	for _, svc := range []string{"consumer", "producer", "migrate", "relay", "verify"} {
 		s, ok := p.Services[svc]
 		if !ok {
 			continue
@@ -240,14 +240,18 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		check(s.ReadOnly, "%s must run with a read-only root filesystem", svc)
 		check(s.User != "" && !strings.HasPrefix(s.User, "0"), "%s must run as a non-root user", svc)
 	}
-	for _, svc := range []string{"consumer", "producer", "verify"} {
-		for _, k := range []string{"NATS_URL", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY", "JETINBOX_STREAM"} {
+	for _, svc := range []string{"consumer", "producer", "relay", "verify"} {
+		for _, k := range []string{"NATS_URL", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY"} {
 			check(env(svc, k) != "", "%s: %s is not set", svc, k)
 		}
 		role := strings.TrimSuffix(filepath.Base(env(svc, "NATS_NKEY")), "_nkey")
 		check(inboxPrefix[role] != "" && env(svc, "NATS_INBOX_PREFIX") == inboxPrefix[role],
 			"%s: NATS_INBOX_PREFIX %q, want its NATS user's own %q: the user may subscribe to nothing else", svc, env(svc, "NATS_INBOX_PREFIX"), inboxPrefix[role])
-		check(env(svc, "JETINBOX_STREAM") == js.intents.Name, "%s: JETINBOX_STREAM %q, the stream is %q", svc, env(svc, "JETINBOX_STREAM"), js.intents.Name)
+		if svc == "relay" {
+			check(env(svc, "JETINBOX_RELAY_STREAM") == js.notifications.Name, "relay: JETINBOX_RELAY_STREAM %q, the stream is %q", env(svc, "JETINBOX_RELAY_STREAM"), js.notifications.Name)
+		} else {
+			check(env(svc, "JETINBOX_STREAM") == js.intents.Name, "%s: JETINBOX_STREAM %q, the stream is %q", svc, env(svc, "JETINBOX_STREAM"), js.intents.Name)
+		}
 		for _, u := range strings.Split(env(svc, "NATS_URL"), ",") {
 			pu, err := url.Parse(u)
 			check(err == nil && pu.Scheme == "tls" && slices.Contains(natsNodes, pu.Hostname()), "%s: NATS_URL entry %q is not tls:// to a cluster node", svc, u)
@@ -262,8 +266,17 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 	// reached says where it listens.
 	check(strings.HasPrefix(env("consumer", "JETINBOX_HTTP_ADDR"), "0.0.0.0:"), "consumer: JETINBOX_HTTP_ADDR %q, want an explicit 0.0.0.0:port", env("consumer", "JETINBOX_HTTP_ADDR"))
 	check(env("consumer", "JETINBOX_DURABLE") == js.ledger.Durable, "consumer: JETINBOX_DURABLE %q, the durable is %q", env("consumer", "JETINBOX_DURABLE"), js.ledger.Durable)
-	for _, svc := range []string{"consumer", "migrate", "verify"} {
+	for _, svc := range []string{"consumer", "migrate", "relay", "verify"} {
 		check(strings.Contains(env(svc, "DATABASE_URL"), "sslmode=verify-full"), "%s: DATABASE_URL must use sslmode=verify-full", svc)
+	}
+	check(strings.Contains(env("relay", "DATABASE_URL"), "jetinbox_relay@"), "relay must connect as jetinbox_relay, the role that may only read and mark the outbox")
+	check(env("relay", "NATS_NKEY") == "/run/jetinbox/relay_nkey", "relay must connect as the relay NATS user, not %q", env("relay", "NATS_NKEY"))
+	if r, ok := p.Services["relay"]; ok {
+		cmd := strings.Join(r.Command, " ")
+		check(strings.HasPrefix(cmd, "relay ") && strings.Contains(cmd, "-http 0.0.0.0:"), "relay command %v, want jetinbox relay serving -http on every interface of the container", r.Command)
+		check(r.DependsOn["nats-setup"].Condition == composetypes.ServiceConditionCompletedSuccessfully, "relay must wait for nats-setup (NOTIFICATIONS) to complete")
+		check(r.DependsOn["db-grants"].Condition == composetypes.ServiceConditionCompletedSuccessfully, "relay must wait for db-grants to complete")
+		check(slices.Contains(p.Services["consumer"].Command, "-follow-ups"), "the consumer does not emit the notifications the relay publishes (-follow-ups): command %v", p.Services["consumer"].Command)
 	}
 	check(strings.Contains(env("consumer", "DATABASE_URL"), "jetinbox_consumer@"), "consumer must connect as jetinbox_consumer")
 	check(strings.Contains(env("migrate", "DATABASE_URL"), "jetinbox_migrator@"), "migrate must connect as jetinbox_migrator")

@@ -49,6 +49,8 @@ type k8sSet struct {
 	job     batchv1.Job
 	verify  appsv1.Deployment
 	vsvc    corev1.Service
+	relay   appsv1.Deployment
+	rsvc    corev1.Service
 	secrets map[string]corev1.Secret
 }
 
@@ -61,6 +63,8 @@ func loadK8s(fsys files) (*k8sSet, error) {
 		"kubernetes/migrate-job.yaml":         &k.job,
 		"kubernetes/verify-deployment.yaml":   &k.verify,
 		"kubernetes/verify-service.yaml":      &k.vsvc,
+		"kubernetes/relay-deployment.yaml":    &k.relay,
+		"kubernetes/relay-service.yaml":       &k.rsvc,
 	} {
 		if err := decodeK8s(fsys, name, v); err != nil {
 			return nil, err
@@ -302,6 +306,44 @@ func validateK8s(fsys files) error {
 	check(slices.Contains(slices.Collect(maps.Values(vmounted)), "jetinbox-verifier-db") && !slices.Contains(slices.Collect(maps.Values(vmounted)), "jetinbox-consumer-db"),
 		"verify must read the database with its own Secret jetinbox-verifier-db, not the consumer's: mounts %v", vmounted)
 
+	// The relay: jetinbox relay into NOTIFICATIONS, with its own NATS
+	// Secret and its own database role, scraped on the port it serves.
+	typeMeta("relay-deployment.yaml", "apps/v1", "Deployment", k.relay.APIVersion, k.relay.Kind)
+	typeMeta("relay-service.yaml", "v1", "Service", k.rsvc.APIVersion, k.rsvc.Kind)
+	rspec := k.relay.Spec.Template.Spec
+	check(labelsMatch(k.relay.Spec.Selector.MatchLabels, k.relay.Spec.Template.Labels), "relay: selector does not match the pod labels")
+	check(labelsMatch(k.rsvc.Spec.Selector, k.relay.Spec.Template.Labels) && !labelsMatch(k.rsvc.Spec.Selector, k.deploy.Spec.Template.Labels) &&
+		!labelsMatch(k.rsvc.Spec.Selector, k.verify.Spec.Template.Labels), "relay Service must select the relay pods alone")
+	check(!labelsMatch(k.deploy.Spec.Selector.MatchLabels, k.relay.Spec.Template.Labels), "the consumer Deployment's selector takes in the relay pods")
+	check(rspec.TerminationGracePeriodSeconds != nil && *rspec.TerminationGracePeriodSeconds >= 35, "relay: terminationGracePeriodSeconds must outlast a round (the publisher's 30 s retry budget)")
+	r, ok := findContainer(rspec.Containers, "relay")
+	check(ok, "relay: no container named relay")
+	if ok {
+		args := strings.Join(slices.Concat(r.Command, r.Args), " ")
+		check(strings.Contains(args, "jetinbox relay"), "relay runs %q, want jetinbox relay", args)
+		port := ""
+		if len(r.Ports) > 0 {
+			port = strconv.Itoa(int(r.Ports[0].ContainerPort))
+		}
+		check(port != "" && strings.Contains(args, "-http 0.0.0.0:"+port), "relay: -http must serve on the container port %s of every interface (the default is loopback): %q", port, args)
+		check(k.rsvc.Annotations["prometheus.io/port"] == port, "relay Service scrape port %q, the container serves %s", k.rsvc.Annotations["prometheus.io/port"], port)
+		check(r.LivenessProbe != nil && r.LivenessProbe.HTTPGet != nil && r.LivenessProbe.HTTPGet.Path == "/healthz", "relay: liveness must probe /healthz")
+		re := envOf(r)
+		check(re["JETINBOX_RELAY_STREAM"].Value == "NOTIFICATIONS", "relay JETINBOX_RELAY_STREAM %q, want NOTIFICATIONS (jetstream/notifications-stream.json)", re["JETINBOX_RELAY_STREAM"].Value)
+		check(re["NATS_INBOX_PREFIX"].Value == inboxPrefix["relay"], "relay NATS_INBOX_PREFIX %q, want the relay user's own %q", re["NATS_INBOX_PREFIX"].Value, inboxPrefix["relay"])
+		check(strings.Contains(re["DATABASE_URL"].Value, "sslmode=verify-full"), "relay DATABASE_URL must use sslmode=verify-full")
+		check(strings.Contains(re["DATABASE_URL"].Value, "jetinbox_relay@"), "relay must connect as jetinbox_relay, the role that may only read and mark the outbox: %q", re["DATABASE_URL"].Value)
+		check(r.SecurityContext != nil && r.SecurityContext.ReadOnlyRootFilesystem != nil && *r.SecurityContext.ReadOnlyRootFilesystem, "relay: read-only root filesystem")
+		check(r.Resources.Limits.Memory().Sign() > 0, "relay needs a memory limit")
+	}
+	rmounted := slices.Collect(maps.Values(checkPodSecrets("relay Deployment", rspec)))
+	check(slices.Contains(rmounted, "jetinbox-relay-nats") && slices.Contains(rmounted, "jetinbox-relay-db") && !slices.Contains(rmounted, "jetinbox-consumer-db"),
+		"relay must use its own Secrets jetinbox-relay-nats and jetinbox-relay-db, mounts %v", rmounted)
+	if c, ok := findContainer(spec.Containers, "consumer"); ok {
+		args := strings.Join(c.Args, " ")
+		check(strings.Contains(args, "-follow-ups notifications"), "the consumer does not emit the notifications the relay publishes (-follow-ups notifications): args %q", args)
+	}
+
 	errs = append(errs, checkNetworkPolicies(fsys, k))
 
 	// The kustomization lists existing files.
@@ -323,7 +365,9 @@ func validateK8s(fsys files) error {
 		_, ok := fsys["kubernetes/"+r]
 		check(ok, "kustomization.yaml lists %s, which does not exist", r)
 	}
-	check(slices.Contains(kust.Resources, "networkpolicy.yaml"), "kustomization.yaml does not apply networkpolicy.yaml")
+	for _, f := range []string{"networkpolicy.yaml", "relay-deployment.yaml", "relay-service.yaml"} {
+		check(slices.Contains(kust.Resources, f), "kustomization.yaml does not apply %s", f)
+	}
 	return errors.Join(errs...)
 }
 
@@ -356,7 +400,7 @@ func checkNetworkPolicies(fsys files, k *k8sSet) error {
 	for _, pod := range []struct {
 		name string
 		d    appsv1.Deployment
-	}{{"consumer", k.deploy}, {"verify", k.verify}} {
+	}{{"consumer", k.deploy}, {"relay", k.relay}, {"verify", k.verify}} {
 		labels := pod.d.Spec.Template.Labels
 		var selected []networkingv1.NetworkPolicy
 		for _, p := range pols {

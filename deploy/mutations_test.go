@@ -84,6 +84,11 @@ func TestMutationsAreRejected(t *testing.T) {
 		{"compose secret not copied", "compose.yaml", "copy consumer ca consumer_nkey consumer_cert consumer_key jetinbox_consumer_pgpass", "copy consumer ca consumer_nkey consumer_cert consumer_key", compose},
 		{"compose secret bind-mounted into a non-root service", "compose.yaml", "      - consumer-secrets:/run/jetinbox:ro\n", "      - consumer-secrets:/run/jetinbox:ro\n    secrets: [jetinbox_consumer_pgpass]\n", compose},
 		{"kubernetes verify as consumer", "kubernetes/verify-deployment.yaml", "secretName: jetinbox-verifier-db", "secretName: jetinbox-consumer-db", validateK8s},
+		{"kubernetes relay as consumer", "kubernetes/relay-deployment.yaml", "postgres://jetinbox_relay@", "postgres://jetinbox_consumer@", validateK8s},
+		{"kubernetes relay into intents", "kubernetes/relay-deployment.yaml", "value: NOTIFICATIONS", "value: INTENTS", validateK8s},
+		{"kubernetes relay writable root", "kubernetes/relay-deployment.yaml", "readOnlyRootFilesystem: true", "readOnlyRootFilesystem: false", validateK8s},
+		{"relay may publish intents", "nats/auth.conf", `"notifications.>",`, `"notifications.>", "intents.>",`, nats},
+		{"relay reads others' replies", "nats/auth.conf", `allow: ["_INBOX_relay.>"]`, `allow: ["_INBOX.>"]`, nats},
 		{"compose verify as consumer", "compose.yaml", "postgres://jetinbox_verifier@", "postgres://jetinbox_consumer@", compose},
 
 		{"readme advisories after intents", "README.md", readmeAdvisories + readmeRescue + readmeIntents, readmeIntents + readmeAdvisories + readmeRescue, validateReadme},

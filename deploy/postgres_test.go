@@ -63,12 +63,13 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 	// roles.sql is idempotent: an upgrade runs it again to add roles.
 	pg.superuserFile(t, "jetinbox", "postgres/roles.sql")
 	pg.superuser(t, "jetinbox", "ALTER ROLE jetinbox_migrator PASSWORD 'migrator-pw'; ALTER ROLE jetinbox_consumer PASSWORD 'consumer-pw'; "+
-		"ALTER ROLE jetinbox_verifier PASSWORD 'verifier-pw'; ALTER ROLE jetinbox_maintainer PASSWORD 'maintainer-pw'")
+		"ALTER ROLE jetinbox_verifier PASSWORD 'verifier-pw'; ALTER ROLE jetinbox_maintainer PASSWORD 'maintainer-pw'; ALTER ROLE jetinbox_relay PASSWORD 'relay-pw'")
 
 	migrator := pg.as("jetinbox_migrator", "migrator-pw")
 	consumer := pg.as("jetinbox_consumer", "consumer-pw")
 	verifier := pg.as("jetinbox_verifier", "verifier-pw")
 	maintainer := pg.as("jetinbox_maintainer", "maintainer-pw")
+	relay := pg.as("jetinbox_relay", "relay-pw")
 
 	// What `jetinbox migrate` does: its bookkeeping table, then each
 	// component's SQL files, as the schema owner.
@@ -103,13 +104,10 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 		`WITH upd AS (UPDATE accounts a SET balance = a.balance + u.total FROM unnest(ARRAY[1::bigint], ARRAY[5::bigint]) AS u(id, total) WHERE a.id = u.id) SELECT u.id FROM unnest(ARRAY[1::bigint]) AS u(id) WHERE NOT EXISTS (SELECT 1 FROM accounts a WHERE a.id = u.id)`,
 		`INSERT INTO ledger_entries (scope, message_id, account, amount) VALUES ('ledger', 'm1', 1, 5)`,
 		`SELECT coalesce(max(version), 0) FROM jetinbox_migrations WHERE component = 'inbox'`,
-		// The outbox: follow-ups added, a repeat read back, the relay's
-		// round (the trigger notifies the relays as the consumer).
+		// The outbox: follow-ups added in the inbox transaction (the
+		// trigger notifies the relays as the consumer), a repeat read back.
 		`INSERT INTO outbox (id, subject, payload, fingerprint, parent_id) SELECT * FROM unnest(ARRAY['notify:m1'], ARRAY['notifications.1'], ARRAY['\x01'::bytea], ARRAY['\x02'::bytea], ARRAY['m1']) ON CONFLICT (id) DO NOTHING RETURNING id`,
 		`SELECT id, subject, fingerprint FROM outbox WHERE id = ANY(ARRAY['notify:m1'])`,
-		`BEGIN; SELECT id, subject, payload FROM outbox WHERE sent_at IS NULL AND failed IS NULL ORDER BY seq LIMIT 10 FOR UPDATE SKIP LOCKED; ` +
-			`UPDATE outbox SET sent_at = clock_timestamp() WHERE id = ANY(ARRAY['notify:m1']) RETURNING extract(epoch FROM sent_at - created_at)::float8; COMMIT`,
-		`UPDATE outbox SET failed = f.reason FROM unnest(ARRAY['none'], ARRAY['x']) AS f(id, reason) WHERE outbox.id = f.id`,
 		`SELECT coalesce(max(version), 0) FROM jetinbox_migrations WHERE component = 'outbox'`,
 	} {
 		consumer.must(t, q)
@@ -136,6 +134,10 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 		`UPDATE inbox SET fingerprint = '\x02'`,
 		`DELETE FROM outbox`,
 		`UPDATE outbox SET payload = '\x03'`,
+		// Marking rows sent is the relay's job: a consumer cannot drop a
+		// follow-up by marking it.
+		`UPDATE outbox SET sent_at = now()`,
+		`BEGIN; SELECT id FROM outbox WHERE sent_at IS NULL FOR UPDATE SKIP LOCKED; COMMIT`,
 		`INSERT INTO outbox (id, subject, payload, fingerprint, created_at) VALUES ('o2', 'notifications.1', '', '\x01', now() - interval '1 year')`,
 		`INSERT INTO inbox (scope, message_id, fingerprint, received_at) VALUES ('ledger', 'm3', '\x01', now())`,
 		`DELETE FROM accounts`,
@@ -158,6 +160,37 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 	}
 	if got := migrator.must(t, `SELECT count(*) FROM inbox WHERE message_id IN ('m1', 'old', 'rejected')`); got != "3" {
 		t.Errorf("%s of the 3 committed inbox rows are left after the consumer's attempts", got)
+	}
+
+	// The relay: the statements of outbox.Relay's round and its metrics,
+	// and nothing else.
+	for _, q := range []string{
+		`SELECT coalesce(max(version), 0) FROM jetinbox_migrations WHERE component = 'outbox'`,
+		`BEGIN; SELECT id, subject, payload FROM outbox WHERE sent_at IS NULL AND failed IS NULL ORDER BY seq LIMIT 10 FOR UPDATE SKIP LOCKED; ` +
+			`UPDATE outbox SET sent_at = clock_timestamp() WHERE id = ANY(ARRAY['notify:m1']) RETURNING extract(epoch FROM sent_at - created_at)::float8; COMMIT`,
+		`UPDATE outbox SET failed = f.reason FROM unnest(ARRAY['none'], ARRAY['x']) AS f(id, reason) WHERE outbox.id = f.id`,
+		`SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0) FROM outbox WHERE sent_at IS NULL AND failed IS NULL`,
+		`LISTEN jetinbox_outbox`,
+	} {
+		relay.must(t, q)
+	}
+	for _, q := range []string{
+		`INSERT INTO outbox (id, subject, payload, fingerprint) VALUES ('forged', 'notifications.1', '', '\x01')`,
+		`UPDATE outbox SET payload = '\x03'`,
+		`UPDATE outbox SET subject = 'intents.1'`,
+		`UPDATE outbox SET id = 'other'`,
+		`DELETE FROM outbox`,
+		`TRUNCATE outbox`,
+		`SELECT count(*) FROM inbox`,
+		`INSERT INTO inbox (scope, message_id, fingerprint) VALUES ('ledger', 'r', '\x01')`,
+		`SELECT count(*) FROM ledger_entries`,
+		`UPDATE accounts SET balance = 0`,
+		`SELECT inbox_release('ledger', ARRAY['m1'])`,
+		`DELETE FROM jetinbox_migrations`,
+		`CREATE TABLE evil (id int)`,
+		`CREATE TEMP TABLE evil (id int)`,
+	} {
+		relay.mustFail(t, q, denied...)
 	}
 
 	// The verifier reads what verify reads, and writes nothing.

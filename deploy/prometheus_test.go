@@ -172,6 +172,7 @@ func validatePrometheusConfig(fsys files) error {
 		}
 	}
 	check(slices.Contains(jobs["jetinbox-consumer"], "consumer:8080"), "job jetinbox-consumer must scrape consumer:8080, has %v", jobs["jetinbox-consumer"])
+	check(slices.Contains(jobs["jetinbox-relay"], "relay:9092"), "job jetinbox-relay must scrape relay:9092 (compose.yaml's relay -http), has %v", jobs["jetinbox-relay"])
 	check(slices.Contains(jobs[verifyJob], verifyTarget), "job %s must scrape the verify service at %s, has %v", verifyJob, verifyTarget, jobs[verifyJob])
 	// The ConsumerDown alert matches this job name.
 	alerts, _ := fsys.get("prometheus/alerts.yml")
