@@ -184,12 +184,56 @@ func TestNATSClusterEnforcesTheConfig(t *testing.T) {
 		consumer.expectSubscribeDenied(t, "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.INTENTS.ledger")
 	})
 
+	// The relay publishes notifications and looks NOTIFICATIONS up; it may
+	// not publish intents or dead letters, read anyone's deliveries or
+	// replies, pull or ack, or touch a stream.
+	t.Run("relay", func(t *testing.T) {
+		relay := connectAs(t, urls, fx, "relay")
+		js, err := jetstream.New(relay.nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ack, err := js.Publish(ctx, "notifications.1", []byte(`{"account":1,"amount":1}`), jetstream.WithMsgID("notify:intent-1"),
+			jetstream.WithExpectStream(defs.notifications.Name))
+		if err != nil || ack.Stream != defs.notifications.Name {
+			t.Fatalf("relay publish: %+v, %v", ack, err)
+		}
+		n, err := js.Stream(ctx, defs.notifications.Name)
+		if err != nil {
+			t.Fatalf("stream info as the relay: %v", err)
+		}
+		if m, err := n.GetMsg(ctx, ack.Sequence); err != nil || m.Header.Get(jetstream.MsgIDHeader) != "notify:intent-1" {
+			t.Fatalf("read back as the relay: %+v, %v", m, err)
+		}
+		for _, subj := range []string{"intents.transfer", "intents.ledger", "dlq.intents.transfer", "dlq.notifications.1",
+			"$JS.API.STREAM.INFO.INTENTS", "$JS.API.STREAM.MSG.GET.INTENTS", "$JS.API.CONSUMER.MSG.NEXT.INTENTS.ledger", "$JS.ACK.INTENTS.ledger.1.1.1.1.1",
+			"$JS.API.CONSUMER.CREATE.NOTIFICATIONS.mine", "$JS.API.CONSUMER.CREATE.INTENTS.mine", "$JS.API.STREAM.DELETE.NOTIFICATIONS",
+			"$JS.API.STREAM.PURGE.NOTIFICATIONS", "$JS.API.STREAM.MSG.DELETE.NOTIFICATIONS", "$JS.API.STREAM.UPDATE.NOTIFICATIONS",
+			"$JS.API.STREAM.CREATE.OTHER"} {
+			relay.expectPublishDenied(t, subj)
+		}
+		// No deliveries, no one else's replies, no intents on core NATS.
+		for _, subj := range []string{"intents.>", "notifications.>", "_INBOX.>", inboxPrefix["consumer"] + ".>", inboxPrefix["producer"] + ".>", "$JS.EVENT.ADVISORY.>"} {
+			relay.expectSubscribeDenied(t, subj)
+		}
+		// And nobody else may publish notifications.
+		producer.expectPublishDenied(t, "notifications.1")
+		consumer.expectPublishDenied(t, "notifications.1")
+	})
+
 	t.Run("stream settings", func(t *testing.T) {
 		if err := intents.DeleteMsg(ctx, 1); err == nil || !strings.Contains(err.Error(), "not permitted") {
 			t.Errorf("deleting a message from INTENTS: %v; want refused by deny_delete", err)
 		}
 		if err := intents.Purge(ctx); err == nil || !strings.Contains(err.Error(), "not permitted") {
 			t.Errorf("purging INTENTS: %v; want refused by deny_purge", err)
+		}
+		notes, err := adminJS.Stream(ctx, defs.notifications.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := notes.Purge(ctx); err == nil || !strings.Contains(err.Error(), "not permitted") {
+			t.Errorf("purging %s as the admin: %v; want refused by deny_purge", defs.notifications.Name, err)
 		}
 		adv, err := adminJS.Stream(ctx, defs.advisories.Name)
 		if err != nil {

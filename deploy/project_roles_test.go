@@ -22,6 +22,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/verify"
+	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
 )
 
@@ -36,10 +37,15 @@ import (
 //   - the producer checks the streams, publishes intents (each pinned to
 //     INTENTS with Nats-Expected-Stream), reads a duplicate back and reports
 //     a reused ID as a conflict;
-//   - the consumer starts, applies what was published, dead-letters a
+//   - the consumer starts, applies what was published (each credit adding
+//     its notification to the outbox, as with -follow-ups), dead-letters a
 //     poison intent, and rescues an intent the server gave up on after
 //     max_deliver while no consumer ran, from the advisory the server sent
-//     then and INTENTS_ADVISORIES kept.
+//     then and INTENTS_ADVISORIES kept;
+//   - the relay (jetinbox relay's own code, as jetinbox_relay) publishes the
+//     notifications to NOTIFICATIONS and marks them sent, and publishes a
+//     row again after a relay that "died" before marking it: the stream
+//     reports a duplicate, which it reads back and finds the same.
 //
 // An admin subscription records what each role publishes: every subject
 // its permissions allow must be one it uses ($JS.API.INFO aside), so the
@@ -294,6 +300,116 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 		}
 	})
 
+	// The relay (what jetinbox relay runs: the outbox schema and the target
+	// stream checked, then outbox.Relay) under its own NATS user and
+	// database role: it
+	// publishes the consumer's notifications, is refused nothing, and uses
+	// every subject its permissions allow.
+	t.Run("relay", func(t *testing.T) {
+		rec := startRecording(t, admin.nc)
+		relay := connectAs(t, one, fx, "relay")
+		js, err := jetstream.New(relay.nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool, err := pgxpool.New(ctx, dsns["jetinbox_relay"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		migrator, err := pgxpool.New(ctx, dsns["jetinbox_migrator"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer migrator.Close()
+		pending := func() int {
+			t.Helper()
+			var n int
+			if err := migrator.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE sent_at IS NULL AND failed IS NULL`).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		if n := pending(); n != 6 {
+			t.Fatalf("%d outbox rows pending, want the 6 notifications of the applied intents", n)
+		}
+		logs := &syncBuffer{}
+		log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		defer func() {
+			if t.Failed() {
+				t.Logf("relay log:\n%s", logs.String())
+			}
+		}()
+		if err := outbox.CheckSchema(ctx, pool); err != nil {
+			t.Fatalf("the outbox schema check as jetinbox_relay: %v", err)
+		}
+		if _, err := js.Stream(ctx, defs.notifications.Name); err != nil {
+			t.Fatalf("looking %s up as the relay: %v", defs.notifications.Name, err)
+		}
+		r, err := outbox.NewRelay(pool, js, outbox.RelayConfig{Stream: defs.notifications.Name, Logger: log,
+			Idle: jitter.Policy{Kind: jitter.Decorrelated, Base: 50 * time.Millisecond, Cap: 200 * time.Millisecond}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, stop := context.WithCancel(context.Background())
+		defer stop()
+		done := make(chan error, 1)
+		go func() { done <- r.Run(runCtx) }()
+		eventually(t, ctx, func() error {
+			if n := pending(); n > 0 {
+				return fmt.Errorf("%d rows pending", n)
+			}
+			return nil
+		})
+		// A relay that died after the PubAck, before the mark: the row is
+		// pending again and goes out again with the same ID.
+		if _, err := migrator.Exec(ctx, `UPDATE outbox SET sent_at = NULL WHERE id = 'notify:ledger-1'`); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, ctx, func() error {
+			if n, d := pending(), r.Stats().Duplicates; n > 0 || d != 1 {
+				return fmt.Errorf("%d rows pending, %d duplicates", n, d)
+			}
+			return nil
+		})
+		stop()
+		if err := <-done; err != nil {
+			t.Fatalf("relay Run: %v", err)
+		}
+		if s := r.Stats(); s.Sent != 7 || s.Duplicates != 1 || s.Failed != 0 {
+			t.Fatalf("relay stats %+v: want 7 sent, 1 of them a duplicate, none failed", s)
+		}
+		relay.expectNoAsyncError(t)
+		relay.nc.Close()
+		rec.check(t, "relay", relayPublish)
+
+		// Every notification once in NOTIFICATIONS, pinned there; the
+		// chain check, as the verifier, is clean.
+		notes, err := adminJS.Stream(ctx, defs.notifications.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info, err := notes.Info(ctx); err != nil || info.State.Msgs != 6 {
+			t.Fatalf("%s: %+v, %v; want 6 notifications", defs.notifications.Name, info, err)
+		}
+		m, err := notes.GetMsg(ctx, 1)
+		if err != nil || m.Header.Get(jetstream.ExpectedStreamHeader) != defs.notifications.Name || !strings.HasPrefix(m.Header.Get(jetstream.MsgIDHeader), "notify:") {
+			t.Fatalf("stored notification %+v, %v: want it pinned to %s with a notify: ID", m, err, defs.notifications.Name)
+		}
+		vpool, err := pgxpool.New(ctx, dsns["jetinbox_verifier"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer vpool.Close()
+		chain, err := verify.Chain(ctx, adminJS, verify.Postgres(vpool), verify.ChainOptions{ParentScope: durable, Stream: defs.notifications.Name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !chain.Clean() || chain.Parents != 6 || chain.InStream != 6 || chain.Copies != 0 {
+			t.Fatalf("chain check: %+v", chain)
+		}
+	})
+
 	// The verifier (jetinbox verify -watch, and a full verify) under its own
 	// NATS user and its own database role, jetinbox_verifier (SELECT only):
 	// the settled pipeline is clean, and it is refused nothing.
@@ -402,6 +518,10 @@ func projectConsumer(t *testing.T, ctx context.Context, cl *client, dsn, stream,
 	})
 	effect, err := effects.NewScopedLedger(durable)
 	if err != nil {
+		t.Fatal(err)
+	}
+	// The shipped consumer runs with -follow-ups notifications.
+	if effect, err = effect.WithFollowUps(effects.FollowUps{Subject: "notifications"}); err != nil {
 		t.Fatal(err)
 	}
 	proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: durable, Handler: effect, Logger: log})
@@ -569,4 +689,4 @@ func provisionPostgres(t *testing.T, fx *secretsFixture) map[string]string {
 }
 
 // dbRoles are the login roles of postgres/roles.sql.
-var dbRoles = []string{"jetinbox_migrator", "jetinbox_consumer", "jetinbox_verifier", "jetinbox_maintainer"}
+var dbRoles = []string{"jetinbox_migrator", "jetinbox_consumer", "jetinbox_relay", "jetinbox_verifier", "jetinbox_maintainer"}
