@@ -38,6 +38,7 @@ var readmeRoles = map[string]readmeRole{
 	"accounts": {"", "jetinbox_migrator"},
 	"producer": {"producer", ""},
 	"consumer": {"consumer", "jetinbox_consumer"},
+	"relay":    {"relay", "jetinbox_relay"},
 	// The operator's tools: the admin user, and the database role of
 	// each one's job. verify only reads; replay does the consumer's work
 	// (rolled back unless -apply); prune and dlq -redrive delete inbox
@@ -67,10 +68,13 @@ func (r readmeRole) String() string {
 // NATS_INBOX_PREFIX (the role's own reply prefix), and PGPASSFILE (passwords never go into DATABASE_URL).
 //
 // migrate, accounts, the producer (the generated load and the README's
-// JSONL example), the consumer until SIGTERM, verify, dlq, replay and
-// prune must all run, none refused anything; /readyz answers 200 while the
-// consumer runs; verify reports every intent applied once; the consumer
-// drains on SIGTERM and exits 0.
+// JSONL example), the consumer until SIGTERM, the relay until SIGTERM,
+// verify (with the chain into NOTIFICATIONS too), dlq, replay and prune
+// must all run, none refused anything; /readyz answers 200 while the
+// consumer runs, /healthz while the relay runs; the relay publishes every
+// notification the consumer added to the outbox; verify reports every
+// intent applied once and the chain clean; the consumer and the relay stop
+// on SIGTERM and exit 0.
 func TestReadmePathUnderShippedRoles(t *testing.T) {
 	t.Parallel()
 	started := time.Now()
@@ -143,8 +147,8 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 		}
 		base = append(base, kv)
 	}
-	httpAddr := readmeFreeAddr(t)
-	base = append(base, "JETINBOX_HTTP_ADDR="+httpAddr, "JETINBOX_LOG_FORMAT=text")
+	httpAddr, relayAddr := readmeFreeAddr(t), readmeFreeAddr(t)
+	base = append(base, "JETINBOX_HTTP_ADDR="+httpAddr, "JETINBOX_RELAY_HTTP_ADDR="+relayAddr, "JETINBOX_LOG_FORMAT=text")
 	var dbURL *url.URL // the README's DATABASE_URL, once the export line is read
 	envFor := func(name string) []string {
 		t.Helper()
@@ -215,6 +219,29 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 			<-exited
 		}
 	})
+	var relay *exec.Cmd
+	relayOut := &syncBuffer{}
+	relayWaited, relayExited := make(chan error, 1), make(chan struct{})
+	t.Cleanup(func() {
+		if relay == nil {
+			return
+		}
+		select {
+		case <-relayExited:
+		default:
+			_ = relay.Process.Kill()
+			<-relayExited
+		}
+	})
+	// outboxPending counts the outbox rows not yet published, read as the
+	// schema owner.
+	outboxPending := func() (int, error) {
+		out, err := pg.as("jetinbox_migrator", passwords["jetinbox_migrator"]).psql("-c", `SELECT count(*) FROM outbox WHERE sent_at IS NULL AND failed IS NULL`)
+		if err != nil {
+			return 0, fmt.Errorf("%w: %s", err, out)
+		}
+		return strconv.Atoi(strings.TrimSpace(out))
+	}
 	var produced int
 	ran := map[string]bool{}
 	for _, raw := range lines {
@@ -300,21 +327,83 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 					t.Errorf("consumer %s: %v", path, err)
 				}
 			}
+		case "relay":
+			if consumer == nil {
+				t.Fatalf("the README runs the relay before the consumer: nothing would be in the outbox")
+			}
+			cmd := exec.Command("sh", "-c", "exec "+line)
+			cmd.Dir, cmd.Env = work, envFor(name)
+			cmd.Stdout, cmd.Stderr = relayOut, relayOut
+			began := time.Now()
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			relay = cmd
+			go func() { relayWaited <- relay.Wait(); close(relayExited) }()
+			// Every notification the consumer added is published and marked.
+			eventually(t, ctx, func() error {
+				select {
+				case <-relayExited:
+					t.Fatalf("%s stopped:\n%s", line, lastOutputLines(relayOut.String(), 30))
+				default:
+				}
+				n, err := outboxPending()
+				if err == nil && n > 0 {
+					err = fmt.Errorf("%d outbox rows pending", n)
+				}
+				return err
+			})
+			notes, err := adminJS.Stream(ctx, defs.notifications.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := notes.Info(ctx)
+			if err != nil || info.State.Msgs != uint64(produced) {
+				t.Fatalf("%s holds %+v (%v), want the %d notifications of the applied intents", defs.notifications.Name, info, err, produced)
+			}
+			t.Logf("%s (as %v): published %d notifications in %v", line, readmeRoles[name], produced, time.Since(began).Round(time.Millisecond))
+			if err := httpOK("http://" + relayAddr + "/healthz"); err != nil {
+				t.Errorf("relay /healthz: %v", err)
+			}
 		default:
 			out := run(name, line)
 			if name == "verify" && !regexp.MustCompile(fmt.Sprintf(`applied once +%d\b`, produced)).MatchString(out) {
 				t.Errorf("verify does not report all %d intents applied once:\n%s", produced, out)
 			}
+			if name == "verify" && strings.Contains(line, "-next-stream") {
+				ran["verify -next-stream"] = true
+				for _, want := range []string{fmt.Sprintf(`applied parents +%d\b`, produced), fmt.Sprintf(`follow-ups in %s +%d\b`, defs.notifications.Name, produced), `lost +0 +ok`, `without applied parent +0 +ok`} {
+					if !regexp.MustCompile(want).MatchString(out) {
+						t.Errorf("verify -next-stream lacks %q:\n%s", want, out)
+					}
+				}
+			}
 		}
 	}
-	for _, want := range []string{"build", "export", "migrate", "accounts", "producer", "consumer", "verify", "dlq", "replay", "prune"} {
+	for _, want := range []string{"build", "export", "migrate", "accounts", "producer", "consumer", "relay", "verify", "verify -next-stream", "dlq", "replay", "prune"} {
 		if !ran[want] {
 			t.Errorf("the README's path no longer runs %s", want)
 		}
 	}
-	if consumer == nil {
+	if consumer == nil || relay == nil {
 		return
 	}
+	// SIGTERM: the relay ends its round and exits 0.
+	if err := relay.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-relayWaited:
+		if err != nil {
+			t.Fatalf("relay after SIGTERM: %v\n%s", err, lastOutputLines(relayOut.String(), 30))
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("relay did not stop within a minute of SIGTERM")
+	}
+	if v := permissionViolations(relayOut.String()); v != "" {
+		t.Errorf("the relay was refused by the server:\n%s", v)
+	}
+	t.Logf("relay log (problems and the stop):\n%s", consumerLogSummary(relayOut.String()))
 	// A dead letter re-driven under the maintainer role: a poison intent is
 	// rejected and dead-lettered by the running consumer, and `jetinbox dlq
 	// -redrive` deletes its rejected inbox row as jetinbox_maintainer. (The
