@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"hash/maphash"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -86,9 +88,10 @@ const defaultChainChunk = 10000
 // the next stream without an applied parent. It runs on either store (db:
 // [Postgres] or [SQLite]).
 //
-// Memory: one 64-bit hash per distinct follow-up ID in the stream, in a set
-// (about 16 bytes an ID: 160 MB for ten million), plus one chunk of
-// messages and IDs at a time; nothing per parent. The stream is read once,
+// Memory: one 64-bit hash per distinct follow-up ID in the stream, kept in
+// sorted runs (8 bytes an ID, up to twice that while two runs merge: 80 to
+// 160 MB for ten million), plus one chunk of messages and IDs at a time;
+// nothing per parent. The stream is read once,
 // in chunks: each chunk's new IDs are looked up in the database (the parent
 // applied? the next scope applied it, how often?). Then the applied parents
 // are read in chunks of their primary key, and each parent's follow-up ID is
@@ -114,8 +117,7 @@ func Chain(ctx context.Context, js jetstream.JetStream, db DB, o ChainOptions) (
 	if _, err := outbox.FollowUpID("x", o.Kind); err != nil {
 		return nil, fmt.Errorf("verify: chain: %w", err)
 	}
-	c := chain{ctx: ctx, db: db, o: o, r: &ChainReport{}, seed: maphash.MakeSeed(),
-		seen: map[uint64]struct{}{}, hashed: map[string]struct{}{}}
+	c := chain{ctx: ctx, db: db, o: o, r: &ChainReport{}, seed: maphash.MakeSeed(), hashed: map[string]struct{}{}}
 	_, err := walkRange(ctx, js, o.Stream, Range{}, o.ChunkSize, nil, func(chunk []Message) error {
 		return c.streamChunk(chunk)
 	})
@@ -141,7 +143,7 @@ type chain struct {
 	seed maphash.Seed
 	// seen holds the hash of every distinct follow-up ID read from the
 	// stream.
-	seen map[uint64]struct{}
+	seen hashRuns
 	// hashed holds follow-up IDs of the hashed long form (kind:h<sha256>)
 	// whose parent is not known yet.
 	hashed map[string]struct{}
@@ -165,13 +167,14 @@ func isHashedForm(id, prefix string) bool {
 func (c *chain) streamChunk(chunk []Message) error {
 	prefix := c.o.Kind + ":"
 	var fresh, parents []string
+	inChunk := make(map[uint64]struct{}, len(chunk))
 	for _, m := range chunk {
 		h := c.hash(m.ID)
-		if _, ok := c.seen[h]; ok {
+		if _, ok := inChunk[h]; ok || c.seen.has(h) {
 			c.r.Copies++
 			continue
 		}
-		c.seen[h] = struct{}{}
+		inChunk[h] = struct{}{}
 		c.r.InStream++
 		parent, ok := strings.CutPrefix(m.ID, prefix)
 		if !ok || inbox.ValidateID(parent) != nil {
@@ -182,6 +185,7 @@ func (c *chain) streamChunk(chunk []Message) error {
 		fresh = append(fresh, m.ID)
 		parents = append(parents, parent)
 	}
+	c.seen.add(slices.Collect(maps.Keys(inChunk)))
 	if len(fresh) == 0 {
 		return nil
 	}
@@ -263,7 +267,7 @@ func (c *chain) parents() error {
 				return fmt.Errorf("verify: chain: %w", err)
 			}
 			delete(c.hashed, id)
-			if _, ok := c.seen[c.hash(id)]; !ok {
+			if !c.seen.has(c.hash(id)) {
 				missing, of = append(missing, id), append(of, parent)
 			}
 		}
@@ -311,6 +315,45 @@ func (c *chain) page(after string) ([]string, error) {
 		return nil, fmt.Errorf("verify: chain: parents: %w", err)
 	}
 	return page, nil
+}
+
+// hashRuns is a set of 64-bit hashes in sorted runs, each at most half as
+// long as the one before it: 8 bytes a hash, a lookup a binary search per
+// run (about log2 of the count), and a merge, when a run grows to half the
+// one before it, costs the two runs' length once.
+type hashRuns struct{ runs [][]uint64 }
+
+// has reports whether h is in the set.
+func (s *hashRuns) has(h uint64) bool {
+	for _, r := range s.runs {
+		if _, ok := slices.BinarySearch(r, h); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// add adds hs, none of them in the set yet; it keeps hs.
+func (s *hashRuns) add(hs []uint64) {
+	if len(hs) == 0 {
+		return
+	}
+	slices.Sort(hs)
+	s.runs = append(s.runs, hs)
+	for n := len(s.runs); n > 1 && len(s.runs[n-2]) <= 2*len(s.runs[n-1]); n = len(s.runs) {
+		a, b := s.runs[n-2], s.runs[n-1]
+		merged := make([]uint64, 0, len(a)+len(b))
+		for len(a) > 0 && len(b) > 0 {
+			if a[0] < b[0] {
+				merged, a = append(merged, a[0]), a[1:]
+			} else {
+				merged, b = append(merged, b[0]), b[1:]
+			}
+		}
+		merged = append(append(merged, a...), b...)
+		s.runs[n-2] = merged
+		s.runs = s.runs[:n-1]
+	}
 }
 
 // lookup runs a query whose rows are an ID and a count.
