@@ -91,9 +91,9 @@ const defaultChainChunk = 10000
 // Memory: one 64-bit hash per distinct follow-up ID in the stream, kept in
 // sorted runs (8 bytes an ID, up to twice that while two runs merge: 80 to
 // 160 MB for ten million), plus one chunk of messages and IDs at a time;
-// nothing per parent. The stream is read once,
-// in chunks: each chunk's new IDs are looked up in the database (the parent
-// applied? the next scope applied it, how often?). Then the applied parents
+// nothing per parent. The stream is read once, in chunks: each chunk's new
+// IDs are looked up in the database (the parent applied? the next scope
+// applied it, how often?). Then the applied parents
 // are read in chunks of their primary key, and each parent's follow-up ID is
 // looked up in the hash set, the ones missing there in the outbox (still
 // pending, or lost). Only follow-up IDs in the hashed long form whose
