@@ -3,7 +3,10 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"strings"
 	"testing"
+
+	"github.com/jetinbox/jetinbox/internal/cli"
 )
 
 // TestTwoHopSmoke is the CI-sized two-hop run: both hops lose, duplicate
@@ -47,6 +50,18 @@ func twoHopSmoke(t *testing.T, store string) {
 	for _, f := range []string{"relay crashes before publish", "relay crashes in PubAck wait", "relay crashes before mark"} {
 		if !bytes.Contains(b.Bytes(), []byte(f)) || bytes.Contains(b.Bytes(), []byte(" 0 "+f)) {
 			t.Errorf("the run had no %s", f)
+		}
+	}
+}
+
+// TestStoreFlag: -store takes postgres or sqlite; anything else is a usage
+// error before any server starts.
+func TestStoreFlag(t *testing.T) {
+	for _, store := range []string{"mysql", "sqlite:///x.db", "SQLite "} {
+		var out, errOut bytes.Buffer
+		err := Main(context.Background(), []string{"-store", store}, &out, &errOut)
+		if cli.ExitCode(err) != 2 || !strings.Contains(err.Error(), "-store") {
+			t.Errorf("-store %q: %v (exit %d, want 2 naming -store)", store, err, cli.ExitCode(err))
 		}
 	}
 }
