@@ -128,6 +128,14 @@ func (p *ProcessorOf[TX]) claim(ctx context.Context, tx TX, b *batch, isolate, f
 // conflicts decided now, copies of an earlier message of the batch decided
 // with it.
 func (p *ProcessorOf[TX]) classify(b *batch, res []ClaimResult) {
+	if res == nil && b.refused == nil && len(b.valid) == len(b.msgs) {
+		// Every message claimed fresh (the COPY claim of a batch of
+		// first deliveries): the handler gets the batch as it is, and
+		// nothing is copied. The cap keeps an append from writing into
+		// the caller's slice.
+		b.fresh, b.freshIdx = b.msgs[:len(b.msgs):len(b.msgs)], b.valid
+		return
+	}
 	b.fresh = make([]Message, 0, len(b.valid))
 	b.freshIdx = make([]int, 0, len(b.valid))
 	for k, i := range b.valid {

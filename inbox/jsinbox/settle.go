@@ -23,7 +23,9 @@ import (
 // stored it. Final stays false: it depends on the durable's MaxDeliver.
 func MessageOf(m jetstream.Msg) inbox.Message {
 	im := inbox.Message{ID: m.Headers().Get(jetstream.MsgIDHeader), Payload: m.Data(), Subject: m.Subject()}
-	if md, err := m.Metadata(); err == nil {
+	if md, ok := parseAckReply(m.Reply()); ok {
+		im.StreamSeq, im.Deliveries, im.Published = md.streamSeq, md.delivered, md.stored
+	} else if md, err := m.Metadata(); err == nil {
 		im.StreamSeq, im.Deliveries, im.Published = md.Sequence.Stream, md.NumDelivered, md.Timestamp
 	}
 	return im
