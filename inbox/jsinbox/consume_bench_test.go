@@ -3,10 +3,14 @@ package jsinbox_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -71,6 +75,7 @@ func BenchmarkConsume(b *testing.B) {
 			}
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 			defer cancel()
+			goCPU, pgCPU := processCPU(os.Getpid()), postgresCPU(ctx, pool)
 			b.ReportAllocs()
 			b.ResetTimer()
 			if name == "raw" {
@@ -80,8 +85,57 @@ func BenchmarkConsume(b *testing.B) {
 			}
 			b.StopTimer()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+			// CPU per message, of this process (the nats-server, the
+			// client, the consumer) and of the PostgreSQL server: on a
+			// shared machine steadier than wall-clock time.
+			if goCPU >= 0 {
+				b.ReportMetric(float64((processCPU(os.Getpid())-goCPU).Microseconds())/float64(b.N), "go-cpu-µs/msg")
+			}
+			if pgCPU >= 0 {
+				b.ReportMetric(float64((postgresCPU(ctx, pool)-pgCPU).Microseconds())/float64(b.N), "pg-cpu-µs/msg")
+			}
 		})
 	}
+}
+
+// processCPU returns the user and system CPU time pid has used so far, or
+// -1 where /proc cannot tell.
+func processCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return -1
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return -1
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return -1
+	}
+	return time.Duration(utime+stime) * time.Second / 100 // USER_HZ
+}
+
+// postgresCPU returns the CPU time the processes of pool's PostgreSQL
+// server (backends and background processes) have used so far, or -1.
+func postgresCPU(ctx context.Context, pool *pgxpool.Pool) time.Duration {
+	rows, err := pool.Query(ctx, `SELECT pid FROM pg_stat_activity`)
+	if err != nil {
+		return -1
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return -1
+	}
+	var total time.Duration
+	for _, pid := range pids {
+		if t := processCPU(int(pid)); t > 0 {
+			total += t
+		}
+	}
+	return total
 }
 
 func consumeRaw(ctx context.Context, b *testing.B, c jetstream.Consumer, n int) {
