@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -81,7 +82,8 @@ func (p *ProcessorOf[TX]) processOnce(ctx context.Context, msgs []Message, valid
 // its own message. A claim refused outside isolation fails the batch with
 // errIsolate.
 func (p *ProcessorOf[TX]) claim(ctx context.Context, tx TX, b *batch, isolate, fast bool) (res []ClaimResult, err error) {
-	claims := make([]Claim, len(b.valid))
+	claims := getClaims(len(b.valid))
+	defer putClaims(claims)
 	for k, i := range b.valid {
 		m := &b.msgs[i]
 		claims[k] = Claim{ID: m.ID, Fingerprint: Fingerprint(m.Payload), StreamSeq: m.StreamSeq, Subject: m.Subject}
@@ -122,6 +124,24 @@ func (p *ProcessorOf[TX]) claim(ctx context.Context, tx TX, b *batch, isolate, f
 		return nil, fmt.Errorf("%w: %w", errIsolate, err)
 	}
 	return res, err
+}
+
+// claimPool keeps the claim slices of finished batches for the next ones.
+var claimPool sync.Pool
+
+// getClaims returns a slice of n claims to fill in.
+func getClaims(n int) []Claim {
+	if p, ok := claimPool.Get().(*[]Claim); ok && cap(*p) >= n {
+		return (*p)[:n]
+	}
+	return make([]Claim, n)
+}
+
+// putClaims returns claims to the pool, cleared. The stores are done with
+// a claim slice when their call returns: they copy what they send.
+func putClaims(claims []Claim) {
+	clear(claims)
+	claimPool.Put(&claims)
 }
 
 // classify sorts the claimed messages: fresh ones to apply, duplicates and
