@@ -49,6 +49,7 @@ type Options struct {
 	LoadLatency bool
 	Only        string
 	CPUProfile  string
+	MemProfile  string
 	ChildRSS    bool
 
 	// followUps: the ledger emits a follow-up per credit into the outbox
@@ -87,6 +88,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.Rate, "rate", 1000, "offered msg/s in the low-load latency phase")
 	fs.BoolVar(&o.LoadLatency, "load-latency", true, "also measure latency at half the measured jetinbox maximum")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a Go CPU profile of the consuming phases (NATS server included) to this file")
+	fs.StringVar(&o.MemProfile, "memprofile", "", "write a Go allocation profile of the consuming phases (NATS server included) to this file, and the allocations before them to <file>.base (go tool pprof -diff_base <file>.base <file>)")
 	fs.BoolVar(&o.ChildRSS, "child", true, "also run the consumer as its own process over the same messages and report its peak RSS (memory is bounded by batch × in-flight, not by the stream)")
 	fs.StringVar(&o.Only, "only", "", "run only these approaches, comma separated: raw,naive,jetinbox,outbox (jetinbox whose ledger emits a follow-up per credit through the outbox, then the relay draining it)")
 	fs.StringVar(&o.Store, "store", cli.StorePostgres, "the inbox store: postgres (a throwaway server, fsync on) or sqlite (files in a temporary directory, WAL, synchronous=FULL)")
@@ -264,6 +266,20 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if o.MemProfile != "" {
+		// The allocation profile counts from the start of the process:
+		// the one taken now, before the consumers, goes next to it as
+		// <file>.base for go tool pprof -diff_base.
+		stopMem, err := memProfile(o.MemProfile)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := stopMem(); err != nil {
+				say("memprofile: %v", err)
+			}
+		}()
 	}
 	want := func(name string) bool {
 		if name == "outbox" && o.Store == cli.StoreSQLite {
@@ -464,6 +480,26 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		mib(heapPeak.Load()), peakRSS())
 	fmt.Fprintln(stdout, "ledger verified: every ID exactly once, balances exact")
 	return nil
+}
+
+// memProfile writes the allocation profile as it stands now to path+".base"
+// and returns a function that writes it, as it stands then, to path.
+func memProfile(path string) (func() error, error) {
+	write := func(path string) error {
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	}
+	if err := write(path + ".base"); err != nil {
+		return nil, err
+	}
+	return func() error { return write(path) }, nil
 }
 
 func pubMode(batch int) string {
