@@ -7,7 +7,8 @@
 -- balance update of such a batch took half the time (3.1 ms against 5.9,
 -- EXPLAIN ANALYZE, 1,024 accounts; in BenchmarkConsume about 0.25 µs of
 -- PostgreSQL CPU less per message). The table takes about three times the
--- pages for it (1,024 accounts: 20 pages instead of 6). The setting applies
--- to pages written from now on: accounts opened before keep their packed pages until the
--- table is rewritten (VACUUM FULL accounts, during a quiet moment).
+-- pages for it (1,024 accounts: 19 pages instead of 6). The setting applies
+-- to pages written from now on: accounts opened before keep their packed
+-- pages until the table is rewritten (VACUUM FULL accounts, in a quiet
+-- moment).
 ALTER TABLE accounts SET (fillfactor = 30);
