@@ -1,6 +1,7 @@
 package deploy_test
 
 import (
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -19,8 +20,8 @@ var builtHere = []string{"${JETINBOX_IMAGE:-jetinbox:dev}", "jetinbox"}
 
 // digestUnknown are images whose digest could not be looked up when they
 // were last changed: pin them (crane digest IMAGE) before a production
-// deployment. The list may only shrink.
-var digestUnknown = []string{"nats:2.15.2-alpine", "prom/prometheus:v3.16.0"}
+// deployment. The list may only shrink; it is empty.
+var digestUnknown = []string{}
 
 // imageRefs returns every image a deploy file names: compose services,
 // Dockerfile stages, Kubernetes containers, the NATS chart's server image.
@@ -85,4 +86,57 @@ func checkImagesPinned(refs map[string][]string) []string {
 		errs = append(errs, "no image references found: is the scan broken?")
 	}
 	return errs
+}
+
+// TestNATSImageMatchesTestedServer: the NATS image the deploy files run is
+// the same minor release as the nats-server module these tests parse and
+// run the shipped configs with (deploy/go.mod). A patch release may differ
+// (the image is pinned by digest, the module by go.sum); a minor release
+// may change what a config means, so moving one without the other fails.
+func TestNATSImageMatchesTestedServer(t *testing.T) {
+	fsys := loadFiles(t)
+	mod := natsModuleMinor(t)
+	seen := 0
+	for file, list := range imageRefs(t, fsys) {
+		for _, ref := range list {
+			if !strings.HasPrefix(ref, "nats:") {
+				continue
+			}
+			seen++
+			if got := imageMinor(ref); got != mod {
+				t.Errorf("%s: image %s is NATS %s, the tests run nats-server %s", file, ref, got, mod)
+			}
+		}
+	}
+	if seen < 2 {
+		t.Fatalf("found %d NATS images, want compose's and the chart's", seen)
+	}
+	if imageMinor("nats:2.14.7-alpine@sha256:"+strings.Repeat("a", 64)) != "2.14" {
+		t.Error("imageMinor misreads a pinned tag")
+	}
+}
+
+// natsModuleMinor is the major.minor of nats-server in deploy/go.mod.
+func natsModuleMinor(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*github\.com/nats-io/nats-server/v2 v(\d+\.\d+)\.\d+`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal("go.mod: no nats-server requirement")
+	}
+	return string(m[1])
+}
+
+// imageMinor is the major.minor of an image reference's tag.
+func imageMinor(ref string) string {
+	ref, _, _ = strings.Cut(ref, "@")
+	_, tag, _ := strings.Cut(ref, ":")
+	parts := strings.SplitN(tag, ".", 3)
+	if len(parts) < 2 {
+		return tag
+	}
+	return parts[0] + "." + parts[1]
 }

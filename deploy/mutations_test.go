@@ -63,7 +63,7 @@ func TestMutationsAreRejected(t *testing.T) {
 
 		{"compose key typo", "compose.yaml", "    environment:\n      <<: *nats-env\n      NATS_CA: /run/jetinbox/ca\n      NATS_NKEY: /run/jetinbox/consumer_nkey", "    enviroment:\n      <<: *nats-env\n      NATS_CA: /run/jetinbox/ca\n      NATS_NKEY: /run/jetinbox/consumer_nkey", compose},
 		{"compose missing NATS_URL", "compose.yaml", "  NATS_URL: tls://nats-1:4222,tls://nats-2:4222,tls://nats-3:4222\n", "", compose},
-		{"compose old nats", "compose.yaml", "image: nats:2.15.2-alpine", "image: nats:2.12.1-alpine", compose},
+		{"compose old nats", "compose.yaml", "image: nats:2.15.0-alpine@sha256:004796a89b7ad925027a01d69d175734403f5b3b98d49f4ed2c861e6f9aafec4", "image: nats:2.12.1-alpine", compose},
 		{"compose path typo", "compose.yaml", "./nats/nats-2.conf:", "./nats/nats2.conf:", compose},
 		{"compose secret typo", "compose.yaml", "file: ./secrets/nkeys/consumer.nk", "file: ./secrets/nkeys/consumer.key", compose},
 		{"compose interpolation typo", "compose.yaml", "${JETINBOX_IMAGE:-jetinbox:dev}", "${JETINBOX_IMAGE:-jetinbox:dev", compose},

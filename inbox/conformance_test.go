@@ -94,8 +94,9 @@ func pgHarness() storetest.Harness[pgx.Tx] {
 			_, err := tx.Exec(ctx, "SELECT 1/0") // aborts the transaction
 			return err
 		},
-		AbortReason:  "division by zero",
-		SecondWriter: true,
+		AbortReason:   "division by zero",
+		SecondWriter:  true,
+		CopyThreshold: inbox.CopyClaimThreshold,
 	}
 }
 

@@ -10,10 +10,6 @@ import (
 // both paths.
 func DisableCopyClaim(p *Processor) { p.store.(*pgStore).noCopy = true }
 
-// PlantBlindCopyClaim gives p a broken fast claim, which skips IDs already
-// there yet reports every claim fresh: the guarantee tests must catch it.
-func PlantBlindCopyClaim(p *Processor) { p.store.(*pgStore).claimCopy = claimBlind }
-
 func claimBlind(ctx context.Context, tx pgx.Tx, scope string, claims []Claim, order []int) error {
 	ids := make([]string, len(order))
 	fps := make([][]byte, len(order))

@@ -89,20 +89,10 @@ func waitDurable(ctx context.Context, nodes *testenv.Cluster, stream, durable st
 // demoVerify is verify.Run. On a cluster, a read that times out (an
 // ordered consumer placed on a node still settling after the kill) is
 // tried again once every node is healthy: a failed read judges nothing.
-func demoVerify(ctx context.Context, nodes *testenv.Cluster, js jetstream.JetStream, db verify.DB, o verify.Options, say func(string, ...any)) (*verify.Report, error) {
-	for attempt := 1; ; attempt++ {
-		if nodes != nil {
-			wctx, cancel := context.WithTimeout(ctx, time.Minute)
-			err := nodes.WaitHealthy(wctx)
-			cancel()
-			if err != nil {
-				return nil, err
-			}
-		}
-		rep, err := verify.RunOn(ctx, js, db, o)
-		if err == nil || nodes == nil || attempt == 3 {
-			return rep, err
-		}
-		say("verify could not read the streams (%v); again", err)
-	}
+func demoVerify(ctx context.Context, nodes *testenv.Cluster, js jetstream.JetStream, db verify.DB, o verify.Options, say func(string, ...any)) (rep *verify.Report, err error) {
+	err = nodes.ReadWhenHealthy(ctx, func() (err error) {
+		rep, err = verify.RunOn(ctx, js, db, o)
+		return err
+	}, func(err error) { say("verify could not read the streams (%v); again", err) })
+	return rep, err
 }

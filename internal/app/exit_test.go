@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
 // TestExitCodeConvention runs every jetinbox command with an unknown flag
@@ -82,6 +83,7 @@ func TestServerRefusalsExitTwo(t *testing.T) {
 	t.Parallel()
 	srv, dbURL, _, _ := commandPipeline(t, 0, "cfg")
 	noDB := strings.Replace(dbURL, "/"+path.Base(strings.SplitN(dbURL, "?", 2)[0]), "/no_such_database", 1)
+	unmigrated := testenv.NewDatabase(t)
 	cases := []struct {
 		name string
 		args []string
@@ -94,6 +96,10 @@ func TestServerRefusalsExitTwo(t *testing.T) {
 		{"prune", []string{"prune", "-stream", "NOPE", "-older-than", "2000h"}, dbURL, "NOPE"},
 		{"verify-db", []string{"verify"}, noDB, "no_such_database"},
 		{"accounts-db", []string{"accounts", "-list"}, noDB, "no_such_database"},
+		// A database nobody migrated: the consumer refuses to start and
+		// verify has no tables to read; both say to run migrate.
+		{"consumer-unmigrated", []string{"consumer"}, unmigrated, "migrate"},
+		{"verify-unmigrated", []string{"verify"}, unmigrated, "migrate"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

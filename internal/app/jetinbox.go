@@ -91,7 +91,7 @@ func Jetinbox(ctx context.Context, args []string, env cli.Env, stdin io.Reader, 
 		usage()
 		return cli.UsageError{Err: fmt.Errorf("unknown command %q", args[0])}
 	}
-	err := c.run(ctx, args[1:], env, stdin, stdout, stderr)
+	err := cli.MigrateHint(c.run(ctx, args[1:], env, stdin, stdout, stderr))
 	if errors.Is(err, flag.ErrHelp) && !ownUsage[args[0]] {
 		fmt.Fprintf(stderr, "\n%s\n", cli.ExitCodes)
 	}

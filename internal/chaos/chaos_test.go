@@ -3,6 +3,7 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -90,9 +91,13 @@ func TestChaosSmoke(t *testing.T) {
 // duplicate nothing, apply nothing unexpected, and verify must pass.
 func TestClusterChaosSmoke(t *testing.T) {
 	var progress bytes.Buffer
-	rows, rep, _, err := RunCluster(context.Background(), ClusterOptions{Intents: 150, Rate: 300, Faults: ClusterFaults, SyncAlways: true, Progress: &progress})
+	logs := testenv.NewLogTail(400)
+	rows, rep, _, err := RunCluster(context.Background(), ClusterOptions{Intents: 150, Rate: 300, Faults: ClusterFaults, SyncAlways: true, Progress: &progress,
+		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		OnStall: func() { testenv.LogGoroutines(t, "jsinbox") }})
 	t.Logf("\n%s", progress.String())
 	if err != nil {
+		t.Logf("the consumers' last log lines:\n%s", logs)
 		t.Fatal(err)
 	}
 	var b bytes.Buffer

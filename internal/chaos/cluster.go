@@ -62,6 +62,11 @@ type ClusterOptions struct {
 	SyncAlways bool
 	// Progress, if set, gets a line per step.
 	Progress io.Writer
+	// Logger, if set, gets the consumers' logs (nil: discarded).
+	Logger *slog.Logger
+	// OnStall, if set, is called when a phase or the settling timed out,
+	// while the consumers still run (a test dumps their goroutines).
+	OnStall func()
 }
 
 // ClusterRow counts the intents published during one fault phase, as
@@ -157,6 +162,13 @@ func WriteClusterTable(w io.Writer, rows []ClusterRow) {
 	tw.Flush()
 }
 
+// dieArm is the client-server-dies fault, armed: ch closes once a
+// consumer's server was stopped, and consumer says which one.
+type dieArm struct {
+	ch       chan struct{}
+	consumer int
+}
+
 // clusterRun is the state of one cluster run.
 type clusterRun struct {
 	o       ClusterOptions
@@ -169,9 +181,9 @@ type clusterRun struct {
 	stream  string
 	durable string
 
-	// armDie, when set, makes worker 0 stop the node it is connected to
-	// as it acks its next batch, and close the channel.
-	armDie  atomic.Pointer[chan struct{}]
+	// armDie, when set, makes the next consumer to ack a batch stop the
+	// node it is connected to, and close the channel.
+	armDie  atomic.Pointer[dieArm]
 	crashes atomic.Int64
 
 	statsMu sync.Mutex
@@ -266,6 +278,7 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 			t0 := time.Now()
 			note, err := r.phase(ctx, f, p.intents)
 			if err != nil {
+				r.sayState()
 				return nil, nil, nil, fmt.Errorf("chaos -cluster: %s: %w", f, err)
 			}
 			p.row = ClusterRow{Fault: f, Intents: len(p.intents), Elapsed: time.Since(t0), Note: note}
@@ -279,6 +292,9 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 	wctxS, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	err = pipeline.WaitSettled(wctxS, r.js, r.stream, r.durable, nil)
 	cancel()
+	if err != nil {
+		r.sayState()
+	}
 	stopWorkers()
 	wg.Wait()
 	if err != nil {
@@ -294,7 +310,13 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 			published[in.ID] = true
 		}
 	}
-	applied, dead, unexpected, err := r.tally(ctx, published)
+	var applied map[string]int
+	var dead map[string]bool
+	var unexpected int
+	err = r.afterFaults(ctx, "the dead-letter stream", func() (err error) {
+		applied, dead, unexpected, err = r.tally(ctx, published)
+		return err
+	})
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -321,24 +343,13 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 	if len(rows) > 0 {
 		rows[len(rows)-1].Unexpected = unexpected
 	}
-	// verify reads the stream with an ordered consumer; right after the
-	// faults one may find its node still settling and time out. A read
-	// that fails is tried again on the whole cluster: it judges nothing.
 	var rep *verify.Report
-	for attempt := 1; ; attempt++ {
-		hctx, cancel := context.WithTimeout(ctx, time.Minute)
-		err = r.cl.WaitHealthy(hctx)
-		cancel()
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		if rep, err = verify.Run(ctx, r.js, r.pool, verify.Options{Scope: effects.DefaultScope, Durable: r.durable, Ledger: true}); err == nil {
-			break
-		}
-		if attempt == 3 || ctx.Err() != nil {
-			return nil, nil, nil, err
-		}
-		r.say("verify could not read the stream (%v); again", err)
+	err = r.afterFaults(ctx, "the stream", func() (err error) {
+		rep, err = verify.Run(ctx, r.js, r.pool, verify.Options{Scope: effects.DefaultScope, Durable: r.durable, Ledger: true})
+		return err
+	})
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	stats := &ClusterStats{Publisher: r.pub.Stats(), Consumers: r.stats, Restarts: r.crashes.Load()}
 	r.say("verified; %d publish retries, %d duplicates dropped by the stream; %d redeliveries, %d found applied by the inbox; %d consumer restarts",
@@ -503,12 +514,13 @@ func (r *clusterRun) fault(ctx context.Context, fault string) (string, error) {
 		r.say("  healed %s", r.cl.Name(l))
 		return fmt.Sprintf("%s cut off (the majority elected %s), healed", r.cl.Name(l), r.cl.Name(nl)), nil
 	case "client-server-dies":
-		fired := make(chan struct{})
-		r.armDie.Store(&fired)
+		fired := &dieArm{ch: make(chan struct{})}
+		r.armDie.Store(fired)
 		select {
-		case <-fired:
+		case <-fired.ch:
 		case <-ctx.Done():
-			return "", fmt.Errorf("consumer 1 acked no batch: %w", ctx.Err())
+			r.armDie.Store(nil)
+			return "", fmt.Errorf("no consumer acked a batch: %w", ctx.Err())
 		}
 		var dead int
 		for i := range testenv.ClusterSize {
@@ -523,9 +535,15 @@ func (r *clusterRun) fault(ctx context.Context, fault string) (string, error) {
 		if err := r.cl.Start(dead); err != nil {
 			return "", err
 		}
-		return fmt.Sprintf("%s killed as consumer 1 acked a batch; the consumer reconnected to another node; %s restarted", r.cl.Name(dead), r.cl.Name(dead)), nil
+		return fmt.Sprintf("%s killed as consumer %d acked a batch; the consumer reconnected to another node; %s restarted", r.cl.Name(dead), fired.consumer, r.cl.Name(dead)), nil
 	}
 	return "", fmt.Errorf("unknown fault %q", fault)
+}
+
+// afterFaults runs read once every node is healthy again, up to three
+// times (testenv.Cluster.ReadWhenHealthy).
+func (r *clusterRun) afterFaults(ctx context.Context, what string, read func() error) error {
+	return r.cl.ReadWhenHealthy(ctx, read, func(err error) { r.say("could not read %s (%v); again", what, err) })
 }
 
 // killAndRestart kills node i (no leadership handed over), waits for the
@@ -561,6 +579,44 @@ func (r *clusterRun) waitNewLeader(ctx context.Context, old int, leader func() i
 	}
 }
 
+// logger is consumer w's logger.
+func (r *clusterRun) logger(w int) *slog.Logger {
+	if r.o.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return r.o.Logger.With("consumer", w+1)
+}
+
+// sayState reports, when a phase or the settling timed out, what the
+// cluster and the durable look like: who leads, what is pending, what
+// each consumer did. It is what a stall needs to be understood later.
+func (r *clusterRun) sayState() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for i := range testenv.ClusterSize {
+		state := "up"
+		if r.cl.Server(i) == nil {
+			state = "down"
+		}
+		r.say("state: %s %s", r.cl.Name(i), state)
+	}
+	r.say("state: stream leader %d, consumer leader %d (node index, -1 none)", r.cl.StreamLeader(r.stream), r.cl.ConsumerLeader(r.stream, r.durable))
+	if c, err := r.js.Consumer(ctx, r.stream, r.durable); err != nil {
+		r.say("state: consumer info: %v", err)
+	} else {
+		ci := c.CachedInfo()
+		r.say("state: durable pending %d, ack pending %d, waiting pulls %d, redelivered %d, delivered stream seq %d, ack floor %d, cluster %+v",
+			ci.NumPending, ci.NumAckPending, ci.NumWaiting, ci.NumRedelivered, ci.Delivered.Stream, ci.AckFloor.Stream, ci.Cluster)
+	}
+	r.statsMu.Lock()
+	r.say("state: ended consumer lives: %+v; restarts %d", r.stats, r.crashes.Load())
+	r.statsMu.Unlock()
+	r.say("state: publisher %+v", r.pub.Stats())
+	if r.o.OnStall != nil {
+		r.o.OnStall()
+	}
+}
+
 // supervise runs inbox consumer w, on its own connection to all three
 // nodes, and starts it again when it stops.
 func (r *clusterRun) supervise(ctx context.Context, w int) {
@@ -584,33 +640,35 @@ func (r *clusterRun) runWorker(ctx context.Context, w int) error {
 		return err
 	}
 	c, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{Durable: r.durable, BatchSize: 100, AckWait: 3 * time.Second,
-		MaxDeliver: 100, DB: r.pool, Logger: slog.New(slog.DiscardHandler)})
+		MaxDeliver: 100, DB: r.pool, Logger: r.logger(w)})
 	if err != nil {
 		return err
 	}
-	if w == 0 {
-		// The client whose server dies mid-batch: when armed, the node
-		// this consumer is connected to is stopped as its acks go out.
-		hook.Attach(c, func(p hook.Point) bool {
-			if p != hook.SkipAck {
-				return false
-			}
-			fired := r.armDie.Swap(nil)
-			if fired == nil {
-				return false
-			}
-			if n := r.cl.Node(nc.ConnectedServerName()); n >= 0 {
-				go func() {
-					r.cl.Kill(n)
-					r.say("  killed %s, consumer 1's server, as it acked a batch", r.cl.Name(n))
-					close(*fired)
-				}()
-			} else {
-				r.armDie.Store(fired) // not connected now: next batch
-			}
+	// The client whose server dies mid-batch: when armed, the node the
+	// first consumer to ack a batch is connected to is stopped as its
+	// acks go out. Either consumer: the one that happens to get no batch
+	// while the fault is armed (the other took them all) must not make
+	// the phase wait for a batch that never comes.
+	hook.Attach(c, func(p hook.Point) bool {
+		if p != hook.SkipAck {
 			return false
-		})
-	}
+		}
+		fired := r.armDie.Swap(nil)
+		if fired == nil {
+			return false
+		}
+		if n := r.cl.Node(nc.ConnectedServerName()); n >= 0 {
+			go func() {
+				r.cl.Kill(n)
+				r.say("  killed %s, consumer %d's server, as it acked a batch", r.cl.Name(n), w+1)
+				fired.consumer = w + 1
+				close(fired.ch)
+			}()
+		} else {
+			r.armDie.Store(fired) // not connected now: next batch
+		}
+		return false
+	})
 	err = c.Run(ctx)
 	st := c.Stats()
 	r.statsMu.Lock()

@@ -173,7 +173,7 @@ func TestFlagAndEnvErrors(t *testing.T) {
 		{"consumer schema missing", func(w io.Writer) error {
 			pg := testenv.NewDatabase(t)
 			return Consumer(context.Background(), []string{"-http", ""}, mapEnv(map[string]string{"DATABASE_URL": pg}), io.Discard, w)
-		}, "not migrated", 1},
+		}, "not migrated", 2}, // the operator must run migrate: a configuration error
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -12,8 +12,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
+	"github.com/jetinbox/jetinbox/outbox"
 )
 
 // ExitCodes is the exit-code convention of every command (consumer,
@@ -113,7 +115,10 @@ func IsConfigError(err error) bool {
 		errors.Is(err, nats.ErrPermissionViolation),
 		errors.Is(err, nats.ErrAuthorization),
 		errors.Is(err, nats.ErrAuthExpired),
-		errors.Is(err, nats.ErrAuthRevoked):
+		errors.Is(err, nats.ErrAuthRevoked),
+		errors.Is(err, inbox.ErrNotMigrated),
+		errors.Is(err, outbox.ErrNotMigrated),
+		missingTable(err):
 		return true
 	case errors.As(err, &pgErr):
 		return configSQLStates[pgErr.Code]
@@ -121,6 +126,29 @@ func IsConfigError(err error) bool {
 		return true
 	}
 	return false
+}
+
+// missingTable reports whether err is a database saying a table the
+// command reads does not exist: PostgreSQL's undefined_table, SQLite's
+// "no such table".
+func missingTable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "42P01"
+	}
+	return strings.Contains(err.Error(), "no such table")
+}
+
+// MigrateHint adds what to do to an error that says the database has no
+// jetinbox tables (undefined_table on PostgreSQL, "no such table" on
+// SQLite): run migrate against the same database. Other errors, and
+// errors that already say it (inbox.ErrNotMigrated), are returned as
+// they are.
+func MigrateHint(err error) error {
+	if err == nil || errors.Is(err, inbox.ErrNotMigrated) || errors.Is(err, outbox.ErrNotMigrated) || !missingTable(err) {
+		return err
+	}
+	return fmt.Errorf("%w (the database lacks jetinbox tables: run `jetinbox migrate` with this DATABASE_URL)", err)
 }
 
 // ReportError writes a command's final error to stderr, once: a JSON log

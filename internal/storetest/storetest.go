@@ -41,6 +41,11 @@ type Harness[TX any] struct {
 	// transaction is open (PostgreSQL). SQLite has one writer a file, so
 	// an effect outside the batch's transaction cannot commit there.
 	SecondWriter bool
+	// CopyThreshold is the batch size from which the store claims with
+	// its bulk path (PostgreSQL's COPY); 0 if it has none. The guarantee
+	// scenario checks which path its batches took, so that the bulk path
+	// is the one under test where it should be.
+	CopyThreshold int
 }
 
 // DB is one fresh database of a harness.
@@ -538,6 +543,9 @@ func (s suite[TX]) runScenario(t *testing.T, n int, sc scenario[TX]) []string {
 		}
 		_, _ = p.Process(ctx, b)
 	}
+	if copies := p.Stats().CopyClaims; (s.h.CopyThreshold > 0 && n >= s.h.CopyThreshold) != (copies > 0) {
+		t.Errorf("%d messages a batch: %d batches claimed with the bulk path (threshold %d)", n, copies, s.h.CopyThreshold)
+	}
 	return Violations(t, db.Snapshot(t), want)
 }
 
@@ -662,6 +670,9 @@ func (s suite[TX]) prune(t *testing.T) {
 	}
 	if _, err := db.Prune(ctx, inbox.PruneOptions{OlderThan: time.Hour, ReplayHorizon: 2 * time.Hour}); !errors.Is(err, inbox.ErrUnsafeHorizon) {
 		t.Fatalf("short horizon: %v", err)
+	}
+	if _, err := db.Prune(ctx, inbox.PruneOptions{OlderThan: time.Hour}); err == nil {
+		t.Fatal("prune without ReplayHorizon succeeded")
 	}
 	n, err := db.Prune(ctx, inbox.PruneOptions{OlderThan: 24 * time.Hour, ReplayHorizon: time.Hour, BatchSize: 1})
 	if err != nil || n != 1 {

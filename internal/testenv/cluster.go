@@ -433,6 +433,32 @@ func (c *Cluster) WaitHealthy(ctx context.Context) error {
 	})
 }
 
+// ReadWhenHealthy runs read, which reads streams, once every node is
+// healthy, up to three times. Right after a fault a node may still be
+// catching up, and a stream info or an ordered consumer placed on it can
+// time out; a read judges nothing, so trying it again on the whole
+// cluster hides no violation. again, if not nil, hears each failure that
+// is tried again. On a nil cluster read runs once.
+func (c *Cluster) ReadWhenHealthy(ctx context.Context, read func() error, again func(error)) error {
+	if c == nil {
+		return read()
+	}
+	for attempt := 1; ; attempt++ {
+		hctx, cancel := context.WithTimeout(ctx, time.Minute)
+		err := c.WaitHealthy(hctx)
+		cancel()
+		if err != nil {
+			return err
+		}
+		if err = read(); err == nil || attempt == 3 || ctx.Err() != nil {
+			return err
+		}
+		if again != nil {
+			again(err)
+		}
+	}
+}
+
 // MoveStreamLeader asks stream's leader to step down until another node
 // leads it (a step-down may end with the same node elected again, or be
 // refused while a replica catches up) and returns both nodes.
