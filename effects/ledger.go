@@ -233,16 +233,37 @@ func (l *Ledger) Warm(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
+// scratch is the per-batch working memory of Handle, kept in scratchPool
+// between batches: a batch of 6,000 would otherwise allocate its slices and
+// map anew.
+type scratch struct {
+	ids               []string
+	accounts, amounts []int64
+	totals            map[int64]int64
+}
+
+var scratchPool = sync.Pool{New: func() any { return &scratch{totals: map[int64]int64{}} }}
+
+func getScratch() *scratch { return scratchPool.Get().(*scratch) }
+
+// putScratch returns sc to the pool, emptied: it keeps no message ID.
+func putScratch(sc *scratch) {
+	clear(sc.ids)
+	sc.ids, sc.accounts, sc.amounts = sc.ids[:0], sc.accounts[:0], sc.amounts[:0]
+	clear(sc.totals)
+	scratchPool.Put(sc)
+}
+
 // Handle implements [inbox.Handler].
 func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, errs []error) error {
 	scope, err := l.scopeFor(ctx)
 	if err != nil {
 		return err
 	}
-	ids := make([]string, 0, len(msgs))
-	accounts := make([]int64, 0, len(msgs))
-	amounts := make([]int64, 0, len(msgs))
-	totals := make(map[int64]int64, min(len(msgs), 1024))
+	sc := getScratch()
+	defer putScratch(sc)
+	ids, accounts, amounts, totals := sc.ids, sc.accounts, sc.amounts, sc.totals
+	defer func() { sc.ids, sc.accounts, sc.amounts = ids, accounts, amounts }() // keep what grew
 	for i := range msgs {
 		in, err := ParseIntent(msgs[i].Payload)
 		if err != nil {

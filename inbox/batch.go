@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -47,6 +48,7 @@ func (p *ProcessorOf[TX]) processOnce(ctx context.Context, msgs []Message, valid
 	}
 
 	b := &batch{msgs: msgs, valid: valid, out: out}
+	defer func() { putMessages(b.fresh) }()
 	res, err := p.claim(ctx, tx, b, isolate, fast)
 	if err != nil {
 		return err
@@ -81,7 +83,8 @@ func (p *ProcessorOf[TX]) processOnce(ctx context.Context, msgs []Message, valid
 // its own message. A claim refused outside isolation fails the batch with
 // errIsolate.
 func (p *ProcessorOf[TX]) claim(ctx context.Context, tx TX, b *batch, isolate, fast bool) (res []ClaimResult, err error) {
-	claims := make([]Claim, len(b.valid))
+	claims := getClaims(len(b.valid))
+	defer putClaims(claims)
 	for k, i := range b.valid {
 		m := &b.msgs[i]
 		claims[k] = Claim{ID: m.ID, Fingerprint: Fingerprint(m.Payload), StreamSeq: m.StreamSeq, Subject: m.Subject}
@@ -124,11 +127,60 @@ func (p *ProcessorOf[TX]) claim(ctx context.Context, tx TX, b *batch, isolate, f
 	return res, err
 }
 
+// claimPool keeps the claim slices of finished batches for the next ones.
+var claimPool sync.Pool
+
+// getClaims returns a slice of n claims to fill in.
+func getClaims(n int) []Claim {
+	if p, ok := claimPool.Get().(*[]Claim); ok && cap(*p) >= n {
+		return (*p)[:n]
+	}
+	return make([]Claim, n)
+}
+
+// putClaims returns claims to the pool, cleared. The stores are done with
+// a claim slice when their call returns: they copy what they send.
+func putClaims(claims []Claim) {
+	clear(claims)
+	claimPool.Put(&claims)
+}
+
+// messagePool keeps the slices of fresh messages handed to the handler, so
+// that a batch of 6,000 does not allocate 600 KB for them.
+var messagePool sync.Pool
+
+// getMessages returns a slice of n messages to overwrite.
+func getMessages(n int) []Message {
+	if p, ok := messagePool.Get().(*[]Message); ok && cap(*p) >= n {
+		return (*p)[:n]
+	}
+	return make([]Message, n)
+}
+
+// putMessages returns msgs to the pool, cleared of payloads. The handler is
+// done with them when the batch's attempt ends.
+func putMessages(msgs []Message) {
+	if cap(msgs) == 0 {
+		return
+	}
+	msgs = msgs[:cap(msgs)]
+	clear(msgs)
+	messagePool.Put(&msgs)
+}
+
 // classify sorts the claimed messages: fresh ones to apply, duplicates and
 // conflicts decided now, copies of an earlier message of the batch decided
 // with it.
 func (p *ProcessorOf[TX]) classify(b *batch, res []ClaimResult) {
-	b.fresh = make([]Message, 0, len(b.valid))
+	if res == nil && b.refused == nil && len(b.valid) == len(b.msgs) {
+		// Every message claimed fresh (the COPY claim of a batch of
+		// first deliveries): all of them go to the handler, in a copy
+		// of its own from the pool.
+		b.fresh = append(getMessages(len(b.msgs))[:0], b.msgs...)
+		b.freshIdx = b.valid
+		return
+	}
+	b.fresh = getMessages(len(b.valid))[:0]
 	b.freshIdx = make([]int, 0, len(b.valid))
 	for k, i := range b.valid {
 		if b.refused[i] {

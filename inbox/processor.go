@@ -29,7 +29,9 @@ type Beginner interface {
 // len(msgs)) for each message it did not apply; an error wrapped with
 // [Permanent] rejects that message, any other error retries it later. For a
 // message with errs[i] set, Handle must have written nothing, and the
-// transaction must still be usable: validate before writing.
+// transaction must still be usable: validate before writing. The msgs
+// slice is the processor's, reused for later batches: Handle may keep the
+// messages it copies out of it, not the slice.
 //
 // A non-nil return value means the batch as a whole failed (for example a
 // statement aborted the transaction). The processor then rolls back and

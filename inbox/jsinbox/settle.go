@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -23,10 +24,33 @@ import (
 // stored it. Final stays false: it depends on the durable's MaxDeliver.
 func MessageOf(m jetstream.Msg) inbox.Message {
 	im := inbox.Message{ID: m.Headers().Get(jetstream.MsgIDHeader), Payload: m.Data(), Subject: m.Subject()}
-	if md, err := m.Metadata(); err == nil {
+	if md, ok := parseAckReply(m.Reply()); ok {
+		im.StreamSeq, im.Deliveries, im.Published = md.streamSeq, md.delivered, md.stored
+	} else if md, err := m.Metadata(); err == nil {
 		im.StreamSeq, im.Deliveries, im.Published = md.Sequence.Stream, md.NumDelivered, md.Timestamp
 	}
 	return im
+}
+
+// messagePool keeps the inbox messages of finished batches for the next
+// ones: a batch of 6,000 is about 600 KB that would otherwise be allocated
+// and collected for every batch.
+var messagePool sync.Pool
+
+// getMessages returns a slice of n zero messages.
+func getMessages(n int) []inbox.Message {
+	if p, ok := messagePool.Get().(*[]inbox.Message); ok && cap(*p) >= n {
+		return (*p)[:n]
+	}
+	return make([]inbox.Message, n)
+}
+
+// putMessages returns msgs to the pool, cleared, so that it holds on to no
+// payload. Nothing may use msgs afterwards: the processor, the observer and
+// the settling of the batch are done with it when processBatch returns.
+func putMessages(msgs []inbox.Message) {
+	clear(msgs)
+	messagePool.Put(&msgs)
 }
 
 // processBatch runs one batch through the inbox and settles every message
@@ -47,7 +71,8 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 		_, fetch := c.tracer.Start(ctx, "jetinbox.fetch", trace.WithTimestamp(fetchStart))
 		fetch.End()
 	}
-	msgs := make([]inbox.Message, len(batch))
+	msgs := getMessages(len(batch))
+	defer putMessages(msgs)
 	for i, m := range batch {
 		msgs[i] = MessageOf(m)
 		msgs[i].Final = c.cfg.MaxDeliver > 0 && msgs[i].Deliveries >= uint64(c.cfg.MaxDeliver)

@@ -30,10 +30,13 @@ import (
 
 // Options of one bench run.
 type Options struct {
-	N          int
-	NaiveMax   int
-	Accounts   int
-	Hot        bool
+	N        int
+	NaiveMax int
+	Accounts int
+	Hot      bool
+	// HotToo also runs jetinbox, in the same rounds, on a second stream
+	// whose messages are all on one hot account (when Hot is off).
+	HotToo     bool
 	Batch      int
 	InFlight   int
 	Consumers  int
@@ -49,6 +52,7 @@ type Options struct {
 	LoadLatency bool
 	Only        string
 	CPUProfile  string
+	MemProfile  string
 	ChildRSS    bool
 
 	// followUps: the ledger emits a follow-up per credit into the outbox
@@ -75,6 +79,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.NaiveMax, "naive-max", 5_000, "messages for the naive approach (it runs at ~1k msg/s; its rate is what counts)")
 	fs.IntVar(&o.Accounts, "accounts", 1024, "accounts the effect spreads over")
 	fs.BoolVar(&o.Hot, "hot", false, "every message on one hot account")
+	fs.BoolVar(&o.HotToo, "hot-too", true, "also run jetinbox in the same rounds on as many messages all on one hot account (a second stream), beside the spread ones")
 	fs.IntVar(&o.Batch, "batch", 6000, "jetinbox: most messages per transaction")
 	fs.IntVar(&o.InFlight, "inflight", 2, "jetinbox: batches in flight")
 	fs.IntVar(&o.Consumers, "consumers", 1, "jetinbox: consumers on the durable, each with its own processor and connections")
@@ -87,8 +92,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.Rate, "rate", 1000, "offered msg/s in the low-load latency phase")
 	fs.BoolVar(&o.LoadLatency, "load-latency", true, "also measure latency at half the measured jetinbox maximum")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a Go CPU profile of the consuming phases (NATS server included) to this file")
+	fs.StringVar(&o.MemProfile, "memprofile", "", "write a Go allocation profile of the consuming phases (NATS server included) to this file, and the allocations before them to <file>.base (go tool pprof -diff_base <file>.base <file>)")
 	fs.BoolVar(&o.ChildRSS, "child", true, "also run the consumer as its own process over the same messages and report its peak RSS (memory is bounded by batch × in-flight, not by the stream)")
-	fs.StringVar(&o.Only, "only", "", "run only these approaches, comma separated: raw,naive,jetinbox,outbox (jetinbox whose ledger emits a follow-up per credit through the outbox, then the relay draining it)")
+	fs.StringVar(&o.Only, "only", "", "run only these approaches, comma separated: raw,naive,jetinbox,jetinbox-hot (jetinbox on the hot stream, see -hot-too),outbox (jetinbox whose ledger emits a follow-up per credit through the outbox, then the relay draining it)")
 	fs.StringVar(&o.Store, "store", cli.StorePostgres, "the inbox store: postgres (a throwaway server, fsync on) or sqlite (files in a temporary directory, WAL, synchronous=FULL)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage of jetinbox bench: raw pipe vs naive vs jetinbox on the same messages, embedded NATS and a throwaway PostgreSQL (fsync on) or SQLite files (-store sqlite).")
@@ -122,8 +128,8 @@ func (o Options) validate(extra int) error {
 		errs = append(errs, fmt.Errorf("-latency %v: must not be negative", o.Latency))
 	}
 	for _, a := range strings.Split(o.Only, ",") {
-		if a != "" && !slices.Contains([]string{"raw", "naive", "jetinbox", "outbox"}, a) {
-			errs = append(errs, fmt.Errorf("-only %q: want raw, naive, jetinbox or outbox", a))
+		if a != "" && !slices.Contains([]string{"raw", "naive", "jetinbox", "jetinbox-hot", "outbox"}, a) {
+			errs = append(errs, fmt.Errorf("-only %q: want raw, naive, jetinbox, jetinbox-hot or outbox", a))
 		}
 	}
 	if o.Store != cli.StorePostgres && o.Store != cli.StoreSQLite {
@@ -230,15 +236,51 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	// Keep only what the ledger check needs, so that the memory figures
 	// below are the consumers', not the generated load's.
 	payloadSize := len(intents[0].Payload)
-	prefixSums := make([]int64, len(intents)+1)
-	for i, in := range intents {
-		p, err := effects.ParseIntent(in.Payload)
+	prefixSums, err := sumsOf(intents)
+	if err != nil {
+		return err
+	}
+	intents = nil
+	// The hot case in the same run: as many messages, all on account 1,
+	// in a stream of their own (published after the clock above stopped).
+	var hotSums []int64
+	hotToo := o.HotToo && !o.Hot
+	if hotToo {
+		// Small limits: the server reserves what a stream may hold, and
+		// the defaults of three more streams may not fit the disk.
+		hs := jsinbox.StreamConfig{Name: hotStream, Subjects: []string{hotSubject + ".>"}, MaxBytes: 1 << 30, DeadLetterMaxBytes: 64 << 20}
+		adv := hs.AdvisoryConfig()
+		adv.MaxBytes = 64 << 20
+		if _, err := js.CreateOrUpdateStream(ctx, adv); err != nil {
+			return err
+		}
+		if _, err := jsinbox.EnsureStream(ctx, js, hs); err != nil {
+			return err
+		}
+		hot := pipeline.Generate(pipeline.Load{Count: o.N, Accounts: o.Accounts, HotAccount: true, Prefix: "h", Subject: hotSubject, Seed: 7, PayloadPad: o.PayloadPad})
+		hotPub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{Stream: hotStream, MaxInFlight: 8192, Batch: max(o.PubBatch, 1)})
 		if err != nil {
 			return err
 		}
-		prefixSums[i+1] = prefixSums[i] + p.Amount
+		for _, in := range hot {
+			if err := hotPub.Publish(ctx, in); err != nil {
+				hotPub.Close()
+				return err
+			}
+		}
+		err = hotPub.Flush(ctx)
+		failed := hotPub.Stats().Failed
+		hotPub.Close()
+		if err != nil {
+			return err
+		}
+		if failed > 0 {
+			return fmt.Errorf("bench: %d publishes to %s failed", failed, hotStream)
+		}
+		if hotSums, err = sumsOf(hot); err != nil {
+			return err
+		}
 	}
-	intents = nil
 	runtime.GC()
 	if s := pub.Stats(); s.Failed > 0 {
 		return fmt.Errorf("bench: %d publishes failed", s.Failed)
@@ -265,9 +307,26 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if o.MemProfile != "" {
+		// The allocation profile counts from the start of the process:
+		// the one taken now, before the consumers, goes next to it as
+		// <file>.base for go tool pprof -diff_base.
+		stopMem, err := memProfile(o.MemProfile)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := stopMem(); err != nil {
+				say("memprofile: %v", err)
+			}
+		}()
+	}
 	want := func(name string) bool {
 		if name == "outbox" && o.Store == cli.StoreSQLite {
 			return false // the ledger's follow-ups go to the outbox in PostgreSQL
+		}
+		if name == "jetinbox-hot" && !hotToo {
+			return false
 		}
 		return o.Only == "" || slices.Contains(strings.Split(o.Only, ","), name)
 	}
@@ -278,31 +337,40 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	defer stopSampler()
 	for round := 1; round <= o.Rounds; round++ {
 		for _, a := range []struct {
-			name string
-			n    int
-			run  func(context.Context, jetstream.Consumer, *cli.Store, int) error
+			name   string
+			stream string  // default: the intents stream
+			sums   []int64 // default: prefixSums
+			n      int
+			run    func(context.Context, jetstream.Consumer, *cli.Store, int) error
 			// timed, if set, runs instead of run and says how long the
 			// part that counts took.
 			timed func(context.Context, jetstream.Consumer, *cli.Store, int) (time.Duration, error)
 		}{
-			{"raw", o.N, runRaw, nil},
-			{"naive", min(o.N, o.NaiveMax), runNaive, nil},
-			{"jetinbox", o.N, func(ctx context.Context, c jetstream.Consumer, pool *cli.Store, n int) error {
+			{"raw", "", nil, o.N, runRaw, nil},
+			{"naive", "", nil, min(o.N, o.NaiveMax), runNaive, nil},
+			{"jetinbox", "", nil, o.N, func(ctx context.Context, c jetstream.Consumer, pool *cli.Store, n int) error {
 				return runJetinbox(ctx, js, c, pool, n, o)
 			}, nil},
-			{"outbox", o.N, nil, func(ctx context.Context, c jetstream.Consumer, pool *cli.Store, n int) (time.Duration, error) {
+			{"jetinbox-hot", hotStream, hotSums, o.N, func(ctx context.Context, c jetstream.Consumer, pool *cli.Store, n int) error {
+				return runJetinbox(ctx, js, c, pool, n, o)
+			}, nil},
+			{"outbox", "", nil, o.N, nil, func(ctx context.Context, c jetstream.Consumer, pool *cli.Store, n int) (time.Duration, error) {
 				return runOutbox(ctx, js, c, pool, n, o, &relays)
 			}},
 		} {
 			if !want(a.name) {
 				continue
 			}
-			durable := fmt.Sprintf("%s_%d", a.name, round)
+			durable := fmt.Sprintf("%s_%d", strings.ReplaceAll(a.name, "-", "_"), round)
+			streamName, sums := stream.Name, prefixSums
+			if a.stream != "" {
+				streamName, sums = a.stream, a.sums
+			}
 			pool, err := dbs.create(ctx, durable, o.Accounts)
 			if err != nil {
 				return err
 			}
-			cons, err := js.CreateOrUpdateConsumer(ctx, stream.Name, jetstream.ConsumerConfig{
+			cons, err := js.CreateOrUpdateConsumer(ctx, streamName, jetstream.ConsumerConfig{
 				Durable: durable, AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 50_000, AckWait: time.Minute, MaxDeliver: 20,
 			})
 			if err != nil {
@@ -318,7 +386,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 				el = time.Since(start)
 			}
 			if err == nil && a.name != "raw" {
-				err = checkLedger(ctx, pool, a.n, prefixSums[a.n])
+				err = checkLedger(ctx, pool, a.n, sums[a.n])
 			}
 			var deadlocks int64
 			if pool.PG != nil {
@@ -338,7 +406,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 			if err := dbs.drop(ctx, durable); err != nil {
 				return err
 			}
-			if err := js.DeleteConsumer(ctx, stream.Name, durable); err != nil {
+			if err := js.DeleteConsumer(ctx, streamName, durable); err != nil {
 				return err
 			}
 			r := results[a.name]
@@ -347,7 +415,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 				results[a.name] = r
 			}
 			r.rates = append(r.rates, float64(a.n)/el.Seconds())
-			say("round %d %-9s %7d msgs in %6.2fs = %8.0f msg/s", round, a.name, a.n, el.Seconds(), float64(a.n)/el.Seconds())
+			say("round %d %-12s %7d msgs in %6.2fs = %8.0f msg/s", round, a.name, a.n, el.Seconds(), float64(a.n)/el.Seconds())
 		}
 	}
 
@@ -410,16 +478,17 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "producer: %.0f msg/s into a local stream (sync_interval always: %v, %s)\n\n", pubRate, o.SyncAlways, pubMode(o.PubBatch))
 	fmt.Fprintf(stdout, "%-38s %10s  %s\n", "approach", "msg/s", "vs raw (median of per-round ratios, min–max)")
 	raw := results["raw"]
-	for _, name := range []string{"raw", "naive", "jetinbox", "outbox"} {
+	for _, name := range []string{"raw", "naive", "jetinbox", "jetinbox-hot", "outbox"} {
 		r := results[name]
 		if r == nil {
 			continue
 		}
 		label := map[string]string{
-			"raw":      "raw fetch+ack, no database",
-			"naive":    fmt.Sprintf("naive: 1 tx per message (%d msgs)", r.n),
-			"jetinbox": "jetinbox consumer",
-			"outbox":   "jetinbox + a follow-up per credit",
+			"raw":          "raw fetch+ack, no database",
+			"naive":        fmt.Sprintf("naive: 1 tx per message (%d msgs)", r.n),
+			"jetinbox":     "jetinbox consumer",
+			"jetinbox-hot": "jetinbox consumer, one hot account",
+			"outbox":       "jetinbox + a follow-up per credit",
 		}[name]
 		vs := "-"
 		if raw != nil {
@@ -464,6 +533,46 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		mib(heapPeak.Load()), peakRSS())
 	fmt.Fprintln(stdout, "ledger verified: every ID exactly once, balances exact")
 	return nil
+}
+
+// memProfile writes the allocation profile as it stands now to path+".base"
+// and returns a function that writes it, as it stands then, to path.
+func memProfile(path string) (func() error, error) {
+	write := func(path string) error {
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	}
+	if err := write(path + ".base"); err != nil {
+		return nil, err
+	}
+	return func() error { return write(path) }, nil
+}
+
+// The stream of the hot case (see Options.HotToo).
+const (
+	hotStream  = "HOT_INTENTS"
+	hotSubject = "hot"
+)
+
+// sumsOf returns the prefix sums of the intents' amounts: sums[n] is what
+// the first n credit in all.
+func sumsOf(intents []jsinbox.Intent) ([]int64, error) {
+	sums := make([]int64, len(intents)+1)
+	for i, in := range intents {
+		p, err := effects.ParseIntent(in.Payload)
+		if err != nil {
+			return nil, err
+		}
+		sums[i+1] = sums[i] + p.Amount
+	}
+	return sums, nil
 }
 
 func pubMode(batch int) string {

@@ -43,6 +43,7 @@ func TestBenchCommandSmoke(t *testing.T) {
 			for _, want := range []string{
 				`(?m)^store: ` + map[string]string{"postgres": "PostgreSQL", "sqlite": "SQLite"}[store],
 				`(?m)^jetinbox consumer +\d+  \d+\.\d\dx \(\d+\.\d\d–\d+\.\d\d\)$`,
+				`(?m)^jetinbox consumer, one hot account +\d+  \d+\.\d\dx \(\d+\.\d\d–\d+\.\d\d\)$`,
 				`(?m)^publish-to-commit at 500 msg/s offered \(low load`,
 				`(?m)^publish-to-commit at \d+ msg/s offered \(50% of the jetinbox maximum`,
 				`(?m)^time to first commit of a cold consumer .*: median \d`,

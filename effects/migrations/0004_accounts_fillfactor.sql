@@ -1,0 +1,14 @@
+-- Every batch updates the balance of each account it credits: with 1,024
+-- accounts, a batch of 6,000 writes 1,024 new row versions into the few
+-- pages the accounts fill. Packed full (the default fillfactor, 100), those
+-- pages have no room for the new versions: each update first prunes the
+-- page or moves the row to another one. With room left on every page the
+-- updates stay on their page (heap-only tuples, no index entry), and the
+-- balance update of such a batch took half the time (3.1 ms against 5.9,
+-- EXPLAIN ANALYZE, 1,024 accounts; in BenchmarkConsume about 0.25 µs of
+-- PostgreSQL CPU less per message). The table takes about three times the
+-- pages for it (1,024 accounts: 19 pages instead of 6). The setting applies
+-- to pages written from now on: accounts opened before keep their packed
+-- pages until the table is rewritten (VACUUM FULL accounts, in a quiet
+-- moment).
+ALTER TABLE accounts SET (fillfactor = 30);
