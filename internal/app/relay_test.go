@@ -17,7 +17,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
-	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
@@ -237,21 +236,7 @@ func TestTwoHopCommandsOnSQLite(t *testing.T) {
 	if err := Migrate(ctx, nil, env, nil, io.Discard, io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	if err := Accounts(ctx, []string{"-open", "1-1024"}, env, nil, io.Discard, io.Discard); err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{}); err != nil {
-		t.Fatal(err)
-	}
+	js := openAccountsAndStream(t, env, srv.URL())
 	if err := cli.EnsureRelayStream(ctx, js, cli.DefaultRelayStream, cli.DefaultFollowUpPrefix); err != nil {
 		t.Fatal(err)
 	}

@@ -42,21 +42,7 @@ func TestCommandsOnSQLite(t *testing.T) {
 	if err := Migrate(ctx, []string{"-print", "-store", dbURL}, mapEnv(nil), nil, &out, io.Discard); err != nil || !strings.Contains(out.String(), "WITHOUT ROWID") {
 		t.Fatalf("migrate -print for SQLite: %v\n%s", err, out.String())
 	}
-	if err := Accounts(ctx, []string{"-open", "1-1024"}, env, nil, io.Discard, io.Discard); err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{}); err != nil {
-		t.Fatal(err)
-	}
+	js := openAccountsAndStream(t, env, srv.URL())
 	if err := cli.Producer(ctx, []string{"-count", "300", "-prefix", "sq"}, env, nil, io.Discard, io.Discard); err != nil {
 		t.Fatal(err)
 	}
@@ -122,4 +108,29 @@ func sqliteEntries(t *testing.T, db *sql.DB) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// openAccountsAndStream opens accounts 1–1024 in env's database and
+// creates the intents stream on the server at url, as an operator does
+// before the first consumer starts; it returns a JetStream handle on a
+// connection the test closes at its end.
+func openAccountsAndStream(t *testing.T, env cli.Env, url string) jetstream.JetStream {
+	t.Helper()
+	ctx := context.Background()
+	if err := Accounts(ctx, []string{"-open", "1-1024"}, env, nil, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	return js
 }
