@@ -43,12 +43,10 @@ func benchIntent(run int64, i int64) jsinbox.Intent {
 	return jsinbox.Intent{ID: fmt.Sprintf("bench-%d-%d", run, i), Subject: "intents.bench", Payload: []byte(`{"account":1,"amount":1}`)}
 }
 
-// BenchmarkPublishCallers: 64 goroutines each publishing one intent at a
-// time and waiting for its PubAck (a service publishing one intent per
-// request), with group commit (the default) and one publish per intent, on
-// a server with sync_interval: always. msg/s is the throughput of all the
-// callers together; allocs/op are per intent.
-func BenchmarkPublishCallers(b *testing.B) {
+// publishModes runs publish under group commit (the default) and one
+// publish per intent, each on a fresh stream with sync_interval: always,
+// and reports the throughput of the whole run in msg/s.
+func publishModes(b *testing.B, publish func(b *testing.B, p *jsinbox.Publisher, run int64)) {
 	for _, c := range []struct {
 		name  string
 		batch int
@@ -61,20 +59,10 @@ func BenchmarkPublishCallers(b *testing.B) {
 			}
 			defer p.Close()
 			run := benchRun.Add(1)
-			var next atomic.Int64
-			ctx := context.Background()
-			b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0))) // 64 callers
 			b.ReportAllocs()
 			b.ResetTimer()
 			start := time.Now()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					if _, err := p.PublishWait(ctx, benchIntent(run, next.Add(1))); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
+			publish(b, p, run)
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msg/s")
 			if st := p.Stats(); st.Failed > 0 {
 				b.Fatalf("stats %+v", st)
@@ -83,37 +71,37 @@ func BenchmarkPublishCallers(b *testing.B) {
 	}
 }
 
+// BenchmarkPublishCallers: 64 goroutines each publishing one intent at a
+// time and waiting for its PubAck (a service publishing one intent per
+// request), with group commit and one publish per intent. allocs/op are
+// per intent.
+func BenchmarkPublishCallers(b *testing.B) {
+	publishModes(b, func(b *testing.B, p *jsinbox.Publisher, run int64) {
+		b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0))) // 64 callers
+		var next atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := p.PublishWait(context.Background(), benchIntent(run, next.Add(1))); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+}
+
 // BenchmarkPublishAsync: one goroutine handing intents to Publish, then
 // Flush (the producer's way), with group commit and one publish per intent.
 func BenchmarkPublishAsync(b *testing.B) {
-	for _, c := range []struct {
-		name  string
-		batch int
-	}{{"group-commit", 0}, {"one-by-one", 1}} {
-		b.Run(c.name, func(b *testing.B) {
-			js := benchStream(b)
-			p, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{Batch: c.batch, AckTimeout: 30 * time.Second})
-			if err != nil {
+	publishModes(b, func(b *testing.B, p *jsinbox.Publisher, run int64) {
+		ctx := context.Background()
+		for i := range b.N {
+			if err := p.Publish(ctx, benchIntent(run, int64(i))); err != nil {
 				b.Fatal(err)
 			}
-			defer p.Close()
-			run := benchRun.Add(1)
-			ctx := context.Background()
-			b.ReportAllocs()
-			b.ResetTimer()
-			start := time.Now()
-			for i := range b.N {
-				if err := p.Publish(ctx, benchIntent(run, int64(i))); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if err := p.Flush(ctx); err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msg/s")
-			if st := p.Stats(); st.Failed > 0 {
-				b.Fatalf("stats %+v", st)
-			}
-		})
-	}
+		}
+		if err := p.Flush(ctx); err != nil {
+			b.Fatal(err)
+		}
+	})
 }
