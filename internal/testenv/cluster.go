@@ -196,6 +196,11 @@ func (c *Cluster) Start(i int) error {
 		NoSigs:     true,
 		NoLog:      true,
 		MaxPayload: 1 << 20,
+		// What streams may reserve, fixed: left unset, the server takes 75%
+		// of the disk's free space, and the default limits of a few streams
+		// (16 GiB each) then fail on a machine with a small disk although
+		// these throwaway servers store little. Configure can lower it.
+		JetStreamMaxStore: server.JetStreamMaxStoreDefault,
 		Cluster: server.ClusterOpts{
 			Name: "jetinbox-test",
 			Host: "127.0.0.1",

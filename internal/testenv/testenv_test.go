@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"syscall"
 	"testing"
 	"time"
 
@@ -89,5 +90,29 @@ func TestNATSRestartKeepsStream(t *testing.T) {
 			t.Fatal(err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestStreamLimitsDoNotDependOnTheDisk: a stream may reserve more than the
+// disk under the store has free. Left to itself the server caps what streams
+// reserve at 75% of that free space, so the default limits of a few streams
+// (16 GiB each) fail with "insufficient storage" on a small disk although
+// these servers store little; a CI machine with a smaller disk than the
+// developer's did just that.
+func TestStreamLimitsDoNotDependOnTheDisk(t *testing.T) {
+	n := NewNATS(t, NATSOptions{})
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(n.opts.StoreDir, &fs); err != nil {
+		t.Fatal(err)
+	}
+	free := int64(fs.Bavail) * int64(fs.Bsize)
+	nc, err := nats.Connect(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := nc.JetStream()
+	if _, err := js.AddStream(&nats.StreamConfig{Name: "BIG", Subjects: []string{"big.>"}, Storage: nats.FileStorage, MaxBytes: free + 1<<30}); err != nil {
+		t.Fatalf("a stream that may hold %d bytes, on a disk with %d free: %v", free+1<<30, free, err)
 	}
 }
