@@ -192,6 +192,7 @@ func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 
 	wctx, stopWorkers := context.WithCancel(ctx)
 	var wg sync.WaitGroup
+	planned := plannedRelayCrashes()
 	for w := range 2 {
 		wg.Add(3)
 		go func() {
@@ -204,7 +205,7 @@ func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 		}()
 		go func() {
 			defer wg.Done()
-			r.superviseRelay(wctx, w)
+			r.superviseRelay(wctx, planned)
 		}()
 	}
 	restartNATS := o.Restarts
@@ -226,6 +227,9 @@ func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 	}
 	stopWorkers()
 	wg.Wait()
+	for p, name := range relayCrashNames {
+		r.faults[name].Add(int64(planned.Hits(p)))
+	}
 	if perr != nil {
 		return nil, perr
 	}
@@ -440,30 +444,36 @@ func (r *run) superviseHop(ctx context.Context, stream, durable, scope, followUp
 // relay that died go out again soon.
 const sqliteLease = 5 * time.Second
 
-// relayPlans are the planned crashes of the relays' first lives, so that
-// every point fires at least once: relay 0 dies between publish and mark,
-// then in the PubAck wait; relay 1 between COMMIT and publish.
-var relayPlans = [2][]hook.Point{
-	{failpoint.RelayBeforeMark, failpoint.RelayPubAckWait},
-	{failpoint.RelayBeforePublish},
+// relayCrashNames names the relay's crash points in the fault counts.
+var relayCrashNames = map[hook.Point]string{
+	failpoint.RelayBeforePublish: "relay crashes before publish",
+	failpoint.RelayPubAckWait:    "relay crashes in PubAck wait",
+	failpoint.RelayBeforeMark:    "relay crashes before mark",
 }
 
-// superviseRelay runs a relay and starts it again when it crashes; after
-// its planned lives each life dies at a random relay crash point within
-// 1/-crash rounds, and every life loses PubAcks at the -lose-puback rate.
-func (r *run) superviseRelay(ctx context.Context, relay int) {
-	names := map[hook.Point]string{
-		failpoint.RelayBeforePublish: "relay crashes before publish",
-		failpoint.RelayPubAckWait:    "relay crashes in PubAck wait",
-		failpoint.RelayBeforeMark:    "relay crashes before mark",
+// plannedRelayCrashes arms every relay crash point once, in one set both
+// relays share, so that each fires at least once in whichever relay passes
+// it first: the first three rounds that have rows, on either relay, die
+// between COMMIT and publish, in the PubAck wait and between publish and
+// mark. (Plans per relay life could wait for rows that the other relay
+// took, and a short run would end without them.)
+func plannedRelayCrashes() *failpoint.Set {
+	fp := failpoint.New()
+	for p := range relayCrashNames {
+		fp.Enable(p, 1)
 	}
-	for life := 0; ctx.Err() == nil; life++ {
+	return fp
+}
+
+// superviseRelay runs a relay and starts it again when it crashes. Every
+// life takes the planned crashes its relay passes first, dies at a random
+// relay crash point within 1/-crash rounds, and loses PubAcks at the
+// -lose-puback rate.
+func (r *run) superviseRelay(ctx context.Context, planned *failpoint.Set) {
+	for ctx.Err() == nil {
 		fp := failpoint.New()
-		switch {
-		case life < len(relayPlans[relay]):
-			fp.EnableEvery(relayPlans[relay][life], 2, 1)
-		case r.o.Crash > 0:
-			// Each later life dies at a random point within its first
+		if r.o.Crash > 0 {
+			// Each life also dies at a random point within its first
 			// 1/Crash rounds: rounds are few, so odds per life would
 			// leave most runs with only the planned crashes.
 			points := []hook.Point{failpoint.RelayBeforePublish, failpoint.RelayPubAckWait, failpoint.RelayBeforeMark}
@@ -487,10 +497,10 @@ func (r *run) superviseRelay(ctx context.Context, relay int) {
 		if err != nil {
 			return
 		}
-		fp.Attach(rl)
+		failpoint.AttachAll(rl, planned, fp)
 		err = rl.Run(ctx)
 		r.faults["relay lost PubAcks"].Add(int64(fp.Hits(failpoint.LosePubAck)))
-		for p, name := range names {
+		for p, name := range relayCrashNames {
 			r.faults[name].Add(int64(fp.Hits(p)))
 		}
 		if err != nil && !failpoint.IsCrash(err) && ctx.Err() == nil {

@@ -76,6 +76,21 @@ func (s *Set) Attach(targets ...any) {
 	}
 }
 
+// AttachAll installs several sets on one target: a point fires when one of
+// them fires it, asked in order (a later set is not asked, and its passes
+// not counted, once an earlier one fired). One set may be shared by several
+// targets, so that a point armed once fires in whichever passes it first.
+func AttachAll(target any, sets ...*Set) {
+	hook.Attach(target, func(name hook.Point) bool {
+		for _, s := range sets {
+			if s.hit(name) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
 func (s *Set) hit(name hook.Point) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
