@@ -17,8 +17,8 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/hook"
+	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
-	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
 )
@@ -94,15 +94,7 @@ func (e *env) add(t *testing.T, prefix string, n int) []string {
 // copies counts the stream's messages per ID.
 func (e *env) copies(t *testing.T) map[string]int {
 	t.Helper()
-	msgs, err := verify.ReadStream(context.Background(), e.js, stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int{}
-	for _, m := range msgs {
-		out[m.ID]++
-	}
-	return out
+	return pipelinetest.CopiesByID(t, e.js, stream)
 }
 
 func (e *env) pending(t *testing.T) int {

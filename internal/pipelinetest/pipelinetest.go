@@ -15,6 +15,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
 // Env is a running pipeline's servers and clients. Everything is closed
@@ -57,4 +58,19 @@ func Start(t testing.TB) *Env {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// CopiesByID reads the whole stream and counts its messages per message ID,
+// so a test can say that every ID is there once.
+func CopiesByID(t testing.TB, js jetstream.JetStream, stream string) map[string]int {
+	t.Helper()
+	msgs, err := verify.ReadStream(context.Background(), js, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(map[string]int, len(msgs))
+	for _, m := range msgs {
+		out[m.ID]++
+	}
+	return out
 }

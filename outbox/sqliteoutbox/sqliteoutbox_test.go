@@ -17,8 +17,8 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/hook"
+	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
-	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
 	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
@@ -83,17 +83,10 @@ func (e *env) relay(t *testing.T, lease time.Duration) *outbox.Relay {
 	return r
 }
 
+// copies counts the stream's messages per ID.
 func (e *env) copies(t *testing.T) map[string]int {
 	t.Helper()
-	msgs, err := verify.ReadStream(context.Background(), e.js, "NOTIFICATIONS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int{}
-	for _, m := range msgs {
-		out[m.ID]++
-	}
-	return out
+	return pipelinetest.CopiesByID(t, e.js, "NOTIFICATIONS")
 }
 
 func (e *env) pending(t *testing.T) int {
