@@ -114,7 +114,7 @@ func TestVerifyAlertFiresOnAPlantedViolation(t *testing.T) {
 
 	publishSettled("a")
 	rounds()
-	if got := evalScraped(t, ctx, metrics.URL, job, expr); len(got) != 0 {
+	if got := evalScraped(t, ctx, metrics.URL, job, verifyTarget, expr); len(got) != 0 {
 		t.Fatalf("%s fires on a clean pipeline: %v", expr, got)
 	}
 	if cp := w.Checkpoint(); cp.Seq != 40 || cp.Checked != 40 {
@@ -126,7 +126,7 @@ func TestVerifyAlertFiresOnAPlantedViolation(t *testing.T) {
 		t.Fatal(err)
 	}
 	rounds()
-	got := evalScraped(t, ctx, metrics.URL, job, expr)
+	got := evalScraped(t, ctx, metrics.URL, job, verifyTarget, expr)
 	if len(got) != 1 || got[0].Metric.Get("kind") != verify.KindDuplicated || got[0].Metric.Get("job") != job || got[0].F != 1 {
 		t.Fatalf("%s after a planted duplicate: %v, want one sample {job=%q, kind=%q} 1", expr, got, job, verify.KindDuplicated)
 	}
@@ -180,9 +180,10 @@ func scrapeJob(t *testing.T, fsys files, target string) string {
 	return ""
 }
 
-// evalScraped scrapes url as Prometheus would (adding job and instance),
+// evalScraped scrapes url as Prometheus would (adding job and instance
+// target),
 // stores the samples and evaluates expr over them.
-func evalScraped(t *testing.T, ctx context.Context, url, job, expr string) promql.Vector {
+func evalScraped(t *testing.T, ctx context.Context, url, job, target, expr string) promql.Vector {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
@@ -207,7 +208,7 @@ func evalScraped(t *testing.T, ctx context.Context, url, job, expr string) promq
 			default:
 				continue
 			}
-			ls := []string{fmt.Sprintf("job=%q", job), fmt.Sprintf("instance=%q", verifyTarget)}
+			ls := []string{fmt.Sprintf("job=%q", job), fmt.Sprintf("instance=%q", target)}
 			for _, l := range m.GetLabel() {
 				ls = append(ls, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
 			}

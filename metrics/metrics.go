@@ -125,12 +125,13 @@ var (
 	descRepeats      = prometheus.NewDesc(ns+"_rejected_repeats_total", "Copies of an intent rejected before at another stream sequence (a re-publish of the rejected ID), terminated without a second dead letter.", nil, nil)
 	descRescued      = prometheus.NewDesc(ns+"_rescued_total", "Messages the server gave up on after MaxDeliver, settled from their stored advisory.", nil, nil)
 	descCopyFallback = prometheus.NewDesc(ns+"_copy_claim_fallbacks_total", "Batches whose COPY claim met an ID already claimed and were claimed again with conflict checks (a replay, or copies published after the stream's duplicate window).", nil, nil)
+	descStreamFill   = prometheus.NewDesc(ns+"_stream_fill_ratio", "How full the consumer's streams are against max_msgs or max_bytes, whichever is closer (1 is full; they discard new messages): intents (full: publishes refused), dead letters (full: messages to dead-letter held), advisories (full: the server's give-ups lost).", []string{"stream"}, nil)
 )
 
 type consumerCollector Consumer
 
 func (c *consumerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descReceived, descApplied, descDuplicates, descConflicts, descRedeliveries, descDeadLetters, descBatches, descFailed, descInFlight, descPending, descAckPending, descCopyClaims, descCopyFallback, descHeld, descRepeats, descRescued} {
+	for _, d := range []*prometheus.Desc{descReceived, descApplied, descDuplicates, descConflicts, descRedeliveries, descDeadLetters, descBatches, descFailed, descInFlight, descPending, descAckPending, descCopyClaims, descCopyFallback, descHeld, descRepeats, descRescued, descStreamFill} {
 		ch <- d
 	}
 }
@@ -162,6 +163,12 @@ func (c *consumerCollector) Collect(ch chan<- prometheus.Metric) {
 	if info, err := c.c.Info(ctx); err == nil {
 		ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(info.NumPending))
 		ch <- prometheus.MustNewConstMetric(descAckPending, prometheus.GaugeValue, float64(info.NumAckPending))
+	}
+	// What the server could answer: a stream it could not is left out for
+	// this scrape rather than reported empty.
+	usage, _ := c.c.StreamUsage(ctx)
+	for _, u := range usage {
+		ch <- prometheus.MustNewConstMetric(descStreamFill, prometheus.GaugeValue, u.Fill(), u.Stream)
 	}
 }
 

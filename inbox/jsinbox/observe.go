@@ -6,6 +6,7 @@ package jsinbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -79,4 +80,54 @@ func (c *Consumer) Info(ctx context.Context) (*jetstream.ConsumerInfo, error) {
 		return nil, errors.New("jsinbox: consumer not running")
 	}
 	return (*b).Info(ctx)
+}
+
+// StreamUsage is how full one of a consumer's streams is against its
+// limits. A stream of intents is DiscardNew: full, it refuses what comes
+// next, and what it refuses depends on the stream (see
+// [Consumer.StreamUsage]).
+type StreamUsage struct {
+	Stream string
+	// Msgs and Bytes: what the stream holds now.
+	Msgs, Bytes uint64
+	// MaxMsgs and MaxBytes: its limits; 0 or less is no limit.
+	MaxMsgs, MaxBytes int64
+}
+
+// Fill is the larger of Msgs/MaxMsgs and Bytes/MaxBytes: 1 is full. A
+// stream with neither limit is never full by this measure: 0.
+func (u StreamUsage) Fill() float64 {
+	var f float64
+	if u.MaxMsgs > 0 {
+		f = float64(u.Msgs) / float64(u.MaxMsgs)
+	}
+	if u.MaxBytes > 0 {
+		f = max(f, float64(u.Bytes)/float64(u.MaxBytes))
+	}
+	return f
+}
+
+// StreamUsage reads how full the consumer's three streams are: its
+// intents (full: producers' publishes are refused and retried), their
+// dead-letter stream (full: messages to dead-letter are held, and the
+// consumer goes unready) and the advisory stream that keeps the server's
+// give-ups (full: the server's reports of give-ups are refused, and those
+// messages are settled by nobody). A stream that does not exist is left
+// out. It asks the server once per stream.
+func (c *Consumer) StreamUsage(ctx context.Context) ([]StreamUsage, error) {
+	names := [...]string{c.cfg.Stream, DeadLetterStream(c.cfg.Stream), AdvisoryStream(c.cfg.Stream)}
+	out := make([]StreamUsage, 0, len(names))
+	for _, name := range names {
+		s, err := c.js.Stream(ctx, name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			return out, fmt.Errorf("jsinbox: stream %s: %w", name, err)
+		}
+		info := s.CachedInfo()
+		out = append(out, StreamUsage{Stream: name, Msgs: info.State.Msgs, Bytes: info.State.Bytes,
+			MaxMsgs: info.Config.MaxMsgs, MaxBytes: info.Config.MaxBytes})
+	}
+	return out, nil
 }
