@@ -19,6 +19,7 @@ var jetinboxMetrics = []string{
 	"jetinbox_verify_violations",
 	"jetinbox_batch_duration_seconds",
 	"jetinbox_publish_to_commit_seconds",
+	"jetinbox_stream_fill_ratio",
 }
 
 // dashboard is the subset of Grafana's dashboard JSON model that
