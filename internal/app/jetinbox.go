@@ -41,7 +41,7 @@ type command struct {
 
 func commands() map[string]command {
 	return map[string]command{
-		"demo":     {"the all-in-one run: embedded JetStream, throwaway PostgreSQL, producer, two consumers, faults, verified result", Demo},
+		"demo":     {"the all-in-one run: embedded JetStream, a throwaway PostgreSQL (or a SQLite file), producer, two consumers, faults, verified result", Demo},
 		"accounts": {"open ledger accounts (-open 1-1024), or list them with their balances (-list)", Accounts},
 		"dlq":      {"list a scope's dead letters by reason, -show one, -redrive a selection after fixing the cause", DLQ},
 		"migrate":  {"apply the inbox, ledger and outbox schemas (-print shows the SQL instead)", Migrate},
