@@ -1,7 +1,6 @@
 package deploy_test
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -10,7 +9,6 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +19,7 @@ import (
 	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
@@ -333,7 +332,7 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 		if n := pending(); n != 6 {
 			t.Fatalf("%d outbox rows pending, want the 6 notifications of the applied intents", n)
 		}
-		logs := &syncBuffer{}
+		logs := &testenv.SyncBuffer{}
 		log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		defer func() {
 			if t.Failed() {
@@ -509,7 +508,7 @@ func projectConsumer(t *testing.T, ctx context.Context, cl *client, dsn, stream,
 	if err := inbox.CheckSchema(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testenv.SyncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -629,23 +628,6 @@ func subjectMatches(pattern, subject string) bool {
 		}
 	}
 	return len(p) == len(s)
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // provisionPostgres sets up a throwaway PostgreSQL as an operator does with

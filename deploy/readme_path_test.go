@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
 // readmeElsewhere are the commands of the root README's "Running the pieces"
@@ -205,7 +207,7 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 	}
 
 	var consumer *exec.Cmd
-	consumerOut := &syncBuffer{}
+	consumerOut := &testenv.SyncBuffer{}
 	// The consumer's Wait result, once; exited closes after it.
 	waited, exited := make(chan error, 1), make(chan struct{})
 	t.Cleanup(func() {
@@ -220,7 +222,7 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 		}
 	})
 	var relay *exec.Cmd
-	relayOut := &syncBuffer{}
+	relayOut := &testenv.SyncBuffer{}
 	relayWaited, relayExited := make(chan error, 1), make(chan struct{})
 	t.Cleanup(func() {
 		if relay == nil {

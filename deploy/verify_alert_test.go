@@ -11,9 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
@@ -25,11 +22,8 @@ import (
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/promql/promqltest"
 
-	"github.com/jetinbox/jetinbox/effects"
-	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
-	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
@@ -46,49 +40,11 @@ func TestVerifyAlertFiresOnAPlantedViolation(t *testing.T) {
 	expr := alertExpr(t, fsys, "JetinboxVerifyViolations")
 	job := scrapeJob(t, fsys, verifyTarget)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
-	pool, err := pgxpool.New(ctx, testenv.NewDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if err := pipeline.Setup(ctx, js, pool, jsinbox.StreamConfig{}, 16); err != nil {
-		t.Fatal(err)
-	}
-	proc, _ := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: effects.NewLedger()})
-	c, _ := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{Durable: "ledger"})
-	cctx, ccancel := context.WithCancel(ctx)
-	cdone := make(chan error, 1)
-	go func() { cdone <- c.Run(cctx) }()
-	defer func() {
-		ccancel()
-		if err := <-cdone; err != nil {
-			t.Error(err)
-		}
-	}()
-	pub, _ := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
-	defer pub.Close()
+	p := newAlertPipeline(t, jsinbox.StreamConfig{}, nil)
+	ctx, js, pool := p.ctx, p.js, p.pool
 	publishSettled := func(prefix string) {
 		t.Helper()
-		for _, in := range pipeline.Generate(pipeline.Load{Count: 40, Accounts: 16, Prefix: prefix}) {
-			if err := pub.Publish(ctx, in); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := pub.Flush(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := pipeline.WaitSettled(ctx, js, jsinbox.DefaultStream, "ledger", nil); err != nil {
-			t.Fatal(err)
-		}
+		p.publishSettled(t, pipeline.Generate(pipeline.Load{Count: 40, Accounts: 16, Prefix: prefix}))
 	}
 
 	w, err := verify.NewWatch(js, pool, verify.Options{Scope: "ledger", Durable: "ledger", Ledger: true}, "")

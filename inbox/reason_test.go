@@ -1,35 +1,17 @@
 package inbox_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/internal/testenv"
 )
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestReasonsAreBoundedLines: a handler that panics with a long,
 // multi-line value gets a rejection whose reason, in the outcome and in
@@ -39,7 +21,7 @@ func TestReasonsAreBoundedLines(t *testing.T) {
 	t.Parallel()
 	pool := newDB(t)
 	ctx := context.Background()
-	var logs lockedBuffer
+	var logs testenv.SyncBuffer
 	huge := "first line\nsecond\tline\x1b[31m" + strings.Repeat("é", 4000)
 	p, err := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
 		Handler: inbox.HandlerFunc(func(context.Context, pgx.Tx, inbox.Message) error { panic(huge) })})

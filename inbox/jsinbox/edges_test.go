@@ -1,12 +1,10 @@
 package jsinbox_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -327,7 +325,7 @@ func TestDurableDeletedUnderTheConsumer(t *testing.T) {
 	e := newEnv(t, "", jsinbox.StreamConfig{})
 	intents := load(400, "deleted")
 	e.publish(t, intents[:200])
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{BatchSize: 50, AckWait: 3 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	defer func() {
@@ -361,22 +359,4 @@ func TestDurableDeletedUnderTheConsumer(t *testing.T) {
 	if s := r.c.Stats(); s.Applied != 400 || s.Received != 400+s.Duplicates {
 		t.Fatalf("stats %+v: want 400 applied once, every other delivery a duplicate", s)
 	}
-}
-
-// syncBuffer is a bytes.Buffer that a logger and the test may share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

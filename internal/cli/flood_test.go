@@ -2,7 +2,6 @@ package cli
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,7 +12,6 @@ import (
 	"runtime/metrics"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,6 +23,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
+	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
 // childConsumerEnv, when set, makes the test binary run the consumer
@@ -156,7 +155,7 @@ func TestConsumerMemoryBoundedUnderFlood(t *testing.T) {
 	heapFile := filepath.Join(t.TempDir(), "heap")
 	cmd.Env = append(os.Environ(), childConsumerEnv+"="+string(args), childHeapFile+"="+heapFile,
 		"NATS_URL="+e.NATS.URL(), "DATABASE_URL="+e.DBURL, "GOMEMLIMIT=64MiB")
-	var logs syncBuf
+	var logs testenv.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	began = time.Now()
 	if err := cmd.Start(); err != nil {
@@ -173,10 +172,10 @@ func TestConsumerMemoryBoundedUnderFlood(t *testing.T) {
 	select {
 	case err := <-settled:
 		if err != nil {
-			t.Fatalf("not settled: %v\n%s", err, logs.String())
+			t.Fatalf("not settled: %v\n%s", err, lastLines(logs.String(), 40))
 		}
 	case err := <-exited:
-		t.Fatalf("the consumer exited: %v\n%s", err, logs.String())
+		t.Fatalf("the consumer exited: %v\n%s", err, lastLines(logs.String(), 40))
 	}
 	rss, err := peakRSS(cmd.Process.Pid)
 	if err != nil {
@@ -187,7 +186,7 @@ func TestConsumerMemoryBoundedUnderFlood(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := <-exited; err != nil {
-		t.Fatalf("consumer after SIGTERM: %v\n%s", err, logs.String())
+		t.Fatalf("consumer after SIGTERM: %v\n%s", err, lastLines(logs.String(), 40))
 	}
 	exited <- nil // for the cleanup
 	b, err := os.ReadFile(heapFile)
@@ -221,24 +220,6 @@ func TestConsumerMemoryBoundedUnderFlood(t *testing.T) {
 	if dl := dlq.CachedInfo().State.Msgs; applied != n/2 || rejected != n/2 || dl != n/2 {
 		t.Fatalf("%d applied, %d rejected, %d dead letters; want %d each", applied, rejected, dl, n/2)
 	}
-}
-
-// syncBuf is a bytes.Buffer safe for a child's stdout and stderr at once.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return lastLines(s.b.String(), 40)
 }
 
 func lastLines(s string, n int) string {
