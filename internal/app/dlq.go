@@ -12,7 +12,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -97,15 +96,12 @@ func DLQ(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, s
 	if err := cli.RequireDatabase(*dbURL); err != nil {
 		return err
 	}
-	if cli.StoreKind(*dbURL) == cli.StoreSQLite {
-		return cli.UsageError{Err: fmt.Errorf("dlq: %w", cli.ErrPostgresOnly)}
-	}
-	pool, err := cli.OpenDB(ctx, *dbURL, 2, log)
+	store, err := cli.OpenStore(ctx, *dbURL, 2, log)
 	if err != nil {
 		return cli.UsageError{Err: err}
 	}
-	defer pool.Close()
-	return redriveAll(ctx, stdout, js, pool, *stream, *scope, picked)
+	defer store.Close()
+	return redriveAll(ctx, stdout, js, store, *stream, *scope, picked)
 }
 
 // deadLetter is one dead letter of the scope, as the dead-letter stream
@@ -269,7 +265,7 @@ func shorten(s string, n int) string {
 }
 
 // redriveAll re-drives each picked dead letter once per intent ID.
-func redriveAll(ctx context.Context, w io.Writer, js jetstream.JetStream, pool *pgxpool.Pool, stream, scope string, picked []deadLetter) error {
+func redriveAll(ctx context.Context, w io.Writer, js jetstream.JetStream, store *cli.Store, stream, scope string, picked []deadLetter) error {
 	var sent, applied, skipped, failed int
 	done := map[string]bool{}
 	for _, d := range picked {
@@ -277,7 +273,7 @@ func redriveAll(ctx context.Context, w io.Writer, js jetstream.JetStream, pool *
 			continue
 		}
 		done[d.id] = true
-		switch res, err := redrive(ctx, js, pool, stream, scope, d); {
+		switch res, err := redrive(ctx, js, store, stream, scope, d); {
 		case err != nil:
 			failed++
 			fmt.Fprintf(w, "%s: %v\n", d.id, err)
@@ -301,21 +297,18 @@ func redriveAll(ctx context.Context, w io.Writer, js jetstream.JetStream, pool *
 // redrive deletes the intent's rejected inbox row and publishes it again
 // with its original ID. It returns "" when published, "applied" when the
 // ID is applied (nothing published), or why it skipped the dead letter.
-func redrive(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, stream, scope string, d deadLetter) (string, error) {
+func redrive(ctx context.Context, js jetstream.JetStream, store *cli.Store, stream, scope string, d deadLetter) (string, error) {
 	if d.status == inbox.StatusConflict.String() {
 		return "a conflict: the ID is applied with another payload; publish the intent under a new ID instead", nil
 	}
 	if d.id == "" || d.subject == "" {
 		return "no valid ID or subject to publish under", nil
 	}
-	var status string
-	err := pool.QueryRow(ctx, `WITH del AS (
-	DELETE FROM inbox WHERE scope = $1 AND message_id = $2 AND status = 'rejected' RETURNING status
-) SELECT coalesce((SELECT status FROM del), (SELECT status FROM inbox WHERE scope = $1 AND message_id = $2), '')`, scope, d.id).Scan(&status)
+	status, err := store.ReleaseRejected(ctx, scope, d.id)
 	if err != nil {
 		return "", fmt.Errorf("inbox: %w", err)
 	}
-	if inbox.RowStatus(status) == inbox.RowApplied {
+	if status == inbox.RowApplied {
 		return "applied", nil
 	}
 	h := nats.Header{}

@@ -90,6 +90,38 @@ func OpenStore(ctx context.Context, dbURL string, maxConns int32, log *slog.Logg
 	return &Store{PG: pool}, nil
 }
 
+// ReleaseRejected deletes the inbox row of id in scope if it records a
+// rejection, so that the intent, published again, is decided again (a
+// re-drive after the cause was fixed). It returns the status the row had,
+// "" if there was none; an applied row stays as it is.
+func (s *Store) ReleaseRejected(ctx context.Context, scope, id string) (inbox.RowStatus, error) {
+	var status string
+	if s.SQLite == nil {
+		err := s.PG.QueryRow(ctx, `WITH del AS (
+	DELETE FROM inbox WHERE scope = $1 AND message_id = $2 AND status = 'rejected' RETURNING status
+) SELECT coalesce((SELECT status FROM del), (SELECT status FROM inbox WHERE scope = $1 AND message_id = $2), '')`, scope, id).Scan(&status)
+		return inbox.RowStatus(status), err
+	}
+	tx, err := s.SQLite.BeginTx(ctx, nil)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = tx.Rollback() }()
+	err = tx.QueryRowContext(ctx, `SELECT status FROM inbox WHERE scope = ? AND message_id = ?`, scope, id).Scan(&status)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return "", nil
+	case err != nil:
+		return "", err
+	}
+	if inbox.RowStatus(status) == inbox.RowRejected {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM inbox WHERE scope = ? AND message_id = ? AND status = 'rejected'`, scope, id); err != nil {
+			return "", err
+		}
+	}
+	return inbox.RowStatus(status), tx.Commit()
+}
+
 // Kind is [StorePostgres] or [StoreSQLite].
 func (s *Store) Kind() string {
 	if s.SQLite != nil {
@@ -261,6 +293,3 @@ func (s *Store) HasRows(ctx context.Context, scope string) (bool, error) {
 	}
 	return some, nil
 }
-
-// ErrPostgresOnly is returned by commands that work on PostgreSQL only.
-var ErrPostgresOnly = errors.New("this command works on PostgreSQL only, not on a SQLite file")
