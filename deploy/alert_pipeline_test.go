@@ -24,8 +24,8 @@ type alertPipeline struct {
 	js   jetstream.JetStream
 	pool *pgxpool.Pool
 	pub  *jsinbox.Publisher
-	// Consumer runs until the test ends.
-	Consumer *jsinbox.Consumer
+	// consumer runs until the test ends.
+	consumer *jsinbox.Consumer
 }
 
 // newAlertPipeline starts it; observer, if not nil, sees the consumer's
@@ -53,12 +53,12 @@ func newAlertPipeline(t *testing.T, stream jsinbox.StreamConfig, observer jsinbo
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Consumer, err = jsinbox.NewConsumer(p.js, proc, jsinbox.ConsumerConfig{Durable: "ledger", Observer: observer}); err != nil {
+	if p.consumer, err = jsinbox.NewConsumer(p.js, proc, jsinbox.ConsumerConfig{Durable: "ledger", Observer: observer}); err != nil {
 		t.Fatal(err)
 	}
 	cctx, ccancel := context.WithCancel(ctx)
 	cdone := make(chan error, 1)
-	go func() { cdone <- p.Consumer.Run(cctx) }()
+	go func() { cdone <- p.consumer.Run(cctx) }()
 	t.Cleanup(func() {
 		ccancel()
 		if err := <-cdone; err != nil {
