@@ -13,6 +13,13 @@ import (
 // MaxIDLen is the longest message ID or scope accepted, in bytes.
 const MaxIDLen = 200
 
+// MaxSubjectLen is the longest subject a message may have, in bytes. A
+// message's subject is echoed where its producer does not control the
+// limits: in the inbox row, in the dead letter's subject and headers, in
+// log lines. A longer one is rejected at the claim (dead-lettered with a
+// reason), never carried further.
+const MaxSubjectLen = 256
+
 // Sentinel errors. Match them with [errors.Is].
 var (
 	// ErrOutcomeUnknown wraps a COMMIT that failed in a way that leaves its
@@ -23,7 +30,8 @@ var (
 	// message ID or scope.
 	ErrInvalidID = errors.New("inbox: invalid message ID")
 	// ErrInvalidSubject rejects a message whose subject cannot be stored
-	// as text: invalid UTF-8 or a NUL byte.
+	// as text (invalid UTF-8 or a NUL byte) or is longer than
+	// [MaxSubjectLen].
 	ErrInvalidSubject = errors.New("inbox: invalid subject")
 	// ErrClaimRefused rejects a message whose claim the database refused
 	// with a data error (a constraint, an encoding) that the checks before
@@ -97,6 +105,9 @@ func validateMessage(m *Message) error {
 	if err := ValidateID(m.ID); err != nil {
 		return err
 	}
+	if len(m.Subject) > MaxSubjectLen {
+		return fmt.Errorf("%w: %d bytes, more than %d (%q…)", ErrInvalidSubject, len(m.Subject), MaxSubjectLen, truncateSubject(m.Subject))
+	}
 	if !utf8.ValidString(m.Subject) {
 		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidSubject)
 	}
@@ -104,6 +115,20 @@ func validateMessage(m *Message) error {
 		return fmt.Errorf("%w: NUL byte", ErrInvalidSubject)
 	}
 	return nil
+}
+
+// truncateSubject cuts s to at most 64 bytes, on a rune boundary, for
+// reasons and log lines.
+func truncateSubject(s string) string {
+	const n = 64
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
 }
 
 // Status is what happened to one message of a batch, and so what the

@@ -2,6 +2,8 @@ package jsinbox
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
@@ -25,7 +27,67 @@ const (
 	HeaderStreamSeq = "Jetinbox-Stream-Seq"
 	HeaderDelivered = "Jetinbox-Deliveries"
 	HeaderMessageID = "Jetinbox-Message-Id"
+	// HeaderSubject is the original's subject, when it is at most
+	// [inbox.MaxSubjectLen] bytes; a longer one (an intent rejected for it)
+	// is cut there and HeaderSubjectSHA256 is set.
+	HeaderSubject = "Jetinbox-Subject"
+	// HeaderSubjectSHA256 is the hex SHA-256 of an original subject longer
+	// than [inbox.MaxSubjectLen], which is kept neither in the dead letter's
+	// subject nor in [HeaderSubject].
+	HeaderSubjectSHA256 = "Jetinbox-Subject-Sha256"
 )
+
+// longSubjectKeep is how much of an over-long subject a dead letter's
+// subject keeps, in bytes, before a token naming the rest by its hash.
+const longSubjectKeep = 128
+
+// DeadLetterSubject returns the subject the dead letter of a message on
+// subject is published to: [DeadLetterPrefix] and subject. A subject longer
+// than [inbox.MaxSubjectLen] (rejected for it) keeps its leading tokens up
+// to longSubjectKeep bytes and names the rest by a hash token, so that no
+// producer-chosen subject can make the dead-letter publish exceed the
+// server's control-line limit (the server answers a too-long line by
+// closing the connection, which nats.go does not reopen). The short form
+// stays under the dead-letter stream's subjects as long as the intents
+// stream's subjects are of the form "prefix.>".
+func DeadLetterSubject(subject string) string {
+	if len(subject) <= inbox.MaxSubjectLen {
+		return DeadLetterPrefix + subject
+	}
+	sum := sha256.Sum256([]byte(subject))
+	keep := ""
+	if i := strings.LastIndexByte(subject[:longSubjectKeep], '.'); i > 0 {
+		keep = subject[:i+1]
+	}
+	return DeadLetterPrefix + keep + "_long_" + hex.EncodeToString(sum[:12])
+}
+
+// OriginalSubject returns the subject of the intent a dead letter holds,
+// and false if it was too long to keep (such an intent was rejected for its
+// subject and cannot be published again as it was).
+func OriginalSubject(dl *nats.Msg) (string, bool) {
+	if dl.Header.Get(HeaderSubjectSHA256) != "" {
+		return "", false
+	}
+	if s := dl.Header.Get(HeaderSubject); s != "" {
+		return s, true
+	}
+	// Dead letters from before HeaderSubject: the subject carries it.
+	return strings.TrimPrefix(dl.Subject, DeadLetterPrefix), true
+}
+
+// cut returns s cut to at most n bytes, on a rune boundary: an ID or a
+// subject the inbox refused for its length is echoed in a header only
+// within the dead-letter stream's room for headers.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
 
 // DeadLetterStream returns the name of the dead-letter stream of an intents
 // stream.
@@ -43,10 +105,12 @@ type settleable interface {
 }
 
 // deadLetterCopy builds the dead-letter message for m: its subject under
-// [DeadLetterPrefix], its payload, its headers without JetStream's own, and
+// [DeadLetterPrefix] (bounded, see [DeadLetterSubject]), its payload, its headers without JetStream's own, and
 // the reason and the original's place in jetinbox's headers.
 //
-// No Nats-* header is copied: an atomic batch's Nats-Batch-* headers make
+// No Jetinbox-* header of the original is copied: those are the consumer's
+// to set, and a producer's own would pass for them. No Nats-* header is
+// copied either: an atomic batch's Nats-Batch-* headers make
 // the dead-letter stream refuse the copy as an incomplete batch, a
 // producer's Nats-Expected-* headers name the intents stream, and
 // Nats-Msg-Id, Nats-TTL or Nats-Rollup would make the copy a duplicate,
@@ -54,9 +118,9 @@ type settleable interface {
 // [HeaderMessageID].
 func (c *Consumer) deadLetterCopy(m settleable, im *inbox.Message, status, reason string) *nats.Msg {
 	src := m.Headers()
-	h := make(nats.Header, len(src)+7)
+	h := make(nats.Header, len(src)+9)
 	for k, v := range src {
-		if len(k) >= 5 && strings.EqualFold(k[:5], "nats-") {
+		if len(k) >= 5 && strings.EqualFold(k[:5], "nats-") || len(k) >= 9 && strings.EqualFold(k[:9], "jetinbox-") {
 			continue
 		}
 		h[k] = append([]string(nil), v...)
@@ -69,8 +133,16 @@ func (c *Consumer) deadLetterCopy(m settleable, im *inbox.Message, status, reaso
 	h.Set(HeaderStream, c.cfg.Stream)
 	h.Set(HeaderStreamSeq, strconv.FormatUint(im.StreamSeq, 10))
 	h.Set(HeaderDelivered, strconv.FormatUint(im.Deliveries, 10))
-	h.Set(HeaderMessageID, im.ID)
-	return &nats.Msg{Subject: DeadLetterPrefix + m.Subject(), Data: m.Data(), Header: h}
+	h.Set(HeaderMessageID, cut(im.ID, inbox.MaxIDLen))
+	subject := m.Subject()
+	if len(subject) <= inbox.MaxSubjectLen {
+		h.Set(HeaderSubject, subject)
+	} else {
+		sum := sha256.Sum256([]byte(subject))
+		h.Set(HeaderSubject, cut(subject, longSubjectKeep))
+		h.Set(HeaderSubjectSHA256, hex.EncodeToString(sum[:]))
+	}
+	return &nats.Msg{Subject: DeadLetterSubject(subject), Data: m.Data(), Header: h}
 }
 
 // publishDeadLetter publishes dl once, pinned to the dead-letter stream (a
@@ -118,14 +190,7 @@ func (c *Consumer) deadLetter(ctx context.Context, m settleable, im *inbox.Messa
 	}
 	c.deadLettered.Add(1)
 	c.dlLog.warn(c.cfg.Logger, reason, "id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "status", status)
-	reason = inbox.SanitizeReason(reason)
-	if cut := 256; len(reason) > cut {
-		for cut > 0 && !utf8.RuneStart(reason[cut]) {
-			cut--
-		}
-		reason = reason[:cut]
-	}
-	_ = m.TermWithReason(reason)
+	_ = m.TermWithReason(cut(inbox.SanitizeReason(reason), 256))
 	return true
 }
 

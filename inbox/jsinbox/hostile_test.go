@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
@@ -141,4 +142,121 @@ func TestPullStormBounded(t *testing.T) {
 	e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{})
 	e.settle(t, time.Minute)
 	e.assertClean(t, 500)
+}
+
+// ownConn gives the consumer a NATS connection of its own, which the test
+// can watch and close without touching the env's.
+func ownConn(t *testing.T, e *env, got **nats.Conn) func(jetstream.JetStream) jetstream.JetStream {
+	return func(jetstream.JetStream) jetstream.JetStream {
+		nc, err := nats.Connect(e.nats.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		*got = nc
+		return js
+	}
+}
+
+// TestLongSubjectDoesNotStopTheConsumer: an intent on a subject near the
+// server's control-line limit (4,096 bytes by default), with a body the
+// effect rejects. Echoed into the dead-letter publish's control line it
+// would exceed the limit, the server would close the consumer's connection
+// and nats.go would not reopen it: nothing after it applied, by any
+// replica. The inbox rejects a subject over inbox.MaxSubjectLen, the dead
+// letter's subject is bounded, and the original subject is named by its
+// hash; the consumer's connection stays up and the intents after it are
+// applied.
+func TestLongSubjectDoesNotStopTheConsumer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", jsinbox.StreamConfig{})
+	// Published without a reply subject (no PubAck wanted), so that its
+	// own control line fits, and the dead letter's, with "dlq." and a reply
+	// inbox more, would not.
+	long := "intents." + strings.Repeat("x", 4052)
+	lm := &nats.Msg{Subject: long, Data: []byte(`{"account":1,"amount":"not a number"}`), Header: nats.Header{jetstream.MsgIDHeader: {"long-subject"}}}
+	if err := e.nc.PublishMsg(lm); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := streamMsgs(t, e.js, jsinbox.DefaultStream); n != 1 {
+		t.Fatalf("the stream holds %d messages, want the long-subject one", n)
+	}
+	// At the inbox's limit: kept whole, rejected by the effect.
+	edge := "intents." + strings.Repeat("y", inbox.MaxSubjectLen-len("intents."))
+	e.publishRaw(t, edge, "edge-subject", []byte(`{"account":1,"amount":"not a number"}`))
+	good := load(100, "after")
+	e.publish(t, good)
+
+	var nc *nats.Conn
+	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{BatchSize: 8}, ownConn(t, e, &nc))
+	e.settle(t, time.Minute)
+	if nc.IsClosed() {
+		t.Fatalf("the consumer's connection was closed: %v", nc.LastError())
+	}
+	rep := e.assertClean(t, 100)
+	if rep.DeadLettered != 2 || r.c.Stats().DeadLettered != 2 {
+		t.Fatalf("dead-lettered %d (stats %d), want 2", rep.DeadLettered, r.c.Stats().DeadLettered)
+	}
+	dlq, err := e.js.Stream(context.Background(), jsinbox.DeadLetterStream(jsinbox.DefaultStream))
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[string]*nats.Msg{}
+	for seq := uint64(1); seq <= 2; seq++ {
+		raw, err := dlq.GetMsg(context.Background(), seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(raw.Subject) > len(jsinbox.DeadLetterPrefix)+inbox.MaxSubjectLen {
+			t.Errorf("dead-letter subject of %d bytes", len(raw.Subject))
+		}
+		byID[raw.Header.Get(jsinbox.HeaderMessageID)] = &nats.Msg{Subject: raw.Subject, Header: raw.Header}
+	}
+	l := byID["long-subject"]
+	if l == nil || l.Header.Get(jsinbox.HeaderSubjectSHA256) == "" || !strings.Contains(l.Header.Get(jsinbox.HeaderReason), "more than 256") ||
+		!strings.HasPrefix(long, l.Header.Get(jsinbox.HeaderSubject)) {
+		t.Fatalf("long subject's dead letter: %+v", l)
+	}
+	if got, ok := jsinbox.OriginalSubject(l); ok || got != "" {
+		t.Errorf("OriginalSubject of a long one: %q, %v; want none", got, ok)
+	}
+	d := byID["edge-subject"]
+	if got, ok := jsinbox.OriginalSubject(d); d == nil || d.Subject != jsinbox.DeadLetterPrefix+edge || !ok || got != edge {
+		t.Errorf("edge subject's dead letter: %+v, original %q", d, got)
+	}
+}
+
+// TestClosedConnectionEndsTheConsumer: a connection nats.go has closed for
+// good (a protocol error the server closed it for, or Close) is never
+// reopened. The consumer must end with an error saying so, for a
+// supervisor to restart it, not loop on binding the durable again.
+func TestClosedConnectionEndsTheConsumer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", jsinbox.StreamConfig{})
+	var nc *nats.Conn
+	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{}, ownConn(t, e, &nc))
+	deadline := time.Now().Add(30 * time.Second)
+	for !r.c.Ready() && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	nc.Close()
+	select {
+	case err := <-r.done:
+		r.done <- err // for the cleanup
+		if !errors.Is(err, nats.ErrConnectionClosed) || !strings.Contains(err.Error(), "closed for good") {
+			t.Fatalf("Run: %v, want an error saying the connection is closed for good", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the consumer did not end within 30s of its connection closing")
+	}
+	if r.c.Ready() {
+		t.Error("ready after its connection closed")
+	}
 }

@@ -182,8 +182,9 @@ func readDeadLetters(ctx context.Context, js jetstream.JetStream, stream, scope 
 			continue
 		}
 		orig, _ := strconv.ParseUint(h.Get(jsinbox.HeaderStreamSeq), 10, 64)
+		subject, _ := jsinbox.OriginalSubject(&nats.Msg{Subject: m.Subject(), Header: h})
 		out = append(out, deadLetter{seq: seq, id: h.Get(jsinbox.HeaderMessageID), status: h.Get(jsinbox.HeaderStatus),
-			reason: h.Get(jsinbox.HeaderReason), subject: strings.TrimPrefix(m.Subject(), jsinbox.DeadLetterPrefix),
+			reason: h.Get(jsinbox.HeaderReason), subject: subject,
 			origSeq: orig, deliveries: h.Get(jsinbox.HeaderDelivered), header: h, payload: m.Data(), deadLetteredAt: md.Timestamp})
 	}
 	return out, nil
@@ -302,7 +303,7 @@ func redrive(ctx context.Context, js jetstream.JetStream, store *cli.Store, stre
 		return "a conflict: the ID is applied with another payload; publish the intent under a new ID instead", nil
 	}
 	if d.id == "" || d.subject == "" {
-		return "no valid ID or subject to publish under", nil
+		return "no valid ID or subject to publish under (a subject longer than the inbox takes is not kept)", nil
 	}
 	status, err := store.ReleaseRejected(ctx, scope, d.id)
 	if err != nil {
