@@ -569,3 +569,26 @@ func TestAddFresh(t *testing.T) {
 		t.Fatalf("stream holds %d IDs", len(got))
 	}
 }
+
+// TestRelayEndsOnAClosedConnection: nats.go never reopens a connection it
+// closed (Close, or a protocol error the server closed it for). A relay
+// left with one could publish nothing again; it must end with an error
+// saying so, for its supervisor to restart it, not idle on as if healthy.
+func TestRelayEndsOnAClosedConnection(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := quickRelay(t, e, outbox.RelayConfig{})
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { done <- r.Run(ctx) }()
+	e.js.Conn().Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, nats.ErrConnectionClosed) {
+			t.Fatalf("Run: %v, want an error wrapping nats.ErrConnectionClosed", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the relay still runs 30s after its connection closed for good")
+	}
+}

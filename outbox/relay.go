@@ -191,9 +191,11 @@ func (r *Relay) Stats() RelayStats {
 // only [Relay.Round]. It is safe to call more than once.
 func (r *Relay) Close() { r.publisher().Close() }
 
-// Run relays until ctx ends, then returns nil. It returns early only for a
-// crash simulated by a harness. Errors of a round (the database or NATS
-// away) are logged and retried after a jittered wait.
+// Run relays until ctx ends, then returns nil. It returns early for a
+// crash simulated by a harness, and with an error once its NATS connection
+// is closed for good (see [jsinbox.ClosedForGood]): nothing can be published
+// on it again. Errors of a round (the database or NATS away) are logged and
+// retried after a jittered wait.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.Close()
 	var ln Waiter
@@ -205,6 +207,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	listener, canListen := r.src.(Listener)
 	idle, fail := r.cfg.Idle.NewBackOff(), r.cfg.Retry.NewBackOff()
 	for {
+		if err := jsinbox.ClosedForGood(r.js.Conn()); err != nil {
+			return fmt.Errorf("outbox: relay: %w", err) // every round would fail
+		}
 		if ln == nil && canListen && !r.cfg.NoListen {
 			var err error
 			if ln, err = listener.Listen(ctx); err != nil && ctx.Err() == nil {

@@ -421,6 +421,25 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 }
 
+// ClosedForGood returns an error if nc is closed: nats.go never reopens a
+// connection it has closed (Close, or a protocol error such as a line over
+// the server's limits, which the server answers by closing it), whatever
+// MaxReconnects says. Nothing on it can work again; a process that depends
+// on it must end, for its supervisor to start it afresh, not wait for a
+// reconnect that cannot come. It wraps [nats.ErrConnectionClosed] and says
+// what the connection's last error was.
+func ClosedForGood(nc *nats.Conn) error {
+	if nc == nil || !nc.IsClosed() {
+		return nil
+	}
+	last := "none"
+	if err := nc.LastError(); err != nil {
+		last = err.Error()
+	}
+	return fmt.Errorf("the NATS connection is closed for good (its last error: %s); nats.go does not reopen it, so this process must be restarted: %w",
+		last, nats.ErrConnectionClosed)
+}
+
 // rebind binds the durable again after the client ended the pull
 // subscription, with jittered waits while the server cannot answer (a
 // consumer leader being elected). A durable that is gone is created again
@@ -429,6 +448,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 func (c *Consumer) rebind(ctx context.Context) (jetstream.Consumer, error) {
 	bo := c.cfg.DBWait.NewBackOff()
 	for {
+		if err := ClosedForGood(c.js.Conn()); err != nil {
+			return nil, fmt.Errorf("jsinbox: durable %s: %w", c.cfg.Durable, err)
+		}
 		cons, err := c.bind(ctx)
 		if err == nil {
 			c.cfg.Logger.Info("jsinbox: pulling again", "durable", c.cfg.Durable)
@@ -464,6 +486,10 @@ func (c *Consumer) bind(ctx context.Context) (jetstream.Consumer, error) {
 	}
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, streamNotFound(c.cfg.Stream, err)
+	}
+	if cerr := ClosedForGood(c.js.Conn()); err != nil && cerr != nil {
+		// Not a refusal: no request got through.
+		return nil, fmt.Errorf("jsinbox: durable %s on %s: %w", c.cfg.Durable, c.cfg.Stream, cerr)
 	}
 	if err != nil {
 		return nil, setupError(fmt.Errorf("jsinbox: durable %s on %s (refused by the server: check the account's permissions and the durable's settings, "+

@@ -104,7 +104,7 @@ func Relay(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, stde
 	}
 	m.Attach(r)
 	if *httpAddr != "" {
-		srv, err := cli.ServeMetrics(*httpAddr, reg, log)
+		srv, err := cli.ServeMetrics(*httpAddr, nc, reg, log)
 		if err != nil {
 			return err
 		}

@@ -148,7 +148,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	}
 
 	if *httpAddr != "" {
-		srv, err := serveHTTP(*httpAddr, c, reg, log)
+		srv, err := serveHTTP(*httpAddr, c, nc, reg, log)
 		if err != nil {
 			return err
 		}

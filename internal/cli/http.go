@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -20,23 +21,15 @@ import (
 // explicitly.
 const DefaultHTTPAddr = "127.0.0.1:8080"
 
-// serveHTTP serves /metrics, and for a consumer /healthz (the process is
-// alive) and /readyz (consuming with NATS and PostgreSQL reachable; 503
-// while draining).
-func serveHTTP(addr string, c *jsinbox.Consumer, reg *prometheus.Registry, log *slog.Logger) (*http.Server, error) {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	// Alive: the process serves. A relay (c nil) has nothing more to say:
-	// a round that fails is retried and counted, not restarted.
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	if c != nil {
-		registerHealth(mux, c)
-	}
+// serveHTTP serves /metrics, /healthz (the process can still do its work:
+// 503 once nc is closed for good), and for a consumer /readyz (consuming
+// with NATS and PostgreSQL reachable; 503 while draining).
+func serveHTTP(addr string, c *jsinbox.Consumer, nc *nats.Conn, reg *prometheus.Registry, log *slog.Logger) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("http: %w", err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: httpHandler(c, nc, reg), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("http", "err", err)
@@ -44,6 +37,27 @@ func serveHTTP(addr string, c *jsinbox.Consumer, reg *prometheus.Registry, log *
 	}()
 	log.Info("http: serving", "addr", ln.Addr().String())
 	return srv, nil
+}
+
+// httpHandler is what serveHTTP serves.
+func httpHandler(c *jsinbox.Consumer, nc *nats.Conn, reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// Alive: the process serves, and its NATS connection is not closed for
+	// good (nats.go never reopens one it closed: only a restart helps).
+	// Outages of NATS or the database are not failures here: a round that
+	// fails is retried and counted, and /readyz says it, not a restart.
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := jsinbox.ClosedForGood(nc); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	if c != nil {
+		registerHealth(mux, c)
+	}
+	return mux
 }
 
 func registerHealth(mux *http.ServeMux, c *jsinbox.Consumer) {

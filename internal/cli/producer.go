@@ -153,7 +153,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		if _, err := metrics.NewPublisher(reg, pub); err != nil {
 			return err
 		}
-		srv, err := serveHTTP(*httpAddr, nil, reg, log)
+		srv, err := serveHTTP(*httpAddr, nil, nc, reg, log)
 		if err != nil {
 			return err
 		}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -133,8 +134,8 @@ func RelayBacklog(store *Store) func(context.Context) (int64, time.Duration, err
 	return func(ctx context.Context) (int64, time.Duration, error) { return outbox.Backlog(ctx, store.PG) }
 }
 
-// ServeMetrics serves /metrics from reg on addr until the returned
-// server is closed.
-func ServeMetrics(addr string, reg *prometheus.Registry, log *slog.Logger) (io.Closer, error) {
-	return serveHTTP(addr, nil, reg, log)
+// ServeMetrics serves /metrics from reg, and /healthz (503 once nc is
+// closed for good), on addr until the returned server is closed.
+func ServeMetrics(addr string, nc *nats.Conn, reg *prometheus.Registry, log *slog.Logger) (io.Closer, error) {
+	return serveHTTP(addr, nil, nc, reg, log)
 }
