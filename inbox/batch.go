@@ -204,11 +204,23 @@ func (p *ProcessorOf[TX]) classify(b *batch, res []ClaimResult) {
 				b.out[i] = Outcome{Status: StatusRejected, Cause: CauseRejectedBefore, Reason: SanitizeReason(r.PriorReason), Redelivered: true, FirstSeq: r.PriorSeq}
 			}
 		case ClaimConflict:
-			b.out[i] = Outcome{Status: StatusConflict, Cause: CauseConflict, Redelivered: true,
-				Reason: "message ID reused with a different payload (fingerprint mismatch)"}
+			b.out[i] = Outcome{Status: StatusConflict, Cause: CauseConflict, Redelivered: true, Reason: b.conflictReason(i, r)}
 			b.conflicts = append(b.conflicts, i)
 		}
 	}
+}
+
+// conflictReason says what differs between message i and the intent that
+// claimed its ID first: the payload, the subject, or both.
+func (b *batch) conflictReason(i int, r ClaimResult) string {
+	prior := r.PriorSubject
+	if r.InBatch {
+		prior = b.msgs[r.First].Subject
+	}
+	if prior == b.msgs[i].Subject {
+		return "message ID reused with a different payload (fingerprint mismatch)"
+	}
+	return fmt.Sprintf("message ID reused on another subject (claimed on %q)", truncateSubject(prior))
 }
 
 // apply runs the handler on the fresh messages, all at once or, in

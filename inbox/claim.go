@@ -15,14 +15,28 @@ import (
 	"github.com/jetinbox/jetinbox/internal/pgcopy"
 )
 
-// Claim is one message to claim: its identity and its payload's fingerprint.
+// Claim is one message to claim: its identity, its payload's fingerprint
+// and its subject.
 type Claim struct {
 	ID          string
 	Fingerprint [32]byte
-	// StreamSeq and Subject are stored with the row for operators. Optional.
+	// Subject is part of the intent's identity: a repeat of an ID must
+	// match it as well as the payload, or it is a conflict (an effect that
+	// routes by subject would otherwise never see the second one). Empty
+	// when the transport has none.
+	Subject string
+	// StreamSeq is stored with the row for operators. Optional.
 	StreamSeq uint64
-	Subject   string
 }
+
+// SameIntent reports whether a stored row's fingerprint and subject are
+// those of c: a repeat of the same intent, not a reuse of its ID.
+func (c *Claim) SameIntent(fingerprint []byte, subject string) bool {
+	return bytes.Equal(fingerprint, c.Fingerprint[:]) && subject == c.Subject
+}
+
+// sameClaim reports whether two claims of one ID are the same intent.
+func sameClaim(a, b *Claim) bool { return a.Fingerprint == b.Fingerprint && a.Subject == b.Subject }
 
 // ClaimState says whether a claim is new.
 type ClaimState uint8
@@ -76,6 +90,9 @@ type ClaimResult struct {
 	// PriorSeq is the stored row's stream sequence: the message that
 	// claimed it (0 if it was not given).
 	PriorSeq uint64
+	// PriorSubject is the stored row's subject, for duplicates and
+	// conflicts found in the table.
+	PriorSubject string
 	// InBatch is true when the duplicate or conflict was with an earlier
 	// claim of the same call rather than with a stored row; First is that
 	// claim's index. Such a claim shares the first one's fate: if the first
@@ -103,7 +120,7 @@ SELECT t.ord FROM t WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.message_id = t
 // existingSQL reads the rows that were already there. It runs as a new
 // statement, so under READ COMMITTED it sees rows committed by a concurrent
 // transaction the claim waited for.
-const existingSQL = `SELECT message_id, fingerprint, status, coalesce(reason, ''), stream_seq
+const existingSQL = `SELECT message_id, fingerprint, subject, status, coalesce(reason, ''), stream_seq
 FROM inbox WHERE scope = $1 AND message_id = ANY($2::text[])`
 
 // ClaimTx claims messages for scope inside the caller's transaction, with one
@@ -140,7 +157,7 @@ func ClaimTx(ctx context.Context, tx pgx.Tx, scope string, claims []Claim) ([]Cl
 		if first != nil {
 			if j, dup := first[c.ID]; dup {
 				res[i] = ClaimResult{State: ClaimDuplicate, InBatch: true, First: j}
-				if claims[j].Fingerprint != c.Fingerprint {
+				if !sameClaim(&claims[j], c) {
 					res[i].State = ClaimConflict
 				}
 				continue
@@ -181,16 +198,20 @@ func ClaimTx(ctx context.Context, tx pgx.Tx, scope string, claims []Claim) ([]Cl
 	}
 	defer rows.Close()
 	byID := make(map[string]ClaimResult, len(taken))
-	stored := make(map[string][]byte, len(taken))
+	type row struct {
+		fp      []byte
+		subject string
+	}
+	stored := make(map[string]row, len(taken))
 	for rows.Next() {
-		var id, status, reason string
+		var id, subject, status, reason string
 		var fp []byte
 		var seq int64
-		if err := rows.Scan(&id, &fp, &status, &reason, &seq); err != nil {
+		if err := rows.Scan(&id, &fp, &subject, &status, &reason, &seq); err != nil {
 			return nil, fmt.Errorf("inbox: claim: read existing: %w", err)
 		}
-		byID[id] = ClaimResult{State: ClaimDuplicate, PriorStatus: RowStatus(status), PriorReason: reason, PriorSeq: uint64(seq)}
-		stored[id] = fp
+		byID[id] = ClaimResult{State: ClaimDuplicate, PriorStatus: RowStatus(status), PriorReason: reason, PriorSeq: uint64(seq), PriorSubject: subject}
+		stored[id] = row{fp, subject}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("inbox: claim: read existing: %w", err)
@@ -201,7 +222,7 @@ func ClaimTx(ctx context.Context, tx pgx.Tx, scope string, claims []Claim) ([]Cl
 			continue
 		}
 		i := pos[k]
-		if !bytes.Equal(stored[id], claims[i].Fingerprint[:]) {
+		if st := stored[id]; !claims[i].SameIntent(st.fp, st.subject) {
 			r.State = ClaimConflict
 		}
 		res[i] = r
@@ -230,7 +251,7 @@ func (p *ProcessorOf[TX]) claimEach(ctx context.Context, tx TX, claims []Claim) 
 		c := &claims[i]
 		if j, dup := first[c.ID]; dup {
 			res[i] = ClaimResult{State: ClaimDuplicate, InBatch: true, First: j}
-			if claims[j].Fingerprint != c.Fingerprint {
+			if !sameClaim(&claims[j], c) {
 				res[i].State = ClaimConflict
 			}
 			continue

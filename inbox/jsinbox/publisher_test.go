@@ -134,6 +134,35 @@ func TestReusedIDWithDifferentPayloadIsConflict(t *testing.T) {
 	}
 }
 
+// TestReusedIDOnAnotherSubjectIsConflict: an intent's identity is its ID,
+// subject and payload. The same ID and payload on another subject is
+// deduplicated by the stream's window (by ID alone) yet nothing is stored on
+// its subject: the publisher must report a conflict, not a success, one by
+// one and in batches.
+func TestReusedIDOnAnotherSubjectIsConflict(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []int{1, 100} {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+			js := batchEnv(t, true)
+			intents := load(50, "cs")
+			cfg := jsinbox.PublisherConfig{Batch: batch, Linger: 20 * time.Millisecond}
+			if st, f := publishOutcome(t, js, cfg, intents); len(f) > 0 || st.Published != 50 {
+				t.Fatalf("first publish: %+v, failures %v", st, f)
+			}
+			again := reuse(intents)
+			again[9].Subject += ".elsewhere"
+			st, f := publishOutcome(t, js, cfg, again)
+			wantConflicts(t, f, again, 9)
+			if st.Conflicts != 1 || st.Duplicates != 49 || st.Published != 49 {
+				t.Fatalf("stats %+v, want 1 conflict, 49 duplicates published", st)
+			}
+			if !strings.Contains(f[0].Err.Error(), "subject") {
+				t.Errorf("conflict error does not name the subjects: %v", f[0].Err)
+			}
+		})
+	}
+}
+
 // TestReusedIDWithDifferentPayloadInBatch: a batch holding an ID the stream
 // already has, with another payload, is refused as a whole; published one
 // by one, that intent is a conflict and the others are stored. Two intents

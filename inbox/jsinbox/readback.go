@@ -18,8 +18,13 @@ import (
 )
 
 // checkDuplicate settles an intent the stream acknowledged (ack) as a
-// duplicate of the message at ack.Sequence: the same payload is a duplicate (published), a
-// different one is a conflict. If the message cannot be read back, the
+// duplicate of the message at ack.Sequence: the same payload on the same
+// subject is a duplicate (published); another payload or another subject is
+// a conflict. The stream's window dedupes by ID alone, but an intent's
+// identity is its ID, subject and payload together, as in the inbox and the
+// outbox: a reused ID on another subject would be reported published while
+// nothing on its subject was stored, and an effect that routes by subject
+// would never see it. If the message cannot be read back, the
 // intent is published again (same ID) within its retry budget, which gives
 // a new PubAck to check.
 func (t *tracker) checkDuplicate(ack jetstream.PubAck) {
@@ -30,6 +35,11 @@ func (t *tracker) checkDuplicate(ack jetstream.PubAck) {
 	}
 	if err != nil {
 		t.retry(fmt.Errorf("duplicate PubAck: reading back stream %s sequence %d: %w", t.p.cfg.Stream, seq, err))
+		return
+	}
+	if stored.Subject != t.in.Subject {
+		t.fail(fmt.Errorf("%w: stream %s holds ID %s at sequence %d on subject %q, this intent's subject is %q",
+			ErrConflict, t.p.cfg.Stream, t.in.ID, seq, stored.Subject, t.in.Subject))
 		return
 	}
 	if have, want := inbox.Fingerprint(stored.Data), inbox.Fingerprint(t.in.Payload); have != want {

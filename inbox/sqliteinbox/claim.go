@@ -1,7 +1,6 @@
 package sqliteinbox
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -12,7 +11,7 @@ import (
 )
 
 // existingSQL reads a row that was already there.
-const existingSQL = `SELECT fingerprint, status, coalesce(reason, ''), stream_seq FROM inbox WHERE scope = ? AND message_id = ?`
+const existingSQL = `SELECT fingerprint, subject, status, coalesce(reason, ''), stream_seq FROM inbox WHERE scope = ? AND message_id = ?`
 
 // claimChunk is how many claims one INSERT carries (5 parameters each):
 // one statement per 256 messages instead of one per message.
@@ -52,7 +51,7 @@ func ClaimTx(ctx context.Context, tx *sql.Tx, scope string, claims []inbox.Claim
 		}
 		if j, dup := first[c.ID]; dup {
 			res[i] = inbox.ClaimResult{State: inbox.ClaimDuplicate, InBatch: true, First: j}
-			if claims[j].Fingerprint != c.Fingerprint {
+			if !c.SameIntent(claims[j].Fingerprint[:], claims[j].Subject) {
 				res[i].State = inbox.ClaimConflict
 			}
 			continue
@@ -118,9 +117,9 @@ func ClaimTx(ctx context.Context, tx *sql.Tx, scope string, claims []inbox.Claim
 // readExisting fills r from the row that was already there for c.
 func readExisting(ctx context.Context, tx *sql.Tx, scope string, c *inbox.Claim, r *inbox.ClaimResult) error {
 	var fp []byte
-	var status, reason string
+	var subject, status, reason string
 	var seq int64
-	if err := tx.QueryRowContext(ctx, existingSQL, scope, c.ID).Scan(&fp, &status, &reason, &seq); err != nil {
+	if err := tx.QueryRowContext(ctx, existingSQL, scope, c.ID).Scan(&fp, &subject, &status, &reason, &seq); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			// Not inserted yet not there: it cannot happen under the
 			// unique key; refuse to guess rather than report a false
@@ -129,8 +128,8 @@ func readExisting(ctx context.Context, tx *sql.Tx, scope string, c *inbox.Claim,
 		}
 		return fmt.Errorf("inbox: claim: read existing: %w", err)
 	}
-	*r = inbox.ClaimResult{State: inbox.ClaimDuplicate, PriorStatus: inbox.RowStatus(status), PriorReason: reason, PriorSeq: uint64(seq)}
-	if !bytes.Equal(fp, c.Fingerprint[:]) {
+	*r = inbox.ClaimResult{State: inbox.ClaimDuplicate, PriorStatus: inbox.RowStatus(status), PriorReason: reason, PriorSeq: uint64(seq), PriorSubject: subject}
+	if !c.SameIntent(fp, subject) {
 		r.State = inbox.ClaimConflict
 	}
 	return nil

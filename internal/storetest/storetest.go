@@ -214,8 +214,15 @@ func (s suite[TX]) claimStates(t *testing.T) {
 	if r := claimOne(t, st, "s", c); r.State != inbox.ClaimFresh {
 		t.Fatalf("first claim: %v", r.State)
 	}
-	if r := claimOne(t, st, "s", c); r.State != inbox.ClaimDuplicate || r.PriorStatus != inbox.RowApplied || r.PriorSeq != 7 {
+	if r := claimOne(t, st, "s", c); r.State != inbox.ClaimDuplicate || r.PriorStatus != inbox.RowApplied || r.PriorSeq != 7 || r.PriorSubject != "x.y" {
 		t.Fatalf("second claim: %+v", r)
+	}
+	// The subject is part of the intent's identity: the same ID and
+	// payload on another subject is a reuse of the ID, not a repeat.
+	other := c
+	other.Subject = "x.z"
+	if r := claimOne(t, st, "s", other); r.State != inbox.ClaimConflict || r.PriorSubject != "x.y" {
+		t.Fatalf("same payload, other subject: %+v, want a conflict", r)
 	}
 	c.Fingerprint = inbox.Fingerprint([]byte("b"))
 	if r := claimOne(t, st, "s", c); r.State != inbox.ClaimConflict {
@@ -232,13 +239,14 @@ func (s suite[TX]) claimStates(t *testing.T) {
 	}
 	defer st.Rollback(ctx, tx) //nolint:errcheck
 	res, err := st.Claim(ctx, tx, "s", []inbox.Claim{
-		{ID: "n1", Fingerprint: fp}, {ID: "m1", Fingerprint: fp}, {ID: "n1", Fingerprint: fp}, {ID: "n1", Fingerprint: c.Fingerprint},
+		{ID: "n1", Fingerprint: fp}, {ID: "m1", Fingerprint: fp, Subject: "x.y"}, {ID: "n1", Fingerprint: fp}, {ID: "n1", Fingerprint: c.Fingerprint},
+		{ID: "n1", Fingerprint: fp, Subject: "x.z"},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := fmt.Sprint(res[0].State, res[1].State, res[2].State, res[2].InBatch, res[2].First, res[3].State)
-	if want := fmt.Sprint(inbox.ClaimFresh, inbox.ClaimDuplicate, inbox.ClaimDuplicate, true, 0, inbox.ClaimConflict); got != want {
+	got := fmt.Sprint(res[0].State, res[1].State, res[2].State, res[2].InBatch, res[2].First, res[3].State, res[4].State)
+	if want := fmt.Sprint(inbox.ClaimFresh, inbox.ClaimDuplicate, inbox.ClaimDuplicate, true, 0, inbox.ClaimConflict, inbox.ClaimConflict); got != want {
 		t.Fatalf("batch claim: %s, want %s", got, want)
 	}
 }
