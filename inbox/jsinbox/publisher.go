@@ -327,6 +327,10 @@ func (p *Publisher) start(ctx context.Context, in Intent, wait bool) (*tracker, 
 	if in.Subject == "" {
 		return nil, fmt.Errorf("%w: %s: empty subject", ErrBadIntent, in.ID)
 	}
+	if len(in.Subject) > inbox.MaxSubjectLen {
+		// Every inbox would reject it: say so now, not in a dead letter.
+		return nil, fmt.Errorf("%w: %s: subject of %d bytes, more than %d", ErrBadIntent, in.ID, len(in.Subject), inbox.MaxSubjectLen)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

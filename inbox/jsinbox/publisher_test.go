@@ -318,3 +318,29 @@ func TestAPIPrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestPublisherRefusesWhatEveryInboxRejects: an intent without an ID or
+// subject, or with one longer than the inbox takes, is refused with
+// ErrBadIntent before anything is sent.
+func TestPublisherRefusesWhatEveryInboxRejects(t *testing.T) {
+	t.Parallel()
+	js := batchEnv(t, true)
+	p, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, in := range []jsinbox.Intent{
+		{Subject: "intents.a", Payload: []byte("{}")},
+		{ID: "x", Payload: []byte("{}")},
+		{ID: strings.Repeat("i", 201), Subject: "intents.a"},
+		{ID: "long", Subject: "intents." + strings.Repeat("s", 300)},
+	} {
+		if err := p.Publish(context.Background(), in); !errors.Is(err, jsinbox.ErrBadIntent) {
+			t.Errorf("Publish(ID %.10q, subject %.20q): %v, want ErrBadIntent", in.ID, in.Subject, err)
+		}
+	}
+	if n := streamMsgs(t, js, jsinbox.DefaultStream); n != 0 {
+		t.Fatalf("the stream holds %d messages", n)
+	}
+}
