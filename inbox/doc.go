@@ -23,7 +23,7 @@
 // [ClaimTx] is the primitive: inside the caller's pgx.Tx it inserts the
 // claims of a whole batch with one statement and reports each as
 // [ClaimFresh], [ClaimDuplicate] or [ClaimConflict] (same ID, different
-// payload fingerprint). Apply the effects of the fresh ones in the same
+// payload fingerprint or subject). Apply the effects of the fresh ones in the same
 // transaction, commit, then ack. Two transactions claiming the same ID are
 // settled by PostgreSQL: the second waits on the key, then sees a duplicate
 // if the first committed, or claims it if the first rolled back.
