@@ -12,7 +12,7 @@ import (
 
 var (
 	descOutboxSent       = prometheus.NewDesc(ns+"_outbox_sent_total", "Outbox rows the relay published (acknowledged by the stream) and marked sent.", nil, nil)
-	descOutboxDuplicates = prometheus.NewDesc(ns+"_outbox_duplicates_total", "Of those, rows the stream held already: published before by a relay that died before marking them.", nil, nil)
+	descOutboxDuplicates = prometheus.NewDesc(ns+"_outbox_duplicates_total", "Of those, rows the stream held already: published before by a relay that died before marking them (or outlived its lease, on SQLite).", nil, nil)
 	descOutboxFailed     = prometheus.NewDesc(ns+"_outbox_failed_total", "Outbox rows the stream refused for good (an ID it holds with another payload, a subject another stream captures), marked failed.", nil, nil)
 	descOutboxRetried    = prometheus.NewDesc(ns+"_outbox_retried_total", "Outbox rows a round left pending because their publish did not get through in time.", nil, nil)
 	descOutboxTakenOver  = prometheus.NewDesc(ns+"_outbox_taken_over_total", "Outbox rows the relay published but could not mark: its lease had run out and another relay had taken them (SQLite); that relay sends and marks them. Make the lease longer than a round.", nil, nil)

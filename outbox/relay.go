@@ -110,7 +110,8 @@ type RelayStats struct {
 	// duplicate of a copy the stream already held).
 	Sent int64
 	// Duplicates: of those, rows the stream already held (published
-	// before by a relay that died before marking them).
+	// before by a relay that died before marking them, or, on SQLite,
+	// that outlived its lease).
 	Duplicates int64
 	// Failed: rows refused for good and marked failed (an ID the stream
 	// holds with another payload, a subject another stream captures).
