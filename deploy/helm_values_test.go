@@ -76,14 +76,21 @@ type natsValues struct {
 	NatsBox struct {
 		Enabled  bool `json:"enabled"`
 		Contexts map[string]struct {
-			Nkey struct {
-				SecretName string `json:"secretName"`
-			} `json:"nkey"`
-			TLS struct {
+			Creds chartKeyFile `json:"creds"`
+			Nkey  chartKeyFile `json:"nkey"`
+			TLS   struct {
 				SecretName string `json:"secretName"`
 			} `json:"tls"`
-		} `json:"contexts"`
+		} `json:"contexts,omitempty"`
 	} `json:"natsBox"`
+}
+
+// chartKeyFile is a nats-box context's creds or nkey: the file's contents
+// in the values, or a Secret holding it.
+type chartKeyFile struct {
+	Contents   string `json:"contents,omitempty"`
+	SecretName string `json:"secretName,omitempty"`
+	Key        string `json:"key,omitempty"`
 }
 
 type chartTLS struct {
@@ -169,8 +176,13 @@ func validateHelmValues(fsys files, tlsDir string) error {
 		}
 	}
 	check(volume, "podTemplate.patch must add the nats-auth volume")
-	box := v.NatsBox.Contexts["default"]
-	check(!v.NatsBox.Enabled || box.Nkey.SecretName != "" && box.TLS.SecretName != "", "nats-box's default context needs an nkey and a client certificate (the server requires both)")
+	// The chart's nats-box is a Deployment: a seed in its context would be
+	// online around the clock. Admin commands run from the one-off
+	// nats-admin-pod.yaml instead.
+	check(!v.NatsBox.Enabled, "natsBox must stay disabled: it would keep a NATS seed in a long-running pod (use nats-admin-pod.yaml)")
+	for name, c := range v.NatsBox.Contexts {
+		check(c.Nkey == chartKeyFile{} && c.Creds == chartKeyFile{}, "natsBox context %q holds a seed (nkey or creds); keep seeds out of the values", name)
+	}
 	// The chart's nats.conf lives in /etc/nats-config; includes are relative to it.
 	check(mountPath != "" && include != "" && filepath.Join("/etc/nats-config", include) == filepath.Join(mountPath, "auth.conf"),
 		"config.merge include %q does not reach auth.conf in the nats-auth mount %q", include, mountPath)

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 )
 
@@ -345,6 +346,8 @@ func validateK8s(fsys files) error {
 	}
 
 	errs = append(errs, checkNetworkPolicies(fsys, k))
+	errs = append(errs, checkNATSNetworkPolicy(fsys, k))
+	errs = append(errs, checkAdminPod(fsys))
 
 	// The kustomization lists existing files.
 	var kust struct {
@@ -367,6 +370,178 @@ func validateK8s(fsys files) error {
 	}
 	for _, f := range []string{"networkpolicy.yaml", "relay-deployment.yaml", "relay-service.yaml"} {
 		check(slices.Contains(kust.Resources, f), "kustomization.yaml does not apply %s", f)
+	}
+	// These live in namespace nats; `kubectl -n jetinbox apply -k` would
+	// refuse them.
+	for _, f := range []string{"nats-networkpolicy.yaml", "nats-admin-pod.yaml"} {
+		check(!slices.Contains(kust.Resources, f), "kustomization.yaml applies %s, which belongs to namespace nats", f)
+	}
+	return errors.Join(errs...)
+}
+
+// natsServerLabels are the labels the NATS chart gives the server pods of
+// the release "nats" (its nats.selectorLabels); nats-box's pods have
+// component nats-box.
+var natsServerLabels = map[string]string{"app.kubernetes.io/name": "nats", "app.kubernetes.io/instance": "nats", "app.kubernetes.io/component": "nats"}
+
+// peer is a pod some traffic comes from: its namespace and labels.
+type peer struct {
+	name, ns string
+	labels   map[string]string
+}
+
+// admittedPorts returns the ports ("TCP/4222") pol's ingress rules open to
+// p. A peer with an IP block, or selectors with expressions, admits more than
+// the check can tell: it is reported through bad.
+func admittedPorts(pol networkingv1.NetworkPolicy, p peer, bad func(format string, args ...any)) map[string]bool {
+	ports := map[string]bool{}
+	for _, r := range pol.Spec.Ingress {
+		admitted := len(r.From) == 0
+		for _, from := range r.From {
+			if from.IPBlock != nil {
+				bad("an ingress rule admits the IP block %s", from.IPBlock.CIDR)
+				admitted = true
+				continue
+			}
+			if from.NamespaceSelector != nil && len(from.NamespaceSelector.MatchExpressions) > 0 || from.PodSelector != nil && len(from.PodSelector.MatchExpressions) > 0 {
+				bad("an ingress rule selects by expressions; use matchLabels")
+			}
+			nsOK := from.NamespaceSelector == nil && p.ns == pol.Namespace ||
+				from.NamespaceSelector != nil && labelsMatch(from.NamespaceSelector.MatchLabels, map[string]string{"kubernetes.io/metadata.name": p.ns})
+			podOK := from.PodSelector == nil || labelsMatch(from.PodSelector.MatchLabels, p.labels)
+			if nsOK && podOK {
+				admitted = true
+			}
+		}
+		if !admitted {
+			continue
+		}
+		if len(r.Ports) == 0 {
+			ports["any"] = true
+		}
+		for _, pt := range r.Ports {
+			proto := corev1.ProtocolTCP
+			if pt.Protocol != nil {
+				proto = *pt.Protocol
+			}
+			ports[fmt.Sprintf("%s/%s", proto, pt.Port)] = true
+		}
+	}
+	return ports
+}
+
+// checkNATSNetworkPolicy: the NATS server pods are selected by a policy in
+// namespace nats that opens the client port only to the jetinbox pods, the
+// producers' namespace and the admin pod, the route port only to the other
+// servers, the exporter only to Prometheus, and the monitoring port 8222
+// (unauthenticated: connections, accounts, subjects) to nobody.
+func checkNATSNetworkPolicy(fsys files, k *k8sSet) error {
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("nats-networkpolicy.yaml: "+format, args...))
+		}
+	}
+	bad := func(format string, args ...any) { check(false, format, args...) }
+	b, err := fsys.get("kubernetes/nats-networkpolicy.yaml")
+	if err != nil {
+		return err
+	}
+	var pols []networkingv1.NetworkPolicy
+	for i, doc := range splitYAML(b) {
+		var p networkingv1.NetworkPolicy
+		if err := yaml.UnmarshalStrict(doc, &p); err != nil {
+			return fmt.Errorf("nats-networkpolicy.yaml document %d: %w", i+1, err)
+		}
+		check(p.APIVersion == "networking.k8s.io/v1" && p.Kind == "NetworkPolicy", "document %d is %s %s", i+1, p.APIVersion, p.Kind)
+		check(p.Namespace == "nats", "%s is in namespace %q, want nats (the release's)", p.Name, p.Namespace)
+		pols = append(pols, p)
+	}
+	check(len(pols) == 1, "%d policies, want 1", len(pols))
+	if len(pols) != 1 {
+		return errors.Join(errs...)
+	}
+	pol := pols[0]
+	sel := pol.Spec.PodSelector
+	check(maps.Equal(sel.MatchLabels, natsServerLabels) && len(sel.MatchExpressions) == 0,
+		"podSelector %v, want the chart's server labels %v", sel.MatchLabels, natsServerLabels)
+	check(slices.Contains(pol.Spec.PolicyTypes, networkingv1.PolicyTypeIngress), "policyTypes %v: without Ingress every port is open", pol.Spec.PolicyTypes)
+	for _, r := range pol.Spec.Ingress {
+		check(len(r.From) > 0, "an ingress rule without from admits every source")
+		check(len(r.Ports) > 0, "an ingress rule without ports admits every port")
+		for _, pt := range r.Ports {
+			check(pt.Port != nil && pt.Port.Type == intstr.Int, "ingress to port %v: name the port by number, as the chart's container ports are named by protocol", pt.Port)
+			check(pt.EndPort == nil, "ingress to a port range")
+		}
+	}
+
+	var admin corev1.Pod
+	if err := decodeK8s(fsys, "kubernetes/nats-admin-pod.yaml", &admin); err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	prometheus := peer{"prometheus", "monitoring", map[string]string{"app.kubernetes.io/name": "prometheus"}}
+	want := []struct {
+		p     peer
+		ports []string
+	}{
+		{peer{"the consumer", "jetinbox", k.deploy.Spec.Template.Labels}, []string{"TCP/4222"}},
+		{peer{"the relay", "jetinbox", k.relay.Spec.Template.Labels}, []string{"TCP/4222"}},
+		{peer{"verify", "jetinbox", k.verify.Spec.Template.Labels}, []string{"TCP/4222"}},
+		{peer{"a producer", "producers", map[string]string{"app": "orders"}}, []string{"TCP/4222"}},
+		{peer{"the admin pod", admin.Namespace, admin.Labels}, []string{"TCP/4222"}},
+		{peer{"another NATS server", "nats", natsServerLabels}, []string{"TCP/6222"}},
+		{prometheus, []string{"TCP/7777"}},
+		{peer{"a pod of another namespace", "default", map[string]string{"app": "x"}}, nil},
+		{peer{"another pod of namespace nats", "nats", map[string]string{"app.kubernetes.io/name": "nats", "app.kubernetes.io/component": "nats-box"}}, nil},
+		{peer{"another pod of namespace monitoring", "monitoring", map[string]string{"app.kubernetes.io/name": "grafana"}}, nil},
+	}
+	for _, w := range want {
+		got := admittedPorts(pol, w.p, bad)
+		check(!got["TCP/8222"], "%s may reach the monitoring port 8222", w.p.name)
+		check(maps.Equal(got, setOf(w.ports)), "%s may reach %v, want %v", w.p.name, slices.Sorted(maps.Keys(got)), w.ports)
+	}
+	return errors.Join(errs...)
+}
+
+func setOf(xs []string) map[string]bool {
+	m := map[string]bool{}
+	for _, x := range xs {
+		m[x] = true
+	}
+	return m
+}
+
+// checkAdminPod: the admin's seed is online only while an operator's task
+// runs: the admin pod is a bare pod that is never restarted, ends by itself,
+// and mounts the Secret the README creates for the task and deletes after.
+func checkAdminPod(fsys files) error {
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("nats-admin-pod.yaml: "+format, args...))
+		}
+	}
+	var p corev1.Pod
+	if err := decodeK8s(fsys, "kubernetes/nats-admin-pod.yaml", &p); err != nil {
+		return err
+	}
+	check(p.APIVersion == "v1" && p.Kind == "Pod", "%s %s, want a bare v1 Pod (a controller would keep the seed running)", p.APIVersion, p.Kind)
+	check(p.Namespace == "nats", "namespace %q, want nats", p.Namespace)
+	check(p.Spec.RestartPolicy == corev1.RestartPolicyNever, "restartPolicy %q, want Never", p.Spec.RestartPolicy)
+	d := p.Spec.ActiveDeadlineSeconds
+	check(d != nil && *d > 0 && *d <= 4*3600, "activeDeadlineSeconds %v: a forgotten pod must end within hours", d)
+	check(p.Spec.AutomountServiceAccountToken != nil && !*p.Spec.AutomountServiceAccountToken, "the pod needs no service account token")
+	var secrets []string
+	for _, v := range p.Spec.Volumes {
+		if v.Secret != nil {
+			secrets = append(secrets, v.Secret.SecretName)
+		}
+	}
+	check(slices.Equal(secrets, []string{"nats-admin"}), "mounts the Secrets %v, want nats-admin alone (created for the task and deleted after it)", secrets)
+	for _, c := range p.Spec.Containers {
+		sc := c.SecurityContext
+		check(sc != nil && sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem && sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation,
+			"container %s: want a read-only root and no privilege escalation", c.Name)
 	}
 	return errors.Join(errs...)
 }

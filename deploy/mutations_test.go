@@ -110,6 +110,22 @@ func TestMutationsAreRejected(t *testing.T) {
 		{"helm sync default", "kubernetes/nats-values.yaml", "sync_interval: always", "sync_interval: 2m", helm},
 		{"helm bad merge key", "kubernetes/nats-values.yaml", "verify_cert_and_check_known_urls: true", "verify_cert_and_check_known_url: true", helm},
 		{"helm include path", "kubernetes/nats-values.yaml", "zz$include: ../nats-auth/auth.conf", "zz$include: ./nats-auth/auth.conf", helm},
+		{"helm nats-box on", "kubernetes/nats-values.yaml", "natsBox:\n  enabled: false", "natsBox:\n  enabled: true", helm},
+		{"helm seed in the values", "kubernetes/nats-values.yaml", "natsBox:\n  enabled: false", "natsBox:\n  enabled: false\n  contexts:\n    default:\n      nkey:\n        secretName: nats-admin-nkey", helm},
+		{"nats policy opens monitoring", "kubernetes/nats-networkpolicy.yaml", "        - port: 7777", "        - port: 8222", validateK8s},
+		{"nats policy clients from every namespace", "kubernetes/nats-networkpolicy.yaml", "              kubernetes.io/metadata.name: producers\n", "              {}\n", validateK8s},
+		{"nats policy clients from anywhere", "kubernetes/nats-networkpolicy.yaml", "        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: producers\n", "        - ipBlock:\n            cidr: 0.0.0.0/0\n", validateK8s},
+		{"nats policy any port", "kubernetes/nats-networkpolicy.yaml", "      ports:\n        - port: 6222\n          protocol: TCP\n", "", validateK8s},
+		{"nats policy egress only", "kubernetes/nats-networkpolicy.yaml", "policyTypes: [Ingress]", "policyTypes: [Egress]", validateK8s},
+		{"nats policy selects nats-box", "kubernetes/nats-networkpolicy.yaml", "      app.kubernetes.io/component: nats\n  policyTypes", "      app.kubernetes.io/component: nats-box\n  policyTypes", validateK8s},
+		{"nats policy in jetinbox's namespace", "kubernetes/nats-networkpolicy.yaml", "  namespace: nats\n", "", validateK8s},
+		{"nats policy in the kustomization", "kubernetes/kustomization.yaml", "  - networkpolicy.yaml\n", "  - networkpolicy.yaml\n  - nats-networkpolicy.yaml\n", validateK8s},
+		{"admin pod restarts", "kubernetes/nats-admin-pod.yaml", "restartPolicy: Never", "restartPolicy: OnFailure", validateK8s},
+		{"admin pod without deadline", "kubernetes/nats-admin-pod.yaml", "  activeDeadlineSeconds: 3600\n", "", validateK8s},
+		{"admin pod as a deployment", "kubernetes/nats-admin-pod.yaml", "kind: Pod", "kind: Deployment", validateK8s},
+		{"readme admin seed left in the cluster", "README.md", "kubectl -n nats delete pod/nats-admin secret/nats-admin\n", "", validateReadme},
+		{"readme nats-box", "README.md", readmeIntents, strings.ReplaceAll(readmeIntents, "nats-admin", "deploy/nats-box"), validateReadme},
+		{"readme no nats policy", "README.md", "kubectl -n nats apply -f deploy/kubernetes/nats-networkpolicy.yaml\n", "", validateReadme},
 
 		{"alerts key typo", "prometheus/alerts.yml", "expr: max by (job, kind) (jetinbox_verify_violations{job=\"jetinbox-verify\"}) > 0", "exp: max by (job, kind) (jetinbox_verify_violations{job=\"jetinbox-verify\"}) > 0", validateAlerts},
 		{"alerts promql typo", "prometheus/alerts.yml", "sum by (job) (increase(jetinbox_dead_letters_total[15m])) > 0", "sum by (job) (increse(jetinbox_dead_letters_total[15m])) > 0", validateAlerts},
@@ -147,9 +163,9 @@ func TestMutationsAreRejected(t *testing.T) {
 
 // The Kubernetes steps' stream and consumer lines, for mutations.
 const (
-	readmeAdvisories = "kubectl -n nats exec -i deploy/nats-box -- nats stream add INTENTS_ADVISORIES --config /dev/stdin < deploy/jetstream/advisories-stream.json\n"
-	readmeRescue     = "kubectl -n nats exec -i deploy/nats-box -- nats consumer add INTENTS_ADVISORIES ledger --config /dev/stdin < deploy/jetstream/ledger-rescue-consumer.json\n"
-	readmeIntents    = "kubectl -n nats exec -i deploy/nats-box -- nats stream add INTENTS --config /dev/stdin < deploy/jetstream/intents-stream.json\n"
+	readmeAdvisories = "kubectl -n nats exec -i nats-admin -- nats stream add INTENTS_ADVISORIES --config /dev/stdin < deploy/jetstream/advisories-stream.json\n"
+	readmeRescue     = "kubectl -n nats exec -i nats-admin -- nats consumer add INTENTS_ADVISORIES ledger --config /dev/stdin < deploy/jetstream/ledger-rescue-consumer.json\n"
+	readmeIntents    = "kubectl -n nats exec -i nats-admin -- nats stream add INTENTS --config /dev/stdin < deploy/jetstream/intents-stream.json\n"
 )
 
 func firstLine(s string) string {

@@ -12,9 +12,10 @@ import (
 
 var (
 	descOutboxSent       = prometheus.NewDesc(ns+"_outbox_sent_total", "Outbox rows the relay published (acknowledged by the stream) and marked sent.", nil, nil)
-	descOutboxDuplicates = prometheus.NewDesc(ns+"_outbox_duplicates_total", "Of those, rows the stream held already: published before by a relay that died before marking them.", nil, nil)
+	descOutboxDuplicates = prometheus.NewDesc(ns+"_outbox_duplicates_total", "Of those, rows the stream held already: published before by a relay that died before marking them (or outlived its lease, on SQLite).", nil, nil)
 	descOutboxFailed     = prometheus.NewDesc(ns+"_outbox_failed_total", "Outbox rows the stream refused for good (an ID it holds with another payload, a subject another stream captures), marked failed.", nil, nil)
 	descOutboxRetried    = prometheus.NewDesc(ns+"_outbox_retried_total", "Outbox rows a round left pending because their publish did not get through in time.", nil, nil)
+	descOutboxTakenOver  = prometheus.NewDesc(ns+"_outbox_taken_over_total", "Outbox rows the relay published but could not mark: its lease had run out and another relay had taken them (SQLite); that relay sends and marks them. Make the lease longer than a round.", nil, nil)
 	descOutboxPending    = prometheus.NewDesc(ns+"_outbox_pending_rows", "Outbox rows waiting to be published.", nil, nil)
 	descOutboxOldest     = prometheus.NewDesc(ns+"_outbox_oldest_pending_seconds", "Age of the oldest outbox row waiting to be published; 0 when none is.", nil, nil)
 )
@@ -58,7 +59,7 @@ func (m *Relay) ObserveSent(lags []time.Duration) {
 type relayCollector Relay
 
 func (c *relayCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descOutboxSent, descOutboxDuplicates, descOutboxFailed, descOutboxRetried, descOutboxPending, descOutboxOldest} {
+	for _, d := range []*prometheus.Desc{descOutboxSent, descOutboxDuplicates, descOutboxFailed, descOutboxRetried, descOutboxTakenOver, descOutboxPending, descOutboxOldest} {
 		ch <- d
 	}
 }
@@ -70,6 +71,7 @@ func (c *relayCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descOutboxDuplicates, prometheus.CounterValue, float64(s.Duplicates))
 		ch <- prometheus.MustNewConstMetric(descOutboxFailed, prometheus.CounterValue, float64(s.Failed))
 		ch <- prometheus.MustNewConstMetric(descOutboxRetried, prometheus.CounterValue, float64(s.Retried))
+		ch <- prometheus.MustNewConstMetric(descOutboxTakenOver, prometheus.CounterValue, float64(s.TakenOver))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()

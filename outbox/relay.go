@@ -110,7 +110,8 @@ type RelayStats struct {
 	// duplicate of a copy the stream already held).
 	Sent int64
 	// Duplicates: of those, rows the stream already held (published
-	// before by a relay that died before marking them).
+	// before by a relay that died before marking them, or, on SQLite,
+	// that outlived its lease).
 	Duplicates int64
 	// Failed: rows refused for good and marked failed (an ID the stream
 	// holds with another payload, a subject another stream captures).
@@ -118,6 +119,11 @@ type RelayStats struct {
 	// Retried: rows left pending by a round whose publish did not get
 	// through in time; a later round sends them.
 	Retried int64
+	// TakenOver: rows a round published but could not mark, because its
+	// hold had lapsed and another relay had taken them since (on SQLite,
+	// a round that outlived its lease). That relay publishes them again
+	// and marks them; they are not counted as sent or failed here.
+	TakenOver int64
 }
 
 // Relay publishes the outbox's pending rows to JetStream and marks them sent.
@@ -131,7 +137,7 @@ type Relay struct {
 	mu  sync.Mutex
 	pub *jsinbox.Publisher
 
-	rounds, sent, duplicates, failed, retried atomic.Int64
+	rounds, sent, duplicates, failed, retried, takenOver atomic.Int64
 
 	// hook, nil unless a harness attached one (internal/hook), stops the
 	// relay at its points; it is attached to the publisher too.
@@ -183,7 +189,8 @@ func NewRelayOn(src Source, js jetstream.JetStream, cfg RelayConfig) (*Relay, er
 
 // Stats returns the counters so far.
 func (r *Relay) Stats() RelayStats {
-	return RelayStats{Rounds: r.rounds.Load(), Sent: r.sent.Load(), Duplicates: r.duplicates.Load(), Failed: r.failed.Load(), Retried: r.retried.Load()}
+	return RelayStats{Rounds: r.rounds.Load(), Sent: r.sent.Load(), Duplicates: r.duplicates.Load(), Failed: r.failed.Load(), Retried: r.retried.Load(),
+		TakenOver: r.takenOver.Load()}
 }
 
 // Close stops the relay's publisher, abandoning publishes in flight (their
@@ -376,13 +383,30 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 		r.cfg.Logger.Error("outbox: relay: the stream refused a row for good; marked failed", "id", id, "err", why)
 	}
 	lags, err := taken.Finish(ctx, ids, refused)
+	sentN, failedN := len(ids), len(refused)
+	var notHeld *NotHeldError
+	if errors.As(err, &notHeld) {
+		// The marks of the rows still held committed; the others are
+		// another relay's now, which publishes and marks them.
+		err = nil
+		for _, id := range notHeld.IDs {
+			if _, bad := refused[id]; bad {
+				failedN--
+			} else {
+				sentN--
+			}
+		}
+		r.takenOver.Add(int64(len(notHeld.IDs)))
+		r.cfg.Logger.Warn("outbox: relay: the round outlived its hold on rows another relay has taken over since; that relay sends them again and marks them (make the lease longer than a round can last)",
+			"rows", len(notHeld.IDs), "err", notHeld)
+	}
 	if err != nil {
 		// Unknown outcome at worst: the rows are published, and sent
 		// again with the same IDs if the marks did not commit.
 		return len(batch), fmt.Errorf("outbox: relay: mark: %w", err)
 	}
-	r.sent.Add(int64(len(ids)))
-	r.failed.Add(int64(len(refused)))
+	r.sent.Add(int64(sentN))
+	r.failed.Add(int64(failedN))
 	r.retried.Add(int64(pending))
 	r.duplicates.Add(pub.Stats().Duplicates - dupBefore)
 	if r.cfg.OnSent != nil && len(lags) > 0 {

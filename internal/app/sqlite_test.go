@@ -32,11 +32,11 @@ func TestCommandsOnSQLite(t *testing.T) {
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL})
 
 	var out bytes.Buffer
-	if err := Migrate(ctx, nil, env, nil, &out, io.Discard); err != nil || !strings.Contains(out.String(), "applied 1 inbox, 1 ledger and 1 outbox migrations") {
+	if err := Migrate(ctx, nil, env, nil, &out, io.Discard); err != nil || !strings.Contains(out.String(), "applied 1 inbox, 1 ledger and 2 outbox migrations") {
 		t.Fatalf("migrate: %v\n%s", err, out.String())
 	}
 	out.Reset()
-	if err := Migrate(ctx, []string{"-status", "-store", dbURL}, mapEnv(nil), nil, &out, io.Discard); err != nil || strings.Count(out.String(), "applied") != 3 {
+	if err := Migrate(ctx, []string{"-status", "-store", dbURL}, mapEnv(nil), nil, &out, io.Discard); err != nil || strings.Count(out.String(), "applied") != 4 {
 		t.Fatalf("migrate -status -store: %v\n%s", err, out.String())
 	}
 	out.Reset()

@@ -8,7 +8,11 @@
 // them, and a second short transaction marks them sent. A relay that dies in
 // between leaves its rows leased until the lease runs out; then any relay
 // publishes them again with the same IDs, which the stream (inside its
-// duplicate window) or the next inbox drops. There is no notification: the
+// duplicate window) or the next inbox drops. Each lease carries a token of
+// the claim that made it: a relay that outlived its lease marks and gives
+// back only the rows still leased to it, never rows another relay has taken
+// over since (which would let a third relay send them once more), and
+// reports the others (outbox.NotHeldError). There is no notification: the
 // relay polls with its jittered Idle waits.
 package sqliteoutbox
 
@@ -18,6 +22,7 @@ import (
 	"database/sql"
 	"embed"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -128,14 +133,19 @@ type source struct {
 
 func (s source) Take(ctx context.Context, n int) (outbox.Taken, error) {
 	now := time.Now().UnixMicro()
+	// The token names this claim. A later claim of a row sets a later
+	// lease_until as well (it takes only rows whose lease ended before its
+	// now), so the pair also tells a claim of a relay that sets only
+	// lease_until apart from this one.
+	t := &taken{db: s.db, token: rand.Int64(), until: now + s.lease.Microseconds()}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit this is a no-op
-	rows, err := tx.QueryContext(ctx, `UPDATE outbox SET lease_until = ?
+	rows, err := tx.QueryContext(ctx, `UPDATE outbox SET lease_until = ?, lease_token = ?
 WHERE seq IN (SELECT seq FROM outbox WHERE sent_at IS NULL AND failed IS NULL AND (lease_until IS NULL OR lease_until < ?) ORDER BY seq LIMIT ?)
-RETURNING seq, id, subject, payload`, now+s.lease.Microseconds(), now, n)
+RETURNING seq, id, subject, payload`, t.until, t.token, now, n)
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +170,6 @@ RETURNING seq, id, subject, payload`, now+s.lease.Microseconds(), now, n)
 		return nil, err
 	}
 	slices.SortFunc(got, func(a, b seqRow) int { return int(a.seq - b.seq) })
-	t := &taken{db: s.db}
 	for _, r := range got {
 		t.rows = append(t.rows, r.row)
 	}
@@ -171,6 +180,9 @@ type taken struct {
 	db   *sql.DB
 	rows []outbox.Row
 	done bool
+	// token and until are what the claim set on its rows; a row that no
+	// longer has both has been taken over by another relay.
+	token, until int64
 }
 
 func (t *taken) Rows() []outbox.Row { return t.rows }
@@ -186,53 +198,76 @@ func (t *taken) Finish(ctx context.Context, sent []string, failed map[string]str
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit this is a no-op
 	var lags []time.Duration
+	var notHeld []string
 	for start := 0; start < len(sent); start += 500 {
 		part := sent[start:min(len(sent), start+500)]
-		args := []any{now}
+		args := []any{now, t.token, t.until}
 		for _, id := range part {
 			args = append(args, id)
 		}
-		rows, err := tx.QueryContext(ctx, `UPDATE outbox SET sent_at = ?1, lease_until = NULL WHERE id IN (`+placeholders(len(part))+`) RETURNING sent_at - created_at`, args...)
+		rows, err := tx.QueryContext(ctx, `UPDATE outbox SET sent_at = ?1, lease_until = NULL, lease_token = NULL
+WHERE lease_token = ?2 AND lease_until = ?3 AND id IN (`+placeholders(len(part))+`) RETURNING id, sent_at - created_at`, args...)
 		if err != nil {
 			return nil, fmt.Errorf("mark sent: %w", err)
 		}
+		var marked []string
 		for rows.Next() {
+			var id string
 			var us int64
-			if err := rows.Scan(&us); err != nil {
+			if err := rows.Scan(&id, &us); err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("mark sent: %w", err)
 			}
+			marked = append(marked, id)
 			lags = append(lags, time.Duration(us)*time.Microsecond)
 		}
 		if err := rows.Err(); err != nil {
 			return nil, fmt.Errorf("mark sent: %w", err)
 		}
 		rows.Close()
+		if len(marked) < len(part) {
+			for _, id := range part {
+				if !slices.Contains(marked, id) {
+					notHeld = append(notHeld, id)
+				}
+			}
+		}
 	}
 	for id, why := range failed {
-		if _, err := tx.ExecContext(ctx, `UPDATE outbox SET failed = ?, lease_until = NULL WHERE id = ?`, why, id); err != nil {
+		r, err := tx.ExecContext(ctx, `UPDATE outbox SET failed = ?, lease_until = NULL, lease_token = NULL WHERE lease_token = ? AND lease_until = ? AND id = ?`, why, t.token, t.until, id)
+		if err != nil {
 			return nil, fmt.Errorf("mark failed: %w", err)
+		}
+		if n, err := r.RowsAffected(); err != nil {
+			return nil, fmt.Errorf("mark failed: %w", err)
+		} else if n == 0 {
+			notHeld = append(notHeld, id)
 		}
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	t.done = true
+	if len(notHeld) > 0 {
+		return lags, &outbox.NotHeldError{IDs: notHeld}
+	}
 	return lags, nil
 }
 
-// Abandon gives the rows back at once, best effort: if it fails, their
-// lease runs out.
+// Abandon gives back at once the rows still leased to this claim, best
+// effort: if it fails, their lease runs out.
 func (t *taken) Abandon(ctx context.Context) {
 	if t.done || len(t.rows) == 0 {
 		return
 	}
 	t.done = true
-	args := make([]any, len(t.rows))
-	for i, r := range t.rows {
-		args[i] = r.ID
+	args := make([]any, 0, len(t.rows)+2)
+	args = append(args, t.token, t.until)
+	for _, r := range t.rows {
+		args = append(args, r.ID)
 	}
-	_, _ = t.db.ExecContext(ctx, `UPDATE outbox SET lease_until = NULL WHERE sent_at IS NULL AND id IN (`+placeholders(len(args))+`)`, args...)
+	_, _ = t.db.ExecContext(ctx, `UPDATE outbox SET lease_until = NULL, lease_token = NULL
+WHERE lease_token = ?1 AND lease_until = ?2 AND id IN (`+placeholders(len(t.rows))+`)`, args...)
 }
 
 // Prune deletes sent outbox rows created longer than opts.OlderThan ago,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -31,7 +32,8 @@ type env struct {
 	js jetstream.JetStream
 }
 
-func newEnv(t *testing.T) *env {
+// newDB returns a fresh SQLite file with the outbox migrated.
+func newDB(t *testing.T) *sql.DB {
 	t.Helper()
 	ctx := context.Background()
 	db, err := sqliteinbox.Open(ctx, filepath.Join(t.TempDir(), "outbox.db"))
@@ -39,12 +41,19 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	if n, err := sqliteoutbox.Migrate(ctx, db); err != nil || n != 1 {
+	if n, err := sqliteoutbox.Migrate(ctx, db); err != nil || n != 2 {
 		t.Fatalf("migrate: %d, %v", n, err)
 	}
 	if err := sqliteoutbox.CheckSchema(ctx, db); err != nil {
 		t.Fatal(err)
 	}
+	return db
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	ctx := context.Background()
+	db := newDB(t)
 	srv := testenv.NewNATS(t, testenv.NATSOptions{})
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
@@ -242,5 +251,168 @@ func TestSQLiteRelaysDoNotFight(t *testing.T) {
 	}
 	if sent != 1500 || dups != 0 {
 		t.Fatalf("sent %d with %d duplicates, want 1500 and 0", sent, dups)
+	}
+}
+
+// rowState is what the file says of one outbox row: "sent", "failed",
+// "leased" or "free".
+func rowState(t *testing.T, db *sql.DB, id string) string {
+	t.Helper()
+	var sent, lease sql.NullInt64
+	var failed sql.NullString
+	if err := db.QueryRow(`SELECT sent_at, failed, lease_until FROM outbox WHERE id = ?`, id).Scan(&sent, &failed, &lease); err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case sent.Valid:
+		return "sent"
+	case failed.Valid:
+		return "failed"
+	case lease.Valid && lease.Int64 > time.Now().UnixMicro():
+		return "leased"
+	}
+	return "free"
+}
+
+func ids(rows []outbox.Row) []string {
+	out := make([]string, len(rows))
+	for i, r := range rows {
+		out[i] = r.ID
+	}
+	return out
+}
+
+// TestSQLiteLapsedLeaseTouchesOnlyItsRows: a relay whose lease ran out
+// while it held a batch, part of which another relay has leased since,
+// finishes and abandons only the rows it still holds. The other relay's
+// rows stay unmarked and leased to it, so no third relay takes them, and
+// Finish names the rows it could not mark instead of reporting them
+// sent.
+func TestSQLiteLapsedLeaseTouchesOnlyItsRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := &env{db: newDB(t)}
+	if err := e.add(t, intents("l", 6)...); err != nil {
+		t.Fatal(err)
+	}
+	const short = 50 * time.Millisecond
+	first, err := sqliteoutbox.Source(e.db, short).Take(ctx, 10)
+	if err != nil || len(first.Rows()) != 6 {
+		t.Fatalf("first take: %v, %v", first, err)
+	}
+	time.Sleep(2 * short)
+	second, err := sqliteoutbox.Source(e.db, time.Minute).Take(ctx, 3)
+	if err != nil || !slices.Equal(ids(second.Rows()), []string{"l-0", "l-1", "l-2"}) {
+		t.Fatalf("second take after the first's lease ran out: %v, %v", second, err)
+	}
+
+	// The first relay marks its whole batch: of it, it still holds l-3..l-5
+	// (lapsed, but nobody took them), the second holds the others.
+	lags, err := first.Finish(ctx, []string{"l-0", "l-1", "l-3", "l-4"}, map[string]string{"l-2": "refused", "l-5": "refused"})
+	var notHeld *outbox.NotHeldError
+	if !errors.As(err, &notHeld) {
+		t.Fatalf("finish of a batch partly taken over: %v, want an outbox.NotHeldError", err)
+	}
+	slices.Sort(notHeld.IDs)
+	if !slices.Equal(notHeld.IDs, []string{"l-0", "l-1", "l-2"}) || len(lags) != 2 {
+		t.Fatalf("finish: not held %v, %d lags; want l-0..l-2 and 2 lags", notHeld.IDs, len(lags))
+	}
+	for id, want := range map[string]string{"l-0": "leased", "l-1": "leased", "l-2": "leased", "l-3": "sent", "l-4": "sent", "l-5": "failed"} {
+		if got := rowState(t, e.db, id); got != want {
+			t.Errorf("after the lapsed finish, %s is %s, want %s", id, got, want)
+		}
+	}
+	if third, err := sqliteoutbox.Source(e.db, time.Minute).Take(ctx, 10); err != nil || len(third.Rows()) != 0 {
+		t.Fatalf("a third relay took %v (%v) while the second holds them", third, err)
+	}
+	if lags, err := second.Finish(ctx, []string{"l-0", "l-1", "l-2"}, nil); err != nil || len(lags) != 3 {
+		t.Fatalf("the holder's finish: %d lags, %v", len(lags), err)
+	}
+
+	// Abandon: the first relay lets go of a batch the second partly took.
+	if err := e.add(t, intents("m", 4)...); err != nil {
+		t.Fatal(err)
+	}
+	first, err = sqliteoutbox.Source(e.db, short).Take(ctx, 10)
+	if err != nil || len(first.Rows()) != 4 {
+		t.Fatalf("first take of m: %v, %v", first, err)
+	}
+	time.Sleep(2 * short)
+	second, err = sqliteoutbox.Source(e.db, time.Minute).Take(ctx, 2)
+	if err != nil || !slices.Equal(ids(second.Rows()), []string{"m-0", "m-1"}) {
+		t.Fatalf("second take of m: %v, %v", second, err)
+	}
+	first.Abandon(ctx)
+	third, err := sqliteoutbox.Source(e.db, time.Minute).Take(ctx, 10)
+	if err != nil || !slices.Equal(ids(third.Rows()), []string{"m-2", "m-3"}) {
+		t.Fatalf("after the lapsed abandon a third relay took %v (%v), want m-2 and m-3 only", ids(third.Rows()), err)
+	}
+}
+
+// TestSQLiteRelayOutlivesItsLease: a relay that stalls between its
+// PubAcks and its mark for longer than its lease, while a second relay
+// takes the batch over and publishes it again, neither marks the
+// second's rows nor counts them sent: it counts them taken over. The
+// second marks them; a third finds nothing to take meanwhile, and the
+// stream holds each ID once.
+func TestSQLiteRelayOutlivesItsLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	const n = 50
+	if err := e.add(t, intents("o", n)...); err != nil {
+		t.Fatal(err)
+	}
+	// pause stops r once before its mark; it reports arriving there on
+	// the first channel and goes on when the second closes.
+	pause := func(r *outbox.Relay) (chan struct{}, chan struct{}) {
+		at, resume := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		hook.Attach(r, func(p hook.Point) bool {
+			if p == hook.RelayBeforeMark {
+				once.Do(func() { close(at); <-resume })
+			}
+			return false
+		})
+		return at, resume
+	}
+	const lease = 200 * time.Millisecond
+	first := e.relay(t, lease)
+	firstAt, firstGo := pause(first)
+	firstDone := make(chan error, 1)
+	go func() { _, err := first.Round(ctx); firstDone <- err }()
+	<-firstAt
+	time.Sleep(lease + 50*time.Millisecond)
+
+	second := e.relay(t, time.Minute)
+	secondAt, secondGo := pause(second)
+	secondDone := make(chan error, 1)
+	go func() { _, err := second.Round(ctx); secondDone <- err }()
+	<-secondAt
+
+	close(firstGo)
+	if err := <-firstDone; err != nil {
+		t.Fatalf("the lapsed relay's round: %v", err)
+	}
+	if k, err := e.relay(t, time.Minute).Round(ctx); err != nil || k != 0 {
+		t.Fatalf("a third relay took %d rows (%v) while the second holds them", k, err)
+	}
+	close(secondGo)
+	if err := <-secondDone; err != nil {
+		t.Fatalf("the holder's round: %v", err)
+	}
+	if s := first.Stats(); s.Sent != 0 || s.TakenOver != n {
+		t.Errorf("the lapsed relay: %+v, want nothing sent and %d taken over", s, n)
+	}
+	if s := second.Stats(); s.Sent != n || s.Duplicates != n || s.TakenOver != 0 {
+		t.Errorf("the holder: %+v, want %d sent, all duplicates", s, n)
+	}
+	if p := e.pending(t); p != 0 {
+		t.Errorf("%d rows pending", p)
+	}
+	for id, c := range e.copies(t) {
+		if c != 1 {
+			t.Errorf("%s: %d copies", id, c)
+		}
 	}
 }
