@@ -113,6 +113,6 @@ func Relay(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, stde
 	log.Info("relay: running", "stream", *stream, "batch", *batch, "listen", !*noListen)
 	err = <-done
 	s := r.Stats()
-	log.Info("relay: stopped", "sent", s.Sent, "duplicates", s.Duplicates, "failed", s.Failed, "retried", s.Retried, "rounds", s.Rounds)
+	log.Info("relay: stopped", "sent", s.Sent, "duplicates", s.Duplicates, "failed", s.Failed, "retried", s.Retried, "taken_over", s.TakenOver, "rounds", s.Rounds)
 	return err
 }

@@ -178,7 +178,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 				log.Warn("relay: stopped", "err", err)
 			}
 			s := r.Stats()
-			log.Info("relay: stopped", "sent", s.Sent, "duplicates", s.Duplicates, "failed", s.Failed, "retried", s.Retried)
+			log.Info("relay: stopped", "sent", s.Sent, "duplicates", s.Duplicates, "failed", s.Failed, "retried", s.Retried, "taken_over", s.TakenOver)
 		})
 		defer stopRelay()
 		log.Info("relay: running", "stream", relay.stream, "batch", relay.batch)
