@@ -127,7 +127,8 @@ const DefaultLockTimeout = 10 * time.Second
 
 // ErrLockTimeout is wrapped by the error Apply returns when a migration
 // waited longer than lock_timeout for a lock another session holds. The
-// message names the sessions that had held locks that long.
+// message names the sessions holding table locks at that moment, the one
+// waited for among them.
 var ErrLockTimeout = errors.New("migrate: another session holds a lock the migration needs")
 
 // prepareSQL sets lock_timeout for the rest of the transaction, the
@@ -239,65 +240,70 @@ func applyOne(ctx context.Context, db Beginner, component string, m Migration) (
 	return true, nil
 }
 
-// blockersSQL lists the sessions that have held a lock on a table of this
-// database for at least $1 in an open transaction: those a migration that
-// waited that long was waiting for (the wait is over when this runs, so
-// pg_blocking_pids can no longer say). Their query text is shown to
-// superusers and members of pg_read_all_stats only; pid and role to all.
-const blockersSQL = `SELECT a.pid, coalesce(a.usename, ''), coalesce(a.state, ''),
-	extract(epoch FROM now() - a.xact_start)::float8,
-	string_agg(DISTINCT l.relation::regclass::text, ', ')
+// blockersSQL lists the sessions holding locks on tables of this database
+// (on jetinbox_migrations if $1, on the others if not) once a migration's
+// wait for one ran out: among them the ones it waited for, which
+// pg_blocking_pids can no longer tell once the wait is over. pg_locks and
+// the role of a session are visible to every role; how long its
+// transaction has been open only to superusers and members of
+// pg_read_all_stats, and those that show it come first.
+const blockersSQL = `SELECT l.pid, coalesce(a.usename, ''), coalesce(extract(epoch FROM now() - a.xact_start), -1)::float8,
+	string_agg(DISTINCT c.relname || ' ' || l.mode, ', ')
 FROM pg_locks l
+JOIN pg_class c ON c.oid = l.relation AND c.relkind IN ('r', 'p', 'm')
 JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND l.relation NOT IN (SELECT oid FROM pg_class WHERE relnamespace = 'pg_catalog'::regnamespace)
-  AND a.xact_start <= now() - $1::interval
-GROUP BY a.pid, a.usename, a.state, a.xact_start
-ORDER BY a.xact_start
+  AND c.relnamespace <> 'pg_catalog'::regnamespace
+  AND (c.oid = 'jetinbox_migrations'::regclass) = $1
+GROUP BY 1, 2, 3
+ORDER BY 3 DESC, 1
 LIMIT 5`
 
 // lockError turns a lock_timeout cancellation (55P03) of what into an error
-// wrapping ErrLockTimeout that names the sessions that held locks that
-// long; any other error is wrapped as it is. It rolls tx back first: db may
-// be the connection tx runs on.
+// wrapping ErrLockTimeout that names the sessions holding table locks; any
+// other error is wrapped as it is. It rolls tx back first: db may be the
+// connection tx runs on.
 func lockError(ctx context.Context, db Beginner, tx pgx.Tx, component, what, timeout string, err error) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
 		return fmt.Errorf("migrate %s %s: %w", component, what, err)
 	}
 	_ = tx.Rollback(ctx)
-	held := "no session holds a table lock that long any more"
-	if list, qerr := blockers(ctx, db, timeout); qerr != nil {
+	held := "no other session holds a table lock now"
+	if list, qerr := blockers(ctx, db, what == "jetinbox_migrations"); qerr != nil {
 		held = "listing the sessions that hold locks failed: " + qerr.Error()
 	} else if list != "" {
-		held = "held by " + list
+		held = "sessions holding table locks now: " + list
 	}
-	return fmt.Errorf("%w: %s %s waited longer than lock_timeout %s (%s); end their transactions, or set a longer lock_timeout for the migrator: %w",
+	return fmt.Errorf("%w: %s %s waited longer than lock_timeout %s (%s); end the transaction that holds it, or set a longer lock_timeout for the migrator: %w",
 		ErrLockTimeout, component, what, timeout, held, err)
 }
 
-func blockers(ctx context.Context, db Beginner, timeout string) (string, error) {
+func blockers(ctx context.Context, db Beginner, onMigrations bool) (string, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return "", err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // read only
-	rows, err := tx.Query(ctx, blockersSQL, timeout)
+	rows, err := tx.Query(ctx, blockersSQL, onMigrations)
 	if err != nil {
 		return "", err
 	}
 	var out []string
 	for rows.Next() {
 		var pid int
-		var role, state, tables string
+		var role, locks string
 		var age float64
-		if err := rows.Scan(&pid, &role, &state, &age, &tables); err != nil {
+		if err := rows.Scan(&pid, &role, &age, &locks); err != nil {
 			rows.Close()
 			return "", err
 		}
-		out = append(out, fmt.Sprintf("pid %d (role %s, %s, transaction open %s, on %s)",
-			pid, role, state, time.Duration(age*float64(time.Second)).Round(time.Second), tables))
+		open := ""
+		if age >= 0 {
+			open = fmt.Sprintf(", transaction open %s", time.Duration(age*float64(time.Second)).Round(time.Second))
+		}
+		out = append(out, fmt.Sprintf("pid %d (role %s%s: %s)", pid, role, open, locks))
 	}
 	return strings.Join(out, "; "), rows.Err()
 }
