@@ -166,8 +166,9 @@ var errNoTable = errors.New("migrate: no jetinbox_migrations table")
 
 // createTable creates jetinbox_migrations. Two starters may both find it
 // missing and both create it: the second one's CREATE waits for the first
-// one's commit and then fails on the catalog's unique index, which means
-// the table is there.
+// one's commit and then fails on a unique index of the catalog (reported
+// as a duplicate key, relation or type, depending on which it meets
+// first), which means the table is there.
 func createTable(ctx context.Context, db Beginner, component string) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
@@ -176,7 +177,7 @@ func createTable(ctx context.Context, db Beginner, component string) error {
 	defer tx.Rollback(ctx) //nolint:errcheck // after Commit this is a no-op
 	if _, err := tx.Exec(ctx, bootstrap); err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") { // unique_violation, duplicate_table
+		if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07" || pgErr.Code == "42710") { // unique_violation, duplicate_table, duplicate_object (its row type)
 			return nil
 		}
 		return fmt.Errorf("migrate %s: create jetinbox_migrations: %w", component, err)
