@@ -132,6 +132,10 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 		`UPDATE inbox SET received_at = now()`,
 		`UPDATE inbox SET message_id = 'other' WHERE message_id = 'm1'`,
 		`UPDATE inbox SET fingerprint = '\x02'`,
+		// Only the claim's own default writes claim_xid, which is what
+		// inbox_release goes by.
+		`UPDATE inbox SET claim_xid = NULL`,
+		`INSERT INTO inbox (scope, message_id, fingerprint, claim_xid) VALUES ('ledger', 'm4', '\x01', pg_current_xact_id())`,
 		`DELETE FROM outbox`,
 		`UPDATE outbox SET payload = '\x03'`,
 		// Marking rows sent is the relay's job: a consumer cannot drop a
@@ -158,6 +162,14 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 	} {
 		consumer.mustFail(t, q, denied...)
 	}
+	// Nor by making itself the writer of a committed row (UPDATE of
+	// reason) and releasing it in the same transaction. (The same with
+	// the transaction started in the microsecond of the claim, which needs
+	// a second session in between, is staged in inbox's
+	// TestReleaseRefusesRowsOthersClaimed.)
+	if got := consumer.must(t, `BEGIN; UPDATE inbox SET reason = reason WHERE message_id = 'm1'; SELECT inbox_release('ledger', ARRAY['m1']); COMMIT`); got != "0" {
+		t.Errorf("consumer: inbox_release of a committed row it rewrote removed %q rows, want 0", got)
+	}
 	if got := migrator.must(t, `SELECT count(*) FROM inbox WHERE message_id IN ('m1', 'old', 'rejected')`); got != "3" {
 		t.Errorf("%s of the 3 committed inbox rows are left after the consumer's attempts", got)
 	}
@@ -173,6 +185,15 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 		`LISTEN jetinbox_outbox`,
 	} {
 		relay.must(t, q)
+	}
+	// A sent row stays sent: set pending again, it would be published again
+	// once the stream's duplicate window has passed.
+	for _, q := range []string{
+		`UPDATE outbox SET sent_at = NULL WHERE id = 'notify:m1'`,
+		`UPDATE outbox SET sent_at = now() - interval '1 day' WHERE id = 'notify:m1'`,
+		`BEGIN; SELECT id FROM outbox FOR UPDATE SKIP LOCKED; UPDATE outbox SET sent_at = NULL; COMMIT`,
+	} {
+		relay.mustFail(t, q, "sent_at never changes once set")
 	}
 	for _, q := range []string{
 		`INSERT INTO outbox (id, subject, payload, fingerprint) VALUES ('forged', 'notifications.1', '', '\x01')`,
@@ -230,6 +251,9 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 		t.Errorf("verifier default_transaction_read_only = %q, want on", got)
 	}
 
+	// A pending follow-up and one the stream refused for good.
+	consumer.must(t, `INSERT INTO outbox (id, subject, payload, fingerprint, parent_id) VALUES ('notify:pending', 'notifications.1', '\x01', '\x02', 'm1'), ('notify:refused', 'notifications.1', '\x01', '\x02', 'm1')`)
+	relay.must(t, `UPDATE outbox SET failed = 'refused' WHERE id = 'notify:refused'`)
 	// The maintainer: retention (inbox.Prune's statements) and a dead
 	// letter's re-drive (jetinbox dlq -redrive), nothing else.
 	for _, q := range []string{
@@ -239,6 +263,19 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 		`DELETE FROM outbox WHERE ctid = ANY (ARRAY (SELECT ctid FROM outbox WHERE created_at < now() - interval '30 days' AND sent_at IS NOT NULL LIMIT 10000))`,
 	} {
 		maintainer.must(t, q)
+	}
+	// A pending outbox row cannot be deleted: its notification would never
+	// go out. A failed one can, once an operator has dealt with it.
+	for _, q := range []string{
+		`DELETE FROM outbox WHERE id = 'notify:pending'`,
+		`DELETE FROM outbox`,
+		`DELETE FROM outbox WHERE sent_at IS NULL`,
+	} {
+		maintainer.mustFail(t, q, "only a sent or failed row can be deleted")
+	}
+	maintainer.must(t, `DELETE FROM outbox WHERE id = 'notify:refused'`)
+	if got := migrator.must(t, `SELECT string_agg(id, ',' ORDER BY id) FROM outbox`); got != "notify:m1,notify:pending" {
+		t.Errorf("outbox after the maintainer's attempts: %q, want notify:m1 (sent, young) and notify:pending", got)
 	}
 	if got := migrator.must(t, `SELECT string_agg(message_id, ',' ORDER BY message_id) FROM inbox`); got != "m1" {
 		t.Errorf("inbox after retention and a re-drive: %q, want only m1 left", got)

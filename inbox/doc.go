@@ -57,10 +57,13 @@
 //
 // On PostgreSQL a [Processor] needs no DELETE on the inbox: the claim of a
 // message whose effect failed for a passing reason is given back through
-// the function inbox_release (migration 2), which removes only rows the
-// calling transaction inserted itself. The role that processes messages needs
-// SELECT on inbox; INSERT on its columns scope, message_id, fingerprint,
-// stream_seq and subject; UPDATE of status and reason; EXECUTE on
+// the function inbox_release (migrations 2 and 3), which removes only rows
+// the calling transaction inserted itself: those whose claim_xid, filled by
+// the column's default, is that transaction's ID. The role that processes
+// messages needs SELECT on inbox; INSERT on its columns scope, message_id,
+// fingerprint, stream_seq and subject; UPDATE of status and reason (never of
+// claim_xid, nor INSERT of it: a role that could write it could release
+// rows other transactions committed); EXECUTE on
 // inbox_release; and INSERT on inbox_conflicts with SELECT of its key
 // columns (deploy/postgres/grants.sql). [Prune] needs DELETE and is best run
 // under a role of its own. A single owner role, as in a quick start, can do

@@ -74,8 +74,10 @@ WHERE inbox.scope = $1 AND inbox.message_id = t.id`, scope, rejIDs, rejReasons)
 }
 
 func (s *pgStore) ReleaseClaims(ctx context.Context, tx pgx.Tx, scope string, retryIDs []string) error {
-	// inbox_release (migration 0002) removes only rows this transaction
-	// inserted, so the claiming role needs no DELETE on inbox. Every
+	// inbox_release (migrations 0002 and 0003) removes only rows this
+	// transaction inserted (their claim_xid, which only the column's
+	// default writes, is its ID), so the claiming role needs no DELETE on
+	// inbox. Every
 	// retried message was claimed fresh in this transaction: a row it
 	// did not remove would make the redelivery a duplicate, acked without
 	// its effect, so a short count fails the batch instead.

@@ -208,3 +208,60 @@ func TestRetryReleasesClaimWithoutDelete(t *testing.T) {
 		t.Fatalf("inbox_release of its own row and a committed row stamped with its start time: removed %d (want 1), %v", n, err)
 	}
 }
+
+// TestReleaseRefusesRowsOthersClaimed: a consumer session that rewrites
+// another transaction's committed row (UPDATE of status or reason makes it
+// the row's writer) cannot release it, even when its transaction began in
+// the very microsecond the row was claimed. The collision is staged: the
+// owner stamps the committed row with the attacking transaction's start
+// time before the attacker touches it.
+func TestReleaseRefusesRowsOthersClaimed(t *testing.T) {
+	t.Parallel()
+	owner := newDB(t)
+	ctx := context.Background()
+	claimer := claimerPool(t, owner)
+
+	p := newLedgerProcessor(t, claimer)
+	if out, err := p.Process(ctx, []inbox.Message{intent("victim", 1, 7)}); err != nil || statuses(out) != "applied" {
+		t.Fatalf("claiming the victim: %s, %v", statuses(out), err)
+	}
+
+	tx, err := claimer.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit a no-op
+	var started any
+	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&started); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := owner.Exec(ctx, `UPDATE inbox SET received_at = $1 WHERE message_id = 'victim'`, started); err != nil {
+		t.Fatal(err)
+	}
+	// What the consumer role may do to any row: rewrite status and reason.
+	if _, err := tx.Exec(ctx, `UPDATE inbox SET reason = reason WHERE scope = 'ledger' AND message_id = 'victim'`); err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	if err := tx.QueryRow(ctx, `SELECT inbox_release('ledger', ARRAY['victim'])`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("inbox_release removed %d committed rows another transaction claimed", n)
+	}
+	// The redelivery is a duplicate, not applied a second time.
+	out, err := p.Process(ctx, []inbox.Message{intent("victim", 1, 7)})
+	if err != nil || statuses(out) != "duplicate" {
+		t.Errorf("redelivery of the victim: %s, %v; want duplicate", statuses(out), err)
+	}
+	var entries int
+	if err := owner.QueryRow(ctx, `SELECT count(*) FROM ledger_entries WHERE message_id = 'victim'`).Scan(&entries); err != nil {
+		t.Fatal(err)
+	}
+	if entries != 1 {
+		t.Errorf("%d ledger entries for the victim, want 1", entries)
+	}
+}

@@ -45,8 +45,12 @@ func newEnv(t *testing.T) *env {
 	}
 	t.Cleanup(pool.Close)
 	e.pool = pool
-	if n, err := outbox.Migrate(ctx, pool); err != nil || n != 1 {
-		t.Fatalf("migrate: %d, %v", n, err)
+	n, err := outbox.Migrate(ctx, pool)
+	if err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	if st, err := outbox.MigrationStatus(ctx, pool); err != nil || n != len(st) {
+		t.Fatalf("migrate applied %d of the %d migrations (%v)", n, len(st), err)
 	}
 	if err := outbox.CheckSchema(ctx, pool); err != nil {
 		t.Fatal(err)
@@ -520,6 +524,58 @@ func TestPruneKeepsPendingRows(t *testing.T) {
 	}
 	if _, err := outbox.Prune(ctx, e.pool, outbox.PruneOptions{OlderThan: time.Hour}); err == nil {
 		t.Fatal("prune without a horizon")
+	}
+}
+
+// TestSentStaysSentPendingStays: whatever the role (here the table's
+// owner), a sent row's sent_at never changes again, which would publish it
+// anew after the stream's duplicate window, and a pending row cannot be
+// deleted, which would lose it. The relay's marks, an operator's deletion
+// of a failed row and the retention of sent rows still work.
+func TestSentStaysSentPendingStays(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	e.add(t, "g", 4)
+	for _, q := range []string{
+		// The relay's marks (outbox.Postgres's statements).
+		`UPDATE outbox SET sent_at = clock_timestamp() WHERE id = ANY(ARRAY['g-0'])`,
+		`UPDATE outbox SET failed = f.reason FROM unnest(ARRAY['g-1'], ARRAY['refused']) AS f(id, reason) WHERE outbox.id = f.id`,
+		// An operator gives a failed row another try, or gives it up.
+		`UPDATE outbox SET failed = NULL WHERE id = 'g-1'`,
+		`UPDATE outbox SET failed = 'refused again' WHERE id = 'g-1'`,
+		`DELETE FROM outbox WHERE id = 'g-1'`,
+		// A change to a sent row that leaves sent_at alone.
+		`UPDATE outbox SET failed = NULL WHERE id = 'g-0'`,
+	} {
+		if _, err := e.pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	for _, c := range []struct{ q, why string }{
+		{`UPDATE outbox SET sent_at = NULL WHERE id = 'g-0'`, "sent_at never changes once set"},
+		{`UPDATE outbox SET sent_at = now() - interval '1 day' WHERE id = 'g-0'`, "sent_at never changes once set"},
+		{`UPDATE outbox SET sent_at = NULL`, "sent_at never changes once set"},
+		{`DELETE FROM outbox WHERE id = 'g-2'`, "only a sent or failed row can be deleted"},
+		{`DELETE FROM outbox`, "only a sent or failed row can be deleted"},
+	} {
+		if _, err := e.pool.Exec(ctx, c.q); err == nil || !strings.Contains(err.Error(), c.why) {
+			t.Errorf("%s: %v, want refused: %s", c.q, err, c.why)
+		}
+	}
+	var rows string
+	if err := e.pool.QueryRow(ctx, `SELECT string_agg(id || ':' || (sent_at IS NOT NULL)::text, ',' ORDER BY id) FROM outbox`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != "g-0:true,g-2:false,g-3:false" {
+		t.Errorf("rows after the refused statements: %s", rows)
+	}
+	// Retention deletes the old sent row and keeps the pending ones.
+	if _, err := e.pool.Exec(ctx, `UPDATE outbox SET created_at = now() - interval '10 days'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := outbox.Prune(ctx, e.pool, outbox.PruneOptions{OlderThan: 5 * 24 * time.Hour, ReplayHorizon: 24 * time.Hour}); err != nil || n != 1 {
+		t.Errorf("prune: %d, %v; want the one sent row", n, err)
 	}
 }
 

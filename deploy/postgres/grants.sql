@@ -22,8 +22,9 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA jetinbox FROM PUBLIC, jetinbox_consumer, j
 -- jetinbox_consumer -------------------------------------------------------
 
 -- The inbox: a claim inserts the row (received_at is always the server's
--- now(), which retention and inbox_release rely on: the consumer cannot
--- set it), reads the rows that were already there, and a rejection sets
+-- now(), which retention relies on, and claim_xid the claiming
+-- transaction's ID, which inbox_release goes by: the consumer can set
+-- neither), reads the rows that were already there, and a rejection sets
 -- status and reason. No DELETE: the claims of messages to retry go back
 -- through inbox_release, which removes only rows the calling transaction
 -- inserted and has not committed.
@@ -83,7 +84,9 @@ GRANT SELECT ON TABLE inbox, inbox_conflicts, accounts, ledger_entries, outbox, 
 -- neither write an effect nor touch the ledger.
 GRANT SELECT, DELETE ON TABLE inbox TO jetinbox_maintainer;
 -- `jetinbox prune -outbox` deletes sent outbox rows older than the same
--- horizon (never pending ones).
+-- horizon. A pending row cannot be deleted, by this role or any other: the
+-- outbox's own triggers refuse it (only sent or failed rows go), and they
+-- keep the relay from setting a sent row pending again.
 GRANT SELECT, DELETE ON TABLE outbox TO jetinbox_maintainer;
 
 COMMIT;

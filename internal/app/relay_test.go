@@ -82,7 +82,7 @@ func TestTwoHopCommands(t *testing.T) {
 	srv, dbURL, pool, js := commandPipeline(t, 400, "th")
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL})
 	var out bytes.Buffer
-	if err := Migrate(ctx, nil, env, nil, &out, io.Discard); err != nil || !strings.Contains(out.String(), "1 outbox migrations") {
+	if err := Migrate(ctx, nil, env, nil, &out, io.Discard); err != nil || !strings.Contains(out.String(), "2 outbox migrations") {
 		t.Fatalf("migrate: %v: %s", err, out.String())
 	}
 	// Follow-ups without a stream to relay into: a usage error.
