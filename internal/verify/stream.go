@@ -253,7 +253,16 @@ const (
 	descrHeader  = "Description"
 )
 
-var directHeaders = []string{jetstream.StreamHeader, jetstream.SequenceHeader, jetstream.SubjectHeader, jetstream.TimeStampHeaer, "Nats-Num-Pending", "Nats-Last-Sequence"}
+var directHeaders = []string{jetstream.StreamHeader, jetstream.SequenceHeader, jetstream.SubjectHeader, jetstream.TimeStampHeaer, "Nats-Num-Pending", jetstream.LastSequenceHeader}
+
+func isDirectHeader(k string) bool {
+	for _, d := range directHeaders {
+		if k == d {
+			return true
+		}
+	}
+	return false
+}
 
 // directMsg is a direct get reply as a Message, without the headers the
 // direct get added; its timestamp only if withTime.
@@ -268,14 +277,11 @@ func directMsg(m *nats.Msg, withTime bool) (Message, time.Time, error) {
 			return Message{}, time.Time{}, fmt.Errorf("direct get reply %d: time stamp: %w", seq, err)
 		}
 	}
-	h := make(map[string]string, len(m.Header))
+	h := make(map[string]string, max(len(m.Header)-len(directHeaders), 1))
 	for k, v := range m.Header {
-		if len(v) > 0 {
+		if len(v) > 0 && !isDirectHeader(k) {
 			h[k] = v[0]
 		}
-	}
-	for _, k := range directHeaders {
-		delete(h, k)
 	}
 	return Message{Seq: seq, ID: h[jetstream.MsgIDHeader], Payload: m.Data, Header: h}, ts, nil
 }
