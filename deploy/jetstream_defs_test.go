@@ -65,6 +65,10 @@ func checkStream(name string, c jetstream.StreamConfig, wantName, wantSubject st
 	check(!c.Sealed, "sealed must be false")
 	check(c.PersistMode == jetstream.DefaultPersistMode, "persist_mode must be default (async acks before the write is stored)")
 	check(c.Mirror == nil && len(c.Sources) == 0, "mirror/sources are not expected")
+	// jetinbox verify reads with direct gets, so its NATS user needs no
+	// permission that creates consumers (one that could rewrite the
+	// production durable, or deliver a stream anywhere).
+	check(c.AllowDirect, "allow_direct must be true: jetinbox verify reads the stream with direct gets")
 	return errors.Join(errs...)
 }
 

@@ -2,6 +2,7 @@ package deploy_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -92,12 +93,10 @@ func TestNATSClusterEnforcesTheConfig(t *testing.T) {
 			t.Fatalf("a retry inside the duplicate window must be a duplicate of sequence %d: %+v, %v", first, ack, err)
 		}
 		// The producer reads the message a duplicate PubAck names, to
-		// tell a retry from an ID reused with another payload.
-		s, err := js.Stream(ctx, "INTENTS")
-		if err != nil {
-			t.Fatalf("stream info: %v", err)
-		}
-		if m, err := s.GetMsg(ctx, first); err != nil || string(m.Data) != `{"amount":1}` || m.Header.Get(jetstream.MsgIDHeader) != "intent-1" {
+		// tell a retry from an ID reused with another payload: with the
+		// STREAM.MSG.GET API, which the leader answers (not a direct get,
+		// which a lagging replica may answer).
+		if m, err := msgGet(ctx, producer.nc, "INTENTS", first); err != nil || string(m.Data) != `{"amount":1}` || m.Header.Get(jetstream.MsgIDHeader) != "intent-1" {
 			t.Fatalf("read back sequence %d as the producer: %+v, %v", first, m, err)
 		}
 		if _, err := js.Publish(ctx, "intents.transfer", []byte(`{"amount":2}`), jetstream.WithMsgID("intent-2")); err != nil {
@@ -206,11 +205,10 @@ func TestNATSClusterEnforcesTheConfig(t *testing.T) {
 		if err != nil || ack.Stream != defs.notifications.Name {
 			t.Fatalf("relay publish: %+v, %v", ack, err)
 		}
-		n, err := js.Stream(ctx, defs.notifications.Name)
-		if err != nil {
+		if _, err := js.Stream(ctx, defs.notifications.Name); err != nil {
 			t.Fatalf("stream info as the relay: %v", err)
 		}
-		if m, err := n.GetMsg(ctx, ack.Sequence); err != nil || m.Header.Get(jetstream.MsgIDHeader) != "notify:intent-1" {
+		if m, err := msgGet(ctx, relay.nc, defs.notifications.Name, ack.Sequence); err != nil || m.Header.Get(jetstream.MsgIDHeader) != "notify:intent-1" {
 			t.Fatalf("read back as the relay: %+v, %v", m, err)
 		}
 		for _, subj := range []string{"intents.transfer", "intents.ledger", "dlq.intents.transfer", "dlq.notifications.1",
@@ -267,6 +265,39 @@ func TestNATSClusterEnforcesTheConfig(t *testing.T) {
 			t.Errorf("the server's consumer config differs from ledger-consumer.json: %+v", got)
 		}
 	})
+}
+
+// msgGet reads the message at seq of stream with the STREAM.MSG.GET API, as
+// jsinbox's publisher reads back a duplicate.
+func msgGet(ctx context.Context, nc *nats.Conn, stream string, seq uint64) (*jetstream.RawStreamMsg, error) {
+	resp, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, fmt.Appendf(nil, `{"seq":%d}`, seq))
+	if err != nil {
+		return nil, err
+	}
+	var r struct {
+		Message *struct {
+			Subject string `json:"subject"`
+			Header  []byte `json:"hdrs"`
+			Data    []byte `json:"data"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return nil, err
+	}
+	if r.Error != nil {
+		return nil, r.Error
+	}
+	if r.Message == nil {
+		return nil, fmt.Errorf("no message %d in %s", seq, resp.Data)
+	}
+	m := &jetstream.RawStreamMsg{Subject: r.Message.Subject, Sequence: seq, Data: r.Message.Data}
+	if len(r.Message.Header) > 0 {
+		if m.Header, err = nats.DecodeHeadersMsg(r.Message.Header); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
 }
 
 // startNATSCluster runs the three node configs of fsys, with the auth.conf

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats-server/v2/conf"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 
@@ -35,22 +36,21 @@ var (
 		"$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.CONSUMER.INFO.INTENTS.ledger", "$JS.API.CONSUMER.MSG.NEXT.INTENTS.ledger",
 		// At start: does the largest intent fit the dead-letter stream?
 		"$JS.API.STREAM.INFO.INTENTS_DLQ",
-		"$JS.ACK.INTENTS.ledger.>", "dlq.intents.>", "$JS.API.STREAM.MSG.GET.INTENTS",
+		"$JS.ACK.INTENTS.ledger.>", "dlq.intents.>",
 		// The ledger durable's max-deliveries advisories, drained from the
 		// stream that keeps them: messages the server gave up on are read
-		// back with STREAM.MSG.GET and rescued.
+		// back (a direct get: INTENTS allows them) and rescued.
+		"$JS.API.DIRECT.GET.INTENTS",
 		"$JS.API.STREAM.INFO.INTENTS_ADVISORIES", "$JS.API.CONSUMER.INFO.INTENTS_ADVISORIES.ledger",
 		"$JS.API.CONSUMER.MSG.NEXT.INTENTS_ADVISORIES.ledger", "$JS.ACK.INTENTS_ADVISORIES.ledger.>",
 	}
-	// jetinbox verify -watch: ordered consumers on INTENTS and INTENTS_DLQ,
-	// the ledger durable's and the rescue consumer's info, messages by
-	// sequence. No ack, no publish, no delete.
+	// jetinbox verify -watch: direct gets on INTENTS and INTENTS_DLQ, the
+	// ledger durable's and the rescue consumer's info. No consumer of its
+	// own, no ack, no publish, no delete.
 	verifyPublish = []string{
 		"$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.STREAM.INFO.INTENTS_DLQ",
 		"$JS.API.CONSUMER.INFO.INTENTS.ledger", "$JS.API.CONSUMER.INFO.INTENTS_ADVISORIES.ledger",
-		"$JS.API.CONSUMER.CREATE.INTENTS.*", "$JS.API.CONSUMER.CREATE.INTENTS_DLQ.*",
-		"$JS.API.CONSUMER.MSG.NEXT.INTENTS.*", "$JS.API.CONSUMER.MSG.NEXT.INTENTS_DLQ.*",
-		"$JS.API.STREAM.MSG.GET.INTENTS",
+		"$JS.API.DIRECT.GET.INTENTS", "$JS.API.DIRECT.GET.INTENTS_DLQ",
 	}
 	// jetinbox relay: the outbox's rows into NOTIFICATIONS, pinned there;
 	// the stream looked up at start, a duplicate's stored copy read back.
@@ -62,6 +62,13 @@ var (
 	// pulled intents arrive on its reply subjects). The shipped compose and
 	// Kubernetes files give each client its role's prefix.
 	inboxPrefix = map[string]string{"producer": "_INBOX_producer", "consumer": "_INBOX_consumer", "relay": "_INBOX_relay", "verify": "_INBOX_verify"}
+	// Each role's account. The streams are in JETINBOX; the producer, the
+	// relay and the verifier call it through service imports of exactly
+	// their publish permissions, so the server replaces their reply
+	// subjects (which NATS never checks against permissions) with its own
+	// before a request reaches a stream's account.
+	roleAccount = map[string]string{"producer": "PRODUCER", "consumer": "JETINBOX", "relay": "RELAY", "verify": "VERIFY"}
+	rolePublish = map[string][]string{"producer": producerPublish, "consumer": consumerPublish, "relay": relayPublish, "verify": verifyPublish}
 )
 
 // roleSubscribe is what role may subscribe to: its own replies.
@@ -150,7 +157,6 @@ func validateNATSNode(path, node string) (*server.Options, error) {
 			check(acc == "JETINBOX" || acc == "SYS", "user %s without permissions in account %q", u.Nkey, acc)
 			continue
 		}
-		check(acc == "JETINBOX", "user %s is in account %q", u.Nkey, acc)
 		p := u.Permissions
 		check(p.Publish != nil && p.Subscribe != nil, "user %s lacks publish or subscribe permissions", u.Nkey)
 		if p.Publish == nil || p.Subscribe == nil {
@@ -171,7 +177,7 @@ func validateNATSNode(path, node string) (*server.Options, error) {
 			relay++
 			role = "relay"
 			check(sameSet(p.Publish.Allow, relayPublish), "relay may publish to %v, want %v", p.Publish.Allow, relayPublish)
-		case slices.Contains(p.Publish.Allow, "$JS.API.CONSUMER.CREATE.INTENTS.*"):
+		case slices.Contains(p.Publish.Allow, "$JS.API.DIRECT.GET.INTENTS_DLQ"):
 			verifier++
 			role = "verify"
 			check(sameSet(p.Publish.Allow, verifyPublish), "verify may publish to %v, want %v", p.Publish.Allow, verifyPublish)
@@ -180,10 +186,114 @@ func validateNATSNode(path, node string) (*server.Options, error) {
 		}
 		if role != "" {
 			check(sameSet(p.Subscribe.Allow, roleSubscribe(role)), "%s may subscribe to %v, want its own replies only: %v", role, p.Subscribe.Allow, roleSubscribe(role))
+			check(acc == roleAccount[role], "the %s user is in account %q, want %s", role, acc, roleAccount[role])
 		}
 	}
 	check(producer == 1 && consumer == 1 && relay == 1 && verifier == 1, "found %d producer, %d consumer, %d relay and %d verify users, want one each", producer, consumer, relay, verifier)
+	if err := checkAccounts(path); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", node, err))
+	}
 	return opts, errors.Join(errs...)
+}
+
+// checkAccounts reads the accounts of a node config (with the server's
+// config parser, includes and variables resolved) and checks the exports
+// and imports: JETINBOX holds the streams and exports each subject a role
+// outside it publishes to, as a service, to exactly the accounts of the
+// roles that use it; each of those accounts imports exactly its role's
+// publish permissions from JETINBOX, under the same subject, and has no
+// JetStream of its own. Nothing else is exported or imported.
+func checkAccounts(path string) error {
+	m, err := conf.ParseFile(path)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	accounts, _ := m["accounts"].(map[string]any)
+	// What the accounts should be, from the role lists.
+	wantExports := map[string][]string{} // subject -> importing accounts
+	wantAccounts := []string{"JETINBOX", "SYS"}
+	for role, acc := range roleAccount {
+		if acc == "JETINBOX" {
+			continue
+		}
+		wantAccounts = append(wantAccounts, acc)
+		for _, subj := range rolePublish[role] {
+			wantExports[subj] = append(wantExports[subj], acc)
+		}
+	}
+	var names []string
+	for name := range accounts {
+		names = append(names, name)
+	}
+	check(sameSet(names, wantAccounts), "accounts %v, want %v", names, wantAccounts)
+
+	jet, _ := accounts["JETINBOX"].(map[string]any)
+	_, hasImports := jet["imports"]
+	check(!hasImports, "JETINBOX imports something: %v", jet["imports"])
+	gotExports := map[string]bool{}
+	for _, e := range asList(jet["exports"]) {
+		em, _ := e.(map[string]any)
+		subj, _ := em["service"].(string)
+		check(subj != "", "JETINBOX exports something other than a service: %v", e)
+		if subj == "" {
+			continue
+		}
+		check(!gotExports[subj], "JETINBOX exports %s twice", subj)
+		gotExports[subj] = true
+		want, ok := wantExports[subj]
+		check(ok, "JETINBOX exports %s, which no role outside it publishes to", subj)
+		var to []string
+		for _, a := range asList(em["accounts"]) {
+			s, _ := a.(string)
+			to = append(to, s)
+		}
+		check(ok && sameSet(to, want), "JETINBOX exports %s to %v, want exactly %v", subj, to, want)
+		// A direct get with a batch answers with many messages; everything
+		// else with one.
+		rt, _ := em["response_type"].(string)
+		wantRT := ""
+		if strings.Contains(subj, ".DIRECT.GET.") {
+			wantRT = "stream"
+		}
+		check(rt == wantRT, "JETINBOX exports %s with response_type %q, want %q", subj, rt, wantRT)
+		for k := range em {
+			check(k == "service" || k == "accounts" || k == "response_type", "JETINBOX's export of %s sets %s", subj, k)
+		}
+	}
+	for subj := range wantExports {
+		check(gotExports[subj], "JETINBOX does not export %s", subj)
+	}
+	for role, acc := range roleAccount {
+		if acc == "JETINBOX" {
+			continue
+		}
+		am, _ := accounts[acc].(map[string]any)
+		_, js := am["jetstream"]
+		_, exports := am["exports"]
+		check(!js && !exports, "account %s has JetStream or exports of its own", acc)
+		var imported []string
+		for _, i := range asList(am["imports"]) {
+			im, _ := i.(map[string]any)
+			svc, _ := im["service"].(map[string]any)
+			from, _ := svc["account"].(string)
+			subj, _ := svc["subject"].(string)
+			check(len(im) == 1 && svc != nil && from == "JETINBOX" && len(svc) == 2, "account %s imports %v, want services of JETINBOX under their own subject", acc, i)
+			imported = append(imported, subj)
+		}
+		check(sameSet(imported, rolePublish[role]), "account %s imports %v, want its %s role's publish permissions %v", acc, imported, role, rolePublish[role])
+	}
+	return errors.Join(errs...)
+}
+
+func asList(v any) []any {
+	l, _ := v.([]any)
+	return l
 }
 
 func sameSet(a, b []string) bool {

@@ -138,6 +138,12 @@ func (o StreamConfig) Config() jetstream.StreamConfig {
 		// under sync_interval: always. It adds no way to delete or alter
 		// stored intents.
 		AllowAtomicPublish: true,
+		// jetinbox verify reads with direct gets (batches by sequence),
+		// so its NATS user needs no permission to create consumers, which
+		// could rewrite a durable or deliver the stream anywhere. It adds
+		// no way to change stored messages. The dead-letter stream
+		// inherits it.
+		AllowDirect: true,
 	}
 }
 

@@ -86,8 +86,8 @@ func waitDurable(ctx context.Context, nodes *testenv.Cluster, stream, durable st
 	return nodes.WaitHealthy(wctx)
 }
 
-// demoVerify is verify.Run. On a cluster, a read that times out (an
-// ordered consumer placed on a node still settling after the kill) is
+// demoVerify is verify.Run. On a cluster, a read that times out (a
+// replica still settling after the kill) is
 // tried again once every node is healthy: a failed read judges nothing.
 func demoVerify(ctx context.Context, nodes *testenv.Cluster, js jetstream.JetStream, db verify.DB, o verify.Options, say func(string, ...any)) (rep *verify.Report, err error) {
 	err = nodes.ReadWhenHealthy(ctx, func() (err error) {

@@ -1,5 +1,5 @@
 // Package verify checks a pipeline's final state against its stream: it reads
-// every message with an ordered consumer (disturbing no durable consumer),
+// every message with direct gets (creating no consumer, so it disturbs none),
 // reads the dead-letter stream, the inbox and the ledger, and reports lost,
 // duplicated and unexpected effects.
 package verify

@@ -1,0 +1,229 @@
+package deploy_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// What a stolen key can do under the shipped configs, on the R3 cluster of
+// TestNATSClusterEnforcesTheConfig.
+//
+// NATS checks the subject a client publishes to against its permissions,
+// never the reply subject: a permitted request with the reply subject of a
+// stream makes the server publish its answer there, and the stream stores
+// it. The producer, the relay and the verifier therefore live in accounts
+// of their own that import from JETINBOX only the services they use: a
+// request that crosses an import carries a reply subject the server makes
+// up (_R_.…), which no stream captures. This test sends every request each
+// of those keys may send, with the subjects of every stream as reply
+// subjects, and requires every stream to store nothing.
+func TestStolenKeyReplySubjects(t *testing.T) {
+	t.Parallel()
+	fsys := loadFiles(t)
+	fx := fixture(t)
+	defs, err := loadJetStream(fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	urls := startNATSCluster(t, fsys, fx)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin := connectAs(t, urls, fx, "admin")
+	adminJS, err := jetstream.New(admin.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyJetStream(t, ctx, adminJS, defs)
+	// Something to read, so that message gets have an answer.
+	if _, err := adminJS.Publish(ctx, "intents.ledger", []byte(`{"account":1,"amount":1}`), jetstream.WithMsgID("stored")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adminJS.Publish(ctx, "notifications.1", []byte(`{"account":1,"amount":1}`), jetstream.WithMsgID("notify:stored")); err != nil {
+		t.Fatal(err)
+	}
+	streams := []string{defs.intents.Name, defs.dlq.Name, defs.advisories.Name, defs.notifications.Name}
+	before := streamCounts(t, ctx, adminJS, streams)
+
+	replies := []string{"dlq.intents.x", "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.INTENTS.ledger", "notifications.x", "intents.x"}
+	roles := map[string][]string{"producer": producerPublish, "relay": relayPublish, "verify": verifyPublish}
+	for role, allowed := range roles {
+		cl := connectAs(t, urls, fx, role)
+		sent := 0
+		for _, subj := range allowed {
+			m := attackRequest(subj)
+			for _, reply := range replies {
+				m.Reply = reply
+				if err := cl.nc.PublishMsg(m); err != nil {
+					t.Fatal(err)
+				}
+				sent++
+			}
+		}
+		// Permitted requests, all of them: the attack is not refused, its
+		// answers go nowhere.
+		cl.expectNoAsyncError(t)
+		t.Logf("%s: %d requests with stream subjects as reply subjects", role, sent)
+	}
+	// The answers are published by the servers a moment after the
+	// requests; give them time to land in a stream.
+	time.Sleep(2 * time.Second)
+	after := streamCounts(t, ctx, adminJS, streams)
+	if !reflect.DeepEqual(after, before) {
+		t.Errorf("streams hold %v after the requests, %v before: a reply subject reached a stream", after, before)
+	}
+
+	// The consumer stays in JETINBOX (it publishes dead letters anyway), so
+	// its key still reaches the streams through a reply subject: what the
+	// rows above would show if the accounts leaked, and the consumer key's
+	// residual reach.
+	consumer := connectAs(t, urls, fx, "consumer")
+	if err := consumer.nc.PublishRequest("$JS.API.STREAM.INFO."+defs.intents.Name, "dlq.intents.x", nil); err != nil {
+		t.Fatal(err)
+	}
+	consumer.expectNoAsyncError(t)
+	eventually(t, ctx, func() error {
+		n := streamCounts(t, ctx, adminJS, []string{defs.dlq.Name})[defs.dlq.Name]
+		if n != after[defs.dlq.Name]+1 {
+			return fmt.Errorf("%s holds %d messages, want the consumer's stray reply stored", defs.dlq.Name, n)
+		}
+		return nil
+	})
+}
+
+// attackRequest is a well-formed request to subj (a permission pattern with
+// its wildcards filled in), so the server answers it.
+func attackRequest(subj string) *nats.Msg {
+	subj = strings.ReplaceAll(strings.ReplaceAll(subj, ".>", ".attack"), ".*", ".attack")
+	m := nats.NewMsg(subj)
+	switch {
+	case strings.HasPrefix(subj, "intents.") || strings.HasPrefix(subj, "notifications."):
+		// A publish the stream refuses (pinned to a stream that does not
+		// capture it): its PubAck is an error, sent to the reply subject,
+		// and the test's streams gain nothing from the publish itself.
+		m.Header.Set(jetstream.ExpectedStreamHeader, "NO_SUCH_STREAM")
+		m.Data = []byte(`{}`)
+	case strings.Contains(subj, ".MSG.GET.") || strings.Contains(subj, ".DIRECT.GET."):
+		m.Data = []byte(`{"seq":1}`)
+	case strings.Contains(subj, ".CONSUMER.CREATE."):
+		m.Data = []byte(`{"stream_name":"INTENTS","config":{"ack_policy":"none","deliver_policy":"all","mem_storage":true,"inactive_threshold":5000000000}}`)
+	case strings.Contains(subj, ".MSG.NEXT."):
+		m.Data = []byte(`{"batch":1,"expires":1000000000}`)
+	}
+	return m
+}
+
+// streamCounts is the number of messages each stream holds.
+func streamCounts(t *testing.T, ctx context.Context, js jetstream.JetStream, names []string) map[string]uint64 {
+	t.Helper()
+	out := map[string]uint64{}
+	for _, name := range names {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[name] = s.CachedInfo().State.Msgs
+	}
+	return out
+}
+
+// TestStolenVerifierKey: the verifier reads INTENTS and INTENTS_DLQ with
+// direct gets and creates no consumer, so its key can neither change or
+// delete the production durable nor make the server deliver a stream
+// anywhere.
+func TestStolenVerifierKey(t *testing.T) {
+	t.Parallel()
+	fsys := loadFiles(t)
+	fx := fixture(t)
+	defs, err := loadJetStream(fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	urls := startNATSCluster(t, fsys, fx)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin := connectAs(t, urls, fx, "admin")
+	adminJS, err := jetstream.New(admin.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyJetStream(t, ctx, adminJS, defs)
+	if _, err := adminJS.Publish(ctx, "intents.ledger", []byte(`{"account":1,"amount":1}`), jetstream.WithMsgID("stored")); err != nil {
+		t.Fatal(err)
+	}
+	ledger, err := adminJS.Consumer(ctx, defs.intents.Name, defs.ledger.Durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ledger.CachedInfo().Config
+	dlqBefore := streamCounts(t, ctx, adminJS, []string{defs.dlq.Name})
+
+	verifier := connectAs(t, urls, fx, "verify")
+	create := func(cfg any) []byte {
+		b, err := json.Marshal(map[string]any{"stream_name": defs.intents.Name, "config": cfg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	// The durable as it is, but with a filter that matches nothing, one
+	// delivery, a short ack wait, and removed when idle.
+	h := want
+	h.FilterSubject, h.MaxDeliver, h.AckWait, h.InactiveThreshold = "intents.elsewhere", 1, time.Second, 5*time.Second
+	hijack := create(h)
+	// A push consumer copying INTENTS into the dead-letter stream.
+	copier := create(map[string]any{"name": "copier", "ack_policy": "none", "deliver_subject": "dlq.intents.x", "inactive_threshold": int64(5 * time.Second)})
+	attempts := []struct {
+		subj string
+		body []byte
+	}{
+		{"$JS.API.CONSUMER.CREATE." + defs.intents.Name + "." + defs.ledger.Durable, hijack},
+		{"$JS.API.CONSUMER.CREATE." + defs.intents.Name + "." + defs.ledger.Durable + ".intents.elsewhere", hijack},
+		{"$JS.API.CONSUMER.DURABLE.CREATE." + defs.intents.Name + "." + defs.ledger.Durable, hijack},
+		{"$JS.API.CONSUMER.CREATE." + defs.intents.Name + ".copier", copier},
+		{"$JS.API.CONSUMER.CREATE." + defs.intents.Name, copier},
+		{"$JS.API.CONSUMER.CREATE." + defs.dlq.Name + ".copier", copier},
+		{"$JS.API.CONSUMER.DELETE." + defs.intents.Name + "." + defs.ledger.Durable, nil},
+	}
+	for _, a := range attempts {
+		resp, err := verifier.nc.Request(a.subj, a.body, 2*time.Second)
+		if err == nil {
+			t.Errorf("the verifier's %s was answered: %s", a.subj, resp.Data)
+			continue
+		}
+		if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, nats.ErrPermissionViolation) {
+			t.Errorf("the verifier's %s: %v", a.subj, err)
+		}
+	}
+	time.Sleep(time.Second)
+	info, err := ledger.Info(ctx)
+	if err != nil {
+		t.Fatalf("the ledger durable after the verifier's attempts: %v", err)
+	}
+	if !reflect.DeepEqual(info.Config, want) {
+		t.Errorf("the ledger durable changed:\n got %+v\nwant %+v", info.Config, want)
+	}
+	intents, err := adminJS.Stream(ctx, defs.intents.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := intents.ConsumerNames(ctx)
+	var got []string
+	for n := range names.Name() {
+		got = append(got, n)
+	}
+	if names.Err() != nil || len(got) != 1 || got[0] != defs.ledger.Durable {
+		t.Errorf("consumers on %s: %v, %v; want the ledger durable alone", defs.intents.Name, got, names.Err())
+	}
+	if after := streamCounts(t, ctx, adminJS, []string{defs.dlq.Name}); !reflect.DeepEqual(after, dlqBefore) {
+		t.Errorf("%s holds %v, %v before", defs.dlq.Name, after, dlqBefore)
+	}
+}
