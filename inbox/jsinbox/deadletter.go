@@ -76,9 +76,9 @@ func OriginalSubject(dl *nats.Msg) (string, bool) {
 	return strings.TrimPrefix(dl.Subject, DeadLetterPrefix), true
 }
 
-// cut returns s cut to at most n bytes, on a rune boundary: an ID or a
-// subject the inbox refused for its length is echoed in a header only
-// within the dead-letter stream's room for headers.
+// cut returns s cut to at most n bytes, on a rune boundary: a subject the
+// inbox refused for its length is echoed in a header only within the
+// dead-letter stream's room for headers.
 func cut(s string, n int) string {
 	if len(s) <= n {
 		return s
@@ -133,7 +133,9 @@ func (c *Consumer) deadLetterCopy(m settleable, im *inbox.Message, status, reaso
 	h.Set(HeaderStream, c.cfg.Stream)
 	h.Set(HeaderStreamSeq, strconv.FormatUint(im.StreamSeq, 10))
 	h.Set(HeaderDelivered, strconv.FormatUint(im.Deliveries, 10))
-	h.Set(HeaderMessageID, cut(im.ID, inbox.MaxIDLen))
+	// Whole, however long: it takes the place of the original's
+	// Nats-Msg-Id, which the intents stream's max_msg_size bounded.
+	h.Set(HeaderMessageID, im.ID)
 	subject := m.Subject()
 	if len(subject) <= inbox.MaxSubjectLen {
 		h.Set(HeaderSubject, subject)

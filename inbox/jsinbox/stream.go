@@ -31,9 +31,9 @@ const (
 	DefaultMaxMsgSize = 8 << 10
 	// DeadLetterHeadroom is what a dead-letter copy may add to an intent:
 	// jetinbox's headers (reason at most [inbox.MaxReasonLen] bytes, status,
-	// scope, stream, sequence, deliveries, message ID cut at
-	// [inbox.MaxIDLen], subject cut at [inbox.MaxSubjectLen] with its
-	// hash: under 2 KiB in all) and its own
+	// scope, stream, sequence, deliveries, subject cut at
+	// [inbox.MaxSubjectLen] with its hash: under 2 KiB in all; the message
+	// ID takes the place of the original's Nats-Msg-Id) and its own
 	// Nats-Msg-Id and Nats-Expected-Stream. The dead-letter stream's
 	// max_msg_size must be at least the intents stream's plus this, or the
 	// largest intent could not be dead-lettered.
