@@ -187,8 +187,10 @@ func TestCrashOnLastDeliveryNobodyListening(t *testing.T) {
 
 // TestRejectedIDRepublished: an intent rejected and dead-lettered once and
 // published again after the duplicate window (a new stream message with
-// the same ID and payload) is terminated as a copy of the rejected intent:
-// one dead letter, not two, and verify counts the copy as settled.
+// the same ID, subject and payload) is terminated as a copy of the rejected
+// intent: one dead letter, not two, and verify counts the copy as settled.
+// The same ID and payload on another subject is another intent: a
+// conflict, dead-lettered as such.
 func TestRejectedIDRepublished(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "", jsinbox.StreamConfig{DuplicateWindow: 100 * time.Millisecond})
@@ -200,14 +202,16 @@ func TestRejectedIDRepublished(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // past the duplicate window
 	e.publishRaw(t, "intents.1", "rejected-once", poison)
 	time.Sleep(200 * time.Millisecond)
+	e.publishRaw(t, "intents.1", "rejected-once", poison)
+	time.Sleep(200 * time.Millisecond)
 	e.publishRaw(t, "intents.2", "rejected-once", poison)
 	e.settle(t, 30*time.Second)
-	waitFor(t, 10*time.Second, func() bool { return r.c.Stats().RejectedRepeats == 2 })
-	if s := r.c.Stats(); s.DeadLettered != 1 {
-		t.Fatalf("stats %+v: want one dead letter for the rejected intent", s)
+	waitFor(t, 10*time.Second, func() bool { return r.c.Stats().RejectedRepeats == 2 && r.c.Stats().Conflicts == 1 })
+	if s := r.c.Stats(); s.DeadLettered != 2 {
+		t.Fatalf("stats %+v: want one dead letter for the rejected intent, one for the conflict", s)
 	}
-	if n := len(deadLetters(t, e)); n != 1 {
-		t.Fatalf("%d dead letters, want 1", n)
+	if n := len(deadLetters(t, e)); n != 2 {
+		t.Fatalf("%d dead letters, want 2", n)
 	}
 	e.assertClean(t, 10)
 }
