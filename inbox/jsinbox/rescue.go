@@ -230,7 +230,14 @@ func (c *Consumer) rescue(ctx context.Context, adv jetstream.Msg, onCrash func(e
 		raw, err = s.GetMsg(ctx, a.StreamSeq)
 	}
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		c.rescueGone(ctx, adv, s.CachedInfo(), a, retry)
+		// The stream's state now, not before the read: the message may
+		// have aged out in between.
+		var info *jetstream.StreamInfo
+		if info, err = s.Info(ctx); err != nil {
+			retry("stream info", err)
+			return
+		}
+		c.rescueGone(ctx, adv, info, a, retry)
 		return
 	}
 	if err != nil {

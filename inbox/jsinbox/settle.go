@@ -155,6 +155,12 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 // except when the consumer is stopping and the database is unavailable:
 // then the message is let go (see [Consumer.lettingGo]).
 func (c *Consumer) lastTry(ctx context.Context, m jetstream.Msg, im *inbox.Message, o inbox.Outcome) {
+	if c.stoppingNow() && c.dbDown.Load() {
+		// Known down: another try would only wait for its connect timeout.
+		c.cfg.Logger.Warn("jsinbox: stopping while the database is unavailable; letting go of a message on its last delivery for the next consumer to rescue",
+			"id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries)
+		return
+	}
 	_ = m.InProgress()
 	out, err := c.proc.Process(ctx, []inbox.Message{*im})
 	if err == nil {
@@ -183,15 +189,23 @@ func (c *Consumer) lastTry(ctx context.Context, m jetstream.Msg, im *inbox.Messa
 // it once the database is back. Without a DB to ping, the failed
 // transaction is the evidence.
 func (c *Consumer) lettingGo(ctx context.Context) bool {
-	select {
-	case <-c.stopping:
-	default:
+	if !c.stoppingNow() {
 		return false
 	}
-	if c.cfg.DB == nil {
+	if c.cfg.DB == nil || c.dbDown.Load() {
 		return true
 	}
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	return c.cfg.DB.Ping(pctx) != nil
+}
+
+// stoppingNow reports whether Run's context has ended.
+func (c *Consumer) stoppingNow() bool {
+	select {
+	case <-c.stopping:
+		return true
+	default:
+		return false
+	}
 }
