@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 )
@@ -18,7 +19,8 @@ import (
 // TestDLQExpiredNotRedriven: an expired record (a message the server gave
 // up on that aged out of the stream before its rescue) is listed with its
 // status, and a re-drive says plainly why it cannot re-drive it: nothing
-// of the intent is kept. Nothing is published.
+// of the intent is kept. Nothing is published. jetinbox verify reports it
+// as a violation and exits 1.
 func TestDLQExpiredNotRedriven(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -51,6 +53,12 @@ func TestDLQExpiredNotRedriven(t *testing.T) {
 	if !strings.Contains(out, "stream seq 7 expired before rescue") || !strings.Contains(out, "nothing is kept to re-drive") ||
 		!strings.Contains(out, "re-driven 0") {
 		t.Fatalf("dlq -redrive of an expired record:\n%s", out)
+	}
+	// jetinbox verify counts it as a violation: exit 1.
+	var rep bytes.Buffer
+	err := Jetinbox(ctx, []string{"verify"}, env, nil, &rep, io.Discard)
+	if cli.ExitCode(err) != 1 || !strings.Contains(rep.String(), "expired before rescue  1  VIOLATION") {
+		t.Fatalf("jetinbox verify with an expired record: %v (exit %d)\n%s", err, cli.ExitCode(err), rep.String())
 	}
 	s, err := js.Stream(ctx, jsinbox.DefaultStream)
 	if err != nil {
