@@ -294,14 +294,15 @@ func expiredSubject(filter string) string {
 }
 
 // rescueGone settles an advisory whose message the stream no longer holds.
-// Below the stream's first sequence it aged out before the rescue: the
-// expired record is published to the dead-letter stream (with an ID like a
-// dead letter's, so a retry stores it once) and counted, then the advisory
-// is acked; a failed publish naks the advisory to try again. At or above
-// it, the stream never held it (the stream denies deletes): the advisory
-// names no message of this stream, and it is terminated like a forged one.
+// Up to the stream's last sequence, the message is gone (aged out, as the
+// stream denies deletes) before the rescue: the expired record is
+// published to the dead-letter stream (with an ID like a dead letter's, so
+// a retry stores it once) and counted, then the advisory is acked; a
+// failed publish naks the advisory to try again. Beyond it, the stream
+// never held the message: the advisory names no message of this stream,
+// and it is terminated like a forged one.
 func (c *Consumer) rescueGone(ctx context.Context, adv jetstream.Msg, info *jetstream.StreamInfo, a maxDeliverAdvisory, retry func(string, error)) {
-	if a.StreamSeq >= info.State.FirstSeq {
+	if a.StreamSeq > info.State.LastSeq {
 		c.foreignAdvisories.Add(1)
 		c.cfg.Logger.Error("jsinbox: a max-deliveries advisory names a message this stream never held; terminated, nothing rescued",
 			"stream", c.cfg.Stream, "stream_seq", a.StreamSeq, "first_seq", info.State.FirstSeq, "last_seq", info.State.LastSeq)
@@ -313,7 +314,7 @@ func (c *Consumer) rescueGone(ctx context.Context, adv jetstream.Msg, info *jets
 		subject = expiredSubject(info.Config.Subjects[0])
 	}
 	seq := strconv.FormatUint(a.StreamSeq, 10)
-	reason := fmt.Sprintf("given up on after %d deliveries, then aged out of %s (max_age %s) before it was rescued; its fate is unknown",
+	reason := fmt.Sprintf("given up on after %d deliveries, then gone from %s (max_age %s) before it was rescued; its fate is unknown",
 		a.Deliveries, c.cfg.Stream, info.Config.MaxAge)
 	rec := &nats.Msg{Subject: subject, Header: nats.Header{
 		HeaderStatus:    []string{DeadLetterExpired},
