@@ -44,13 +44,25 @@ const (
 	advisoryMaxBytes = 4 << 30
 )
 
+// AdvisoryOutlives is how much longer than the intents stream's max_age
+// the advisory stream keeps advisories. A rescue needs the advisory; the
+// message it names may be gone by then, and only a kept advisory lets the
+// rescue record that (see [DeadLetterExpired]). Kept as long as a dead
+// letter by default: consumers down longer than the intents' max_age
+// still find every give-up and record the ones that expired.
+const AdvisoryOutlives = DefaultDeadLetterMaxAge
+
 // AdvisoryConfig returns the configuration of the advisory stream: the
 // max-deliveries advisories of every consumer of the intents stream, kept
-// as long as the intents themselves (a rescue needs both), with the
-// intents stream's replicas.
+// [AdvisoryOutlives] longer than the intents (forever if the intents are),
+// with the intents stream's replicas.
 func (o StreamConfig) AdvisoryConfig() jetstream.StreamConfig { return advisoryConfig(o.Config()) }
 
 func advisoryConfig(intents jetstream.StreamConfig) jetstream.StreamConfig {
+	maxAge := intents.MaxAge
+	if maxAge > 0 {
+		maxAge += AdvisoryOutlives
+	}
 	return jetstream.StreamConfig{
 		Name:       AdvisoryStream(intents.Name),
 		Subjects:   []string{maxDeliveriesSubject(intents.Name, "*")},
@@ -60,7 +72,7 @@ func advisoryConfig(intents jetstream.StreamConfig) jetstream.StreamConfig {
 		Discard:    jetstream.DiscardNew,
 		MaxMsgs:    advisoryMaxMsgs,
 		MaxBytes:   advisoryMaxBytes,
-		MaxAge:     intents.MaxAge,
+		MaxAge:     maxAge,
 		DenyDelete: true,
 		DenyPurge:  true,
 	}
