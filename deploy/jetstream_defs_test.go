@@ -137,8 +137,9 @@ func checkAdvisories(d *jsDefs) error {
 	check(c.Replicas == d.intents.Replicas, "num_replicas %d, want the intents stream's %d", c.Replicas, d.intents.Replicas)
 	check(c.Discard == want.Discard, "discard %v, want %v", c.Discard, want.Discard)
 	check(c.MaxMsgs == want.MaxMsgs && c.MaxBytes == want.MaxBytes, "max_msgs/max_bytes %d/%d, want jsinbox's %d/%d", c.MaxMsgs, c.MaxBytes, want.MaxMsgs, want.MaxBytes)
-	// A rescue needs the advisory and the message it names: keep both as long.
-	check(c.MaxAge == d.intents.MaxAge, "max_age %v, want the intents stream's %v", c.MaxAge, d.intents.MaxAge)
+	// A rescue needs the advisory, and records a message that aged out
+	// first only if the advisory outlives it.
+	check(c.MaxAge == want.MaxAge, "max_age %v, want the intents stream's %v plus %v", c.MaxAge, d.intents.MaxAge, jsinbox.AdvisoryOutlives)
 	check(c.DenyDelete && c.DenyPurge, "deny_delete and deny_purge must be true: a deleted advisory is a message never rescued")
 	check(!c.AllowRollup && !c.AllowMsgTTL, "allow_rollup_hdrs and allow_msg_ttl must be false")
 	check(!c.NoAck && !c.Sealed, "no_ack and sealed must be false")

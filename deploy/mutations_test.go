@@ -54,7 +54,7 @@ func TestMutationsAreRejected(t *testing.T) {
 		{"consumer infinite deliveries", "jetstream/ledger-consumer.json", `"max_deliver": 20`, `"max_deliver": -1`, validateJetStream},
 		{"consumer ack none", "jetstream/ledger-consumer.json", `"ack_policy": "explicit"`, `"ack_policy": "none"`, validateJetStream},
 		{"advisories subject typo", "jetstream/advisories-stream.json", `MAX_DELIVERIES.INTENTS.*`, `MAX_DELIVERY.INTENTS.*`, validateJetStream},
-		{"advisories kept shorter", "jetstream/advisories-stream.json", `"max_age": 604800000000000`, `"max_age": 86400000000000`, validateJetStream},
+		{"advisories kept shorter", "jetstream/advisories-stream.json", `"max_age": 3196800000000000`, `"max_age": 86400000000000`, validateJetStream},
 		{"advisories deletable", "jetstream/advisories-stream.json", `"deny_delete": true`, `"deny_delete": false`, validateJetStream},
 		{"advisories memory", "jetstream/advisories-stream.json", `"storage": "file"`, `"storage": "memory"`, validateJetStream},
 		{"advisories replicas", "jetstream/advisories-stream.json", `"num_replicas": 3`, `"num_replicas": 1`, validateJetStream},

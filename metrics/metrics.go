@@ -124,6 +124,8 @@ var (
 	descHeld         = prometheus.NewDesc(ns+"_dead_letters_held", "Messages on their final delivery that the dead-letter stream refused (missing, full) and that the consumer holds and retries; above 0 the consumer is not ready.", nil, nil)
 	descRepeats      = prometheus.NewDesc(ns+"_rejected_repeats_total", "Copies of an intent rejected before at another stream sequence (a re-publish of the rejected ID), terminated without a second dead letter.", nil, nil)
 	descRescued      = prometheus.NewDesc(ns+"_rescued_total", "Messages the server gave up on after MaxDeliver, settled from their stored advisory.", nil, nil)
+	descExpired      = prometheus.NewDesc(ns+"_rescue_expired_total", "Messages the server gave up on after MaxDeliver that aged out of the stream before their rescue: fate unknown, recorded in the dead-letter stream as expired (jetinbox verify counts them as violations).", nil, nil)
+	descForeignAdv   = prometheus.NewDesc(ns+"_rescue_foreign_advisories_total", "Messages in the advisory stream that were no max-deliveries advisory of this durable (a server answer routed there by a reply subject, garbage, or one naming a message the stream never held): terminated, nothing rescued.", nil, nil)
 	descCopyFallback = prometheus.NewDesc(ns+"_copy_claim_fallbacks_total", "Batches whose COPY claim met an ID already claimed and were claimed again with conflict checks (a replay, or copies published after the stream's duplicate window).", nil, nil)
 	descStreamFill   = prometheus.NewDesc(ns+"_stream_fill_ratio", "How full the consumer's streams are against max_msgs or max_bytes, whichever is closer (1 is full; they discard new messages): intents (full: publishes refused), dead letters (full: messages to dead-letter held), advisories (full: the server's give-ups lost).", []string{"stream"}, nil)
 )
@@ -131,7 +133,7 @@ var (
 type consumerCollector Consumer
 
 func (c *consumerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descReceived, descApplied, descDuplicates, descConflicts, descRedeliveries, descDeadLetters, descBatches, descFailed, descInFlight, descPending, descAckPending, descCopyClaims, descCopyFallback, descHeld, descRepeats, descRescued, descStreamFill} {
+	for _, d := range []*prometheus.Desc{descReceived, descApplied, descDuplicates, descConflicts, descRedeliveries, descDeadLetters, descBatches, descFailed, descInFlight, descPending, descAckPending, descCopyClaims, descCopyFallback, descHeld, descRepeats, descRescued, descExpired, descForeignAdv, descStreamFill} {
 		ch <- d
 	}
 }
@@ -156,6 +158,8 @@ func (c *consumerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descCopyFallback, s.CopyFallbacks)
 	counter(descRepeats, s.RejectedRepeats)
 	counter(descRescued, s.Rescued)
+	counter(descExpired, s.RescueExpired)
+	counter(descForeignAdv, s.ForeignAdvisories)
 	ch <- prometheus.MustNewConstMetric(descHeld, prometheus.GaugeValue, float64(s.DeadLettersHeld))
 	ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(s.InFlight))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -187,6 +187,7 @@ type Consumer struct {
 	received, applied, duplicates, rejected, conflicts       atomic.Int64
 	redeliveries, naks, deadLettered, batches, failedBatches atomic.Int64
 	inFlight, rescued, rejectedRepeats, deadLettersHeld      atomic.Int64
+	rescueExpired, foreignAdvisories                         atomic.Int64
 
 	// dlLog samples the dead-letter warnings.
 	dlLog dlSampler

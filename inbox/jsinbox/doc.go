@@ -53,7 +53,11 @@
 // [Consumer.Ready] meanwhile. A message the server gave up on after
 // MaxDeliver (a crash on its last delivery) is announced by an advisory the
 // advisory stream keeps whether or not a consumer listens; every consumer
-// drains its durable's advisories and settles those messages.
+// drains its durable's advisories and settles those messages. Only genuine
+// advisories of the durable count; one for a message that aged out of the
+// stream first is recorded in the dead-letter stream as [DeadLetterExpired].
+// A consumer stopping while the database is down lets go of messages on
+// their last delivery, for the next consumer to rescue.
 //
 // A batch that outlives half of AckWait sends InProgress. When PostgreSQL is
 // unreachable the consumer stops fetching and pings it with jittered backoff,

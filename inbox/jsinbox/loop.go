@@ -107,13 +107,17 @@ func (c *Consumer) keepAlive(batch []jetstream.Msg, stop chan struct{}) {
 // handBack returns a message the consumer will not process now: a short
 // jittered delay spreads the redeliveries. A message on its last delivery
 // cannot come back, so it is processed now instead (and dead-lettered with
-// the reason if that fails). After a simulated crash nothing is done, as a
+// the reason if that fails), unless the consumer is stopping with the
+// database down: then it is let go, for the next consumer to rescue. After a simulated crash nothing is done, as a
 // dead process would do nothing.
 func (c *Consumer) handBack(ctx context.Context, m jetstream.Msg) {
 	if c.crashed.Load() {
 		return
 	}
 	if md, err := m.Metadata(); err == nil && c.cfg.MaxDeliver > 0 && md.NumDelivered >= uint64(c.cfg.MaxDeliver) {
+		if c.stoppingNow() && c.dbDown.Load() {
+			return // let go: the next consumer rescues it (see lastTry)
+		}
 		_ = c.processBatch(ctx, []jetstream.Msg{m}, time.Now())
 		return
 	}

@@ -48,6 +48,15 @@ type ConsumerStats struct {
 	// Rescued: messages the server gave up on after MaxDeliver, settled
 	// from its advisory.
 	Rescued int64
+	// RescueExpired: messages the server gave up on that aged out of the
+	// stream before their rescue; each is recorded in the dead-letter
+	// stream with status [DeadLetterExpired]. Their fate is unknown.
+	RescueExpired int64
+	// ForeignAdvisories: messages in the advisory stream that are no
+	// max-deliveries advisory of this durable (a JetStream answer routed
+	// there by a reply subject, garbage, or one naming a message the
+	// stream never held), terminated without rescuing anything.
+	ForeignAdvisories int64
 	// RejectedRepeats: copies of an intent rejected before at another
 	// stream sequence (a re-publish of the rejected ID), terminated
 	// without a second dead letter.
@@ -68,6 +77,7 @@ func (c *Consumer) Stats() ConsumerStats {
 		Rejected: c.rejected.Load(), Conflicts: c.conflicts.Load(), Redeliveries: c.redeliveries.Load(),
 		Naks: c.naks.Load(), DeadLettered: c.deadLettered.Load(), Batches: c.batches.Load(), FailedBatches: c.failedBatches.Load(),
 		InFlight: c.inFlight.Load(), Rescued: c.rescued.Load(), RejectedRepeats: c.rejectedRepeats.Load(), DeadLettersHeld: c.deadLettersHeld.Load(),
+		RescueExpired: c.rescueExpired.Load(), ForeignAdvisories: c.foreignAdvisories.Load(),
 		CopyClaims: ps.CopyClaims, CopyFallbacks: ps.CopyFallbacks,
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -42,13 +44,25 @@ const (
 	advisoryMaxBytes = 4 << 30
 )
 
+// AdvisoryOutlives is how much longer than the intents stream's max_age
+// the advisory stream keeps advisories. A rescue needs the advisory; the
+// message it names may be gone by then, and only a kept advisory lets the
+// rescue record that (see [DeadLetterExpired]). Kept as long as a dead
+// letter by default: consumers down longer than the intents' max_age
+// still find every give-up and record the ones that expired.
+const AdvisoryOutlives = DefaultDeadLetterMaxAge
+
 // AdvisoryConfig returns the configuration of the advisory stream: the
 // max-deliveries advisories of every consumer of the intents stream, kept
-// as long as the intents themselves (a rescue needs both), with the
-// intents stream's replicas.
+// [AdvisoryOutlives] longer than the intents (forever if the intents are),
+// with the intents stream's replicas.
 func (o StreamConfig) AdvisoryConfig() jetstream.StreamConfig { return advisoryConfig(o.Config()) }
 
 func advisoryConfig(intents jetstream.StreamConfig) jetstream.StreamConfig {
+	maxAge := intents.MaxAge
+	if maxAge > 0 {
+		maxAge += AdvisoryOutlives
+	}
 	return jetstream.StreamConfig{
 		Name:       AdvisoryStream(intents.Name),
 		Subjects:   []string{maxDeliveriesSubject(intents.Name, "*")},
@@ -58,7 +72,7 @@ func advisoryConfig(intents jetstream.StreamConfig) jetstream.StreamConfig {
 		Discard:    jetstream.DiscardNew,
 		MaxMsgs:    advisoryMaxMsgs,
 		MaxBytes:   advisoryMaxBytes,
-		MaxAge:     intents.MaxAge,
+		MaxAge:     maxAge,
 		DenyDelete: true,
 		DenyPurge:  true,
 	}
@@ -151,17 +165,66 @@ func (r rescued) InProgress() error                  { return r.adv.InProgress()
 func (r rescued) NakWithDelay(d time.Duration) error { return r.adv.NakWithDelay(d) }
 func (r rescued) TermWithReason(string) error        { return r.adv.Ack() }
 
+// maxDeliverType is the type of the server's max-deliveries advisory.
+const maxDeliverType = "io.nats.jetstream.advisory.v1.max_deliver"
+
+// maxDeliverAdvisory is the part of a max-deliveries advisory the rescue
+// reads.
+type maxDeliverAdvisory struct {
+	Type       string `json:"type"`
+	ID         string `json:"id"`
+	Stream     string `json:"stream"`
+	Consumer   string `json:"consumer"`
+	StreamSeq  uint64 `json:"stream_seq"`
+	Deliveries uint64 `json:"deliveries"`
+}
+
+// genuineAdvisory parses adv and says why it is not a max-deliveries
+// advisory of this consumer's durable ("" if it is one). NATS does not
+// check reply subjects against permissions, so a key that may only make
+// requests can have the server's answer (a JetStream API response, or a
+// direct get of a message whose payload the key chose) stored in the
+// advisory stream; such a message must never make the rescue read back,
+// apply or dead-letter anything. The server publishes its advisories
+// without headers; an answer to a direct get carries the stored message's
+// Nats-Stream and Nats-Sequence, and a copy of a stored message its
+// Nats-Msg-Id.
+func (c *Consumer) genuineAdvisory(adv jetstream.Msg) (maxDeliverAdvisory, string) {
+	var a maxDeliverAdvisory
+	if h := adv.Headers(); h != nil {
+		for _, k := range [...]string{jetstream.StreamHeader, jetstream.SequenceHeader, jetstream.MsgIDHeader} {
+			if _, ok := h[k]; ok {
+				return a, "carries the " + k + " header of a stored message, which the server's advisories never do"
+			}
+		}
+	}
+	if err := json.Unmarshal(adv.Data(), &a); err != nil {
+		return a, "not JSON: " + err.Error()
+	}
+	switch {
+	case a.Type != maxDeliverType:
+		return a, fmt.Sprintf("type %q, not %s", a.Type, maxDeliverType)
+	case a.Stream != c.cfg.Stream || a.Consumer != c.cfg.Durable:
+		return a, fmt.Sprintf("names consumer %q of stream %q, not %s of %s", a.Consumer, a.Stream, c.cfg.Durable, c.cfg.Stream)
+	case a.StreamSeq == 0 || a.Deliveries == 0 || a.ID == "":
+		return a, "no stream sequence, delivery count or advisory id"
+	}
+	return a, ""
+}
+
 // rescue settles the message an advisory names: it runs it through the
 // inbox once more as a final delivery, so it ends applied (or found
 // applied) or dead-lettered with a reason. A database or stream that
-// fails now naks the advisory, to try again later.
+// fails now naks the advisory, to try again later. A message that is not
+// a genuine advisory is terminated and counted; one for a message that
+// aged out of the stream first is recorded in the dead-letter stream
+// (see [DeadLetterExpired]) before it is acked.
 func (c *Consumer) rescue(ctx context.Context, adv jetstream.Msg, onCrash func(error)) {
-	var a struct {
-		StreamSeq  uint64 `json:"stream_seq"`
-		Deliveries uint64 `json:"deliveries"`
-	}
-	if err := json.Unmarshal(adv.Data(), &a); err != nil || a.StreamSeq == 0 {
-		c.cfg.Logger.Error("jsinbox: unreadable max-deliveries advisory", "subject", adv.Subject(), "err", err)
+	a, why := c.genuineAdvisory(adv)
+	if why != "" {
+		c.foreignAdvisories.Add(1)
+		c.cfg.Logger.Error("jsinbox: a message in the advisory stream is no max-deliveries advisory of this durable; terminated, nothing rescued",
+			"subject", adv.Subject(), "durable", c.cfg.Durable, "why", why)
 		_ = adv.Term()
 		return
 	}
@@ -179,9 +242,14 @@ func (c *Consumer) rescue(ctx context.Context, adv jetstream.Msg, onCrash func(e
 		raw, err = s.GetMsg(ctx, a.StreamSeq)
 	}
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		c.cfg.Logger.Error("jsinbox: a message given up on after max deliveries is no longer in the stream; nothing to rescue",
-			"stream", c.cfg.Stream, "stream_seq", a.StreamSeq)
-		_ = adv.Ack()
+		// The stream's state now, not before the read: the message may
+		// have aged out in between.
+		var info *jetstream.StreamInfo
+		if info, err = s.Info(ctx); err != nil {
+			retry("stream info", err)
+			return
+		}
+		c.rescueGone(ctx, adv, info, a, retry)
 		return
 	}
 	if err != nil {
@@ -209,4 +277,71 @@ func (c *Consumer) rescue(ctx context.Context, adv jetstream.Msg, onCrash func(e
 	default:
 		retry("inbox", err)
 	}
+}
+
+// DeadLetterExpired is the [HeaderStatus] of the record a rescue leaves in
+// the dead-letter stream for a message the server gave up on that aged
+// out of the intents stream (max_age) before it could be rescued: the
+// intent's fate is unknown, and nothing is kept to re-drive. The record
+// has no payload and no [HeaderMessageID] (the message, and with it its
+// ID, is gone); verify counts it as a violation of its own kind.
+const DeadLetterExpired = "expired"
+
+// expiredToken stands for the wildcards of the intents stream's subject
+// in the subject of an expired record.
+const expiredToken = "_expired_"
+
+// expiredSubject is the subject of the expired records of an intents
+// stream whose first subject is filter: under [DeadLetterPrefix], so the
+// dead-letter stream captures it, with each wildcard token replaced by a
+// fixed one. Its length does not depend on any producer.
+func expiredSubject(filter string) string {
+	toks := strings.Split(filter, ".")
+	for i, t := range toks {
+		if t == "*" || t == ">" {
+			toks[i] = expiredToken
+		}
+	}
+	return DeadLetterPrefix + strings.Join(toks, ".")
+}
+
+// rescueGone settles an advisory whose message the stream no longer holds.
+// Up to the stream's last sequence, the message is gone (aged out, as the
+// stream denies deletes) before the rescue: the expired record is
+// published to the dead-letter stream (with an ID like a dead letter's, so
+// a retry stores it once) and counted, then the advisory is acked; a
+// failed publish naks the advisory to try again. Beyond it, the stream
+// never held the message: the advisory names no message of this stream,
+// and it is terminated like a forged one.
+func (c *Consumer) rescueGone(ctx context.Context, adv jetstream.Msg, info *jetstream.StreamInfo, a maxDeliverAdvisory, retry func(string, error)) {
+	if a.StreamSeq > info.State.LastSeq {
+		c.foreignAdvisories.Add(1)
+		c.cfg.Logger.Error("jsinbox: a max-deliveries advisory names a message this stream never held; terminated, nothing rescued",
+			"stream", c.cfg.Stream, "stream_seq", a.StreamSeq, "first_seq", info.State.FirstSeq, "last_seq", info.State.LastSeq)
+		_ = adv.Term()
+		return
+	}
+	subject := DeadLetterPrefix + expiredToken
+	if len(info.Config.Subjects) > 0 {
+		subject = expiredSubject(info.Config.Subjects[0])
+	}
+	seq := strconv.FormatUint(a.StreamSeq, 10)
+	reason := fmt.Sprintf("given up on after %d deliveries, then gone from %s (max_age %s) before it was rescued; its fate is unknown",
+		a.Deliveries, c.cfg.Stream, info.Config.MaxAge)
+	rec := &nats.Msg{Subject: subject, Header: nats.Header{
+		HeaderStatus:    []string{DeadLetterExpired},
+		HeaderReason:    []string{reason},
+		HeaderScope:     []string{c.proc.Scope()},
+		HeaderStream:    []string{c.cfg.Stream},
+		HeaderStreamSeq: []string{seq},
+		HeaderDelivered: []string{strconv.FormatUint(a.Deliveries, 10)},
+	}}
+	if err := c.publishDeadLetter(ctx, rec, &inbox.Message{StreamSeq: a.StreamSeq}); err != nil {
+		retry("record expired message", err)
+		return
+	}
+	c.rescueExpired.Add(1)
+	c.cfg.Logger.Error("jsinbox: a message given up on after max deliveries aged out of the stream before its rescue; recorded in the dead-letter stream as expired",
+		"stream", c.cfg.Stream, "stream_seq", a.StreamSeq, "deliveries", a.Deliveries, "dead_letter_stream", DeadLetterStream(c.cfg.Stream))
+	_ = adv.Ack()
 }

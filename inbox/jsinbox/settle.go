@@ -151,10 +151,19 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 // lastTry settles a message whose last delivery ended in retry. The batch
 // may have failed with its commit outcome unknown, in which case the message
 // may well be applied: one more transaction of its own finds out. Applied
-// (now or before) is acked; anything else is dead-lettered with the reason.
+// (now or before) is acked; anything else is dead-lettered with the reason,
+// except when the consumer is stopping and the database is unavailable:
+// then the message is let go (see [Consumer.lettingGo]).
 func (c *Consumer) lastTry(ctx context.Context, m jetstream.Msg, im *inbox.Message, o inbox.Outcome) {
+	if c.stoppingNow() && c.dbDown.Load() {
+		// Known down: another try would only wait for its connect timeout.
+		c.cfg.Logger.Warn("jsinbox: stopping while the database is unavailable; letting go of a message on its last delivery for the next consumer to rescue",
+			"id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries)
+		return
+	}
 	_ = m.InProgress()
-	if out, err := c.proc.Process(ctx, []inbox.Message{*im}); err == nil {
+	out, err := c.proc.Process(ctx, []inbox.Message{*im})
+	if err == nil {
 		o = out[0]
 	}
 	switch {
@@ -163,7 +172,40 @@ func (c *Consumer) lastTry(ctx context.Context, m jetstream.Msg, im *inbox.Messa
 		_ = m.Ack()
 	case o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict:
 		c.settleRejected(ctx, m, im, o)
+	case err != nil && c.lettingGo(ctx):
+		c.cfg.Logger.Warn("jsinbox: stopping while the database is unavailable; letting go of a message on its last delivery for the next consumer to rescue",
+			"id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "err", err)
 	default:
 		c.deadLetter(ctx, m, im, "gave-up", fmt.Sprintf("gave up after %d deliveries: %s", im.Deliveries, o.Reason))
+	}
+}
+
+// lettingGo reports whether a message whose last try failed as a whole
+// (the database could not commit it) should be left unsettled: the
+// consumer is stopping and the database does not answer. Dead-lettering
+// it as given up would record a failure the intent never had; left
+// alone, the server gives up on it after AckWait, its max-deliveries
+// advisory is kept in the advisory stream, and the next consumer rescues
+// it once the database is back. Without a DB to ping, the failed
+// transaction is the evidence.
+func (c *Consumer) lettingGo(ctx context.Context) bool {
+	if !c.stoppingNow() {
+		return false
+	}
+	if c.cfg.DB == nil || c.dbDown.Load() {
+		return true
+	}
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	return c.cfg.DB.Ping(pctx) != nil
+}
+
+// stoppingNow reports whether Run's context has ended.
+func (c *Consumer) stoppingNow() bool {
+	select {
+	case <-c.stopping:
+		return true
+	default:
+		return false
 	}
 }

@@ -270,6 +270,11 @@ func redriveAll(ctx context.Context, w io.Writer, js jetstream.JetStream, store 
 	var sent, applied, skipped, failed int
 	done := map[string]bool{}
 	for _, d := range picked {
+		if d.status == jsinbox.DeadLetterExpired {
+			skipped++
+			fmt.Fprintf(w, "dead letter %d: %s\n", d.seq, expiredNote(d))
+			continue
+		}
 		if done[d.id] {
 			continue
 		}
@@ -293,6 +298,12 @@ func redriveAll(ctx context.Context, w io.Writer, js jetstream.JetStream, store 
 		return fmt.Errorf("dlq: %d re-drives failed", failed)
 	}
 	return nil
+}
+
+// expiredNote says why an expired record cannot be re-driven.
+func expiredNote(d deadLetter) string {
+	return fmt.Sprintf("stream seq %d expired before rescue: the server gave up on it and it aged out of the stream before a consumer could rescue it; "+
+		"nothing is kept to re-drive (find the intent at its producer; publishing it again with its ID is safe)", d.origSeq)
 }
 
 // redrive deletes the intent's rejected inbox row and publishes it again

@@ -296,7 +296,7 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 func writeVerifyMetrics(path string, r *verify.Report) error {
 	reg := prometheus.NewRegistry()
 	v := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: verify.MetricViolations,
-		Help: "Broken invariants found by the last jetinbox verify, by kind (lost, duplicated, unexpected, effect_without_row, row_without_effect, balance_mismatch)."}, []string{"kind"})
+		Help: "Broken invariants found by the last jetinbox verify, by kind (lost, duplicated, unexpected, effect_without_row, row_without_effect, balance_mismatch, expired_before_rescue)."}, []string{"kind"})
 	ts := prometheus.NewGauge(prometheus.GaugeOpts{Name: verify.MetricLastRun, Help: "When jetinbox verify last finished."})
 	reg.MustRegister(v, ts)
 	for k, n := range r.Violations() {

@@ -5,6 +5,7 @@ package verify
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -30,9 +31,10 @@ type deadEntry struct {
 // dead-letter stream's, not the intents stream's: the range is walked in
 // chunks and each chunk settles the dead letters of its sequences.
 type deadLetters struct {
-	ctx    context.Context
-	js     jetstream.JetStream
-	stream string
+	ctx           context.Context
+	js            jetstream.JetStream
+	stream, scope string
+	rg            Range
 	// pending: dead letters for sequences not walked yet, in the order the
 	// dead-letter stream holds them.
 	pending map[uint64][]deadEntry
@@ -44,24 +46,95 @@ type deadLetters struct {
 	// looked: answers for pending dead letters asked about before their
 	// chunk was walked.
 	looked map[deadKey]bool
+	// expired: the sequences with an expired record counted.
+	expired map[uint64]bool
 }
 
-func newDeadLetters(ctx context.Context, js jetstream.JetStream, stream string) *deadLetters {
-	return &deadLetters{ctx: ctx, js: js, stream: stream, pending: map[uint64][]deadEntry{},
-		ok: map[deadKey]bool{}, unchecked: map[deadKey]bool{}, looked: map[deadKey]bool{}}
+func newDeadLetters(ctx context.Context, js jetstream.JetStream, stream, scope string, rg Range) *deadLetters {
+	return &deadLetters{ctx: ctx, js: js, stream: stream, scope: scope, rg: rg, pending: map[uint64][]deadEntry{},
+		ok: map[deadKey]bool{}, unchecked: map[deadKey]bool{}, looked: map[deadKey]bool{}, expired: map[uint64]bool{}}
 }
 
-// add files one dead letter of the stream and scope; it is counted in r
-// when the chunk with its sequence is walked (visit).
+// foreign says why m, a message of the dead-letter stream, is not a record
+// a consumer of this stream wrote ("" if it is one). A consumer publishes
+// its dead letters and expired records pinned to the dead-letter stream
+// (Nats-Expected-Stream, which the stream keeps), with an ID made of
+// scope, stream and sequence, and its headers; nothing else settles an
+// intent. NATS does not check reply subjects against permissions, so a
+// key that may only make requests can have the server store its answer
+// here: a JetStream API response (no headers), or a direct get or a
+// consumer's delivery of an intent whose headers the producer chose. No
+// intent can carry this Nats-Expected-Stream (the intents stream refuses
+// it), and a direct get's answer carries the Nats-Stream and
+// Nats-Sequence of the message it copies.
+func (d *deadLetters) foreign(m Message) string {
+	h := m.Header
+	stream, scope, status := h[jsinbox.HeaderStream], h[jsinbox.HeaderScope], h[jsinbox.HeaderStatus]
+	seq, err := strconv.ParseUint(h[jsinbox.HeaderStreamSeq], 10, 64)
+	_, hasID := h[jsinbox.HeaderMessageID]
+	_, copied := h[jetstream.StreamHeader]
+	_, copiedSeq := h[jetstream.SequenceHeader]
+	switch {
+	case stream != d.stream:
+		return fmt.Sprintf("names stream %q, not %s", stream, d.stream)
+	case scope == "" || status == "" || err != nil || seq == 0:
+		return "lacks the consumer's scope, status or stream sequence headers"
+	case status != jsinbox.DeadLetterExpired && !hasID:
+		return "names no message ID"
+	case h[jetstream.ExpectedStreamHeader] != jsinbox.DeadLetterStream(d.stream):
+		return "was not published pinned to the dead-letter stream, as a consumer publishes"
+	case copied || copiedSeq:
+		return "is a copy of a stored message (a direct get's answer)"
+	case m.ID != scope+":"+d.stream+":"+strconv.FormatUint(seq, 10):
+		return fmt.Sprintf("has message ID %q, not the consumer's for its scope, stream and sequence", m.ID)
+	}
+	return ""
+}
+
+// add files one record of the dead-letter stream. A foreign one (see
+// foreign) is counted as such and settles nothing; one of another scope
+// is another consumer's; an expired record is counted at once; a dead
+// letter is counted in r when the chunk with its sequence is walked
+// (visit).
 func (d *deadLetters) add(r *Report, m Message) {
-	seq, err := strconv.ParseUint(m.Header[jsinbox.HeaderStreamSeq], 10, 64)
-	id, hasID := m.Header[jsinbox.HeaderMessageID]
-	if err != nil || !hasID {
-		r.DeadMismatched++
-		r.example("dead letter %d of %s names no stream sequence or message ID: it settles nothing", m.Seq, d.stream)
+	if why := d.foreign(m); why != "" {
+		r.DeadForeign++
+		r.example("foreign: message %d of %s %s: it settles nothing", m.Seq, jsinbox.DeadLetterStream(d.stream), why)
 		return
 	}
-	d.pending[seq] = append(d.pending[seq], deadEntry{m.Seq, id, m.Header[jsinbox.HeaderStatus]})
+	if m.Header[jsinbox.HeaderScope] != d.scope {
+		return
+	}
+	seq, _ := strconv.ParseUint(m.Header[jsinbox.HeaderStreamSeq], 10, 64)
+	if m.Header[jsinbox.HeaderStatus] == jsinbox.DeadLetterExpired {
+		d.addExpired(r, m, seq)
+		return
+	}
+	d.pending[seq] = append(d.pending[seq], deadEntry{m.Seq, m.Header[jsinbox.HeaderMessageID], m.Header[jsinbox.HeaderStatus]})
+}
+
+// addExpired counts an expired record: the message at seq was given up on
+// and aged out before a consumer could rescue it, so whether it was ever
+// applied is unknown. A range by sequence counts only the records of its
+// sequences. A record for a message the stream still holds is false, and
+// foreign.
+func (d *deadLetters) addExpired(r *Report, m Message, seq uint64) {
+	if seq < d.rg.FromSeq || (d.rg.ToSeq > 0 && seq > d.rg.ToSeq) || d.expired[seq] {
+		return
+	}
+	s, err := d.js.Stream(d.ctx, d.stream)
+	if err == nil {
+		_, err = s.GetMsg(d.ctx, seq)
+	}
+	if !errors.Is(err, jetstream.ErrMsgNotFound) {
+		r.DeadForeign++
+		r.example("foreign: message %d of %s says stream seq %d expired, but the stream holds it (or could not say: %v)", m.Seq, jsinbox.DeadLetterStream(d.stream), seq, err)
+		return
+	}
+	d.expired[seq] = true
+	r.ExpiredBeforeRescue++
+	r.example("expired before rescue: stream seq %d was given up on after %s deliveries and aged out of %s before a consumer rescued it; whether it was applied is unknown",
+		seq, m.Header[jsinbox.HeaderDelivered], d.stream)
 }
 
 // visit settles the dead letters of a chunk's sequences, counting in r

@@ -40,6 +40,20 @@ type Report struct {
 	// ID is not the ID of the stream message at their sequence. They
 	// settle nothing.
 	DeadMismatched int `json:"dead_mismatched,omitempty"`
+	// DeadForeign: messages in the dead-letter stream that no consumer of
+	// this stream wrote (no consumer headers, another stream, not pinned
+	// to the dead-letter stream, a copy of a stored message, or an expired
+	// record for a message the stream still holds). They settle nothing.
+	// Not a violation: they break no invariant by themselves (an intent
+	// they claim to settle is judged without them), and whoever can put
+	// them there could otherwise fail every verify at will; the report
+	// warns instead.
+	DeadForeign int `json:"dead_foreign,omitempty"`
+	// ExpiredBeforeRescue: messages the server gave up on after max
+	// deliveries that aged out of the stream before a consumer rescued
+	// them, as the expired records the rescue leaves in the dead-letter
+	// stream say. Their fate is unknown: a violation.
+	ExpiredBeforeRescue int `json:"expired_before_rescue"`
 	// BalanceMismatches: accounts whose balance differs from the sum of
 	// the applied intents.
 	BalanceMismatches int `json:"balance_mismatches"`
@@ -62,7 +76,7 @@ type Report struct {
 // Clean reports whether no invariant is broken.
 func (r *Report) Clean() bool {
 	return r.Duplicated == 0 && r.Lost == 0 && r.Unexpected == 0 && r.EffectWithoutRow == 0 &&
-		r.RowWithoutEffect == 0 && r.BalanceMismatches == 0
+		r.RowWithoutEffect == 0 && r.BalanceMismatches == 0 && r.ExpiredBeforeRescue == 0
 }
 
 // Violation kinds, as Violations, the JSON report and the
@@ -74,21 +88,25 @@ const (
 	KindEffectWithoutRow = "effect_without_row"
 	KindRowWithoutEffect = "row_without_effect"
 	KindBalanceMismatch  = "balance_mismatch"
+	// KindExpiredBeforeRescue: given up on, then aged out of the stream
+	// before a consumer rescued it.
+	KindExpiredBeforeRescue = "expired_before_rescue"
 )
 
 // ViolationKinds lists every violation kind, in the report's order.
-var ViolationKinds = []string{KindDuplicated, KindLost, KindUnexpected, KindEffectWithoutRow, KindRowWithoutEffect, KindBalanceMismatch}
+var ViolationKinds = []string{KindDuplicated, KindLost, KindUnexpected, KindEffectWithoutRow, KindRowWithoutEffect, KindBalanceMismatch, KindExpiredBeforeRescue}
 
 // Violations returns the count of each violation kind, every kind present
 // (zero included).
 func (r *Report) Violations() map[string]int {
 	return map[string]int{
-		KindDuplicated:       r.Duplicated,
-		KindLost:             r.Lost,
-		KindUnexpected:       r.Unexpected,
-		KindEffectWithoutRow: r.EffectWithoutRow,
-		KindRowWithoutEffect: r.RowWithoutEffect,
-		KindBalanceMismatch:  r.BalanceMismatches,
+		KindDuplicated:          r.Duplicated,
+		KindLost:                r.Lost,
+		KindUnexpected:          r.Unexpected,
+		KindEffectWithoutRow:    r.EffectWithoutRow,
+		KindRowWithoutEffect:    r.RowWithoutEffect,
+		KindBalanceMismatch:     r.BalanceMismatches,
+		KindExpiredBeforeRescue: r.ExpiredBeforeRescue,
 	}
 }
 
@@ -157,11 +175,15 @@ func (r *Report) WriteTable(w io.Writer) {
 	row("effect without row", r.EffectWithoutRow, Mark(r.EffectWithoutRow == 0))
 	row("row without effect", r.RowWithoutEffect, Mark(r.RowWithoutEffect == 0))
 	row("balance mismatches", r.BalanceMismatches, Mark(r.BalanceMismatches == 0))
+	row("expired before rescue", r.ExpiredBeforeRescue, Mark(r.ExpiredBeforeRescue == 0))
 	row("rejected (inbox)", r.Rejected, "")
 	row("conflicts", r.Conflicts, "")
 	row("dead-lettered", r.DeadLettered, "")
 	if r.DeadMismatched > 0 {
 		row("dead letters matching nothing", r.DeadMismatched, "")
+	}
+	if r.DeadForeign > 0 {
+		row("foreign in the dead-letter stream", r.DeadForeign, "(settle nothing)")
 	}
 	row("still pending", r.Pending, "")
 	tw.Flush()

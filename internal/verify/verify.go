@@ -79,12 +79,9 @@ func RunOn(ctx context.Context, js jetstream.JetStream, db DB, o Options) (*Repo
 	}
 	r := &Report{DeadByStatus: map[string]int{}, RejectedByReason: map[string]int{}, Partial: partial}
 	c := &checker{ctx: ctx, js: js, db: db, o: o, r: r, partial: partial,
-		dl: newDeadLetters(ctx, js, o.Stream), carried: map[string]bool{}, deferred: map[string]map[[32]byte][]byte{},
+		dl: newDeadLetters(ctx, js, o.Stream, o.Scope, o.Range), carried: map[string]bool{}, deferred: map[string]map[[32]byte][]byte{},
 		unmatched: map[string]row{}, want: map[int64]int64{}, idAt: map[uint64]string{}}
 	for _, d := range dead {
-		if d.Header[jsinbox.HeaderStream] != o.Stream || d.Header[jsinbox.HeaderScope] != o.Scope {
-			continue
-		}
 		c.dl.add(r, d)
 	}
 	dead = nil
@@ -112,6 +109,10 @@ func RunOn(ctx context.Context, js jetstream.JetStream, db DB, o Options) (*Repo
 	}
 	if r.DeadMismatched > 0 {
 		r.Warnings = append(r.Warnings, fmt.Sprintf("%d dead letters of stream %s and scope %q name a stream sequence whose message has another ID; they settle nothing", r.DeadMismatched, o.Stream, o.Scope))
+	}
+	if r.DeadForeign > 0 {
+		r.Warnings = append(r.Warnings, fmt.Sprintf("%d messages in %s were not written by a consumer of %s (a reply subject routed a server answer there, or a key that may publish there did): they settle nothing; find who can reach the dead-letter subjects",
+			r.DeadForeign, jsinbox.DeadLetterStream(o.Stream), o.Stream))
 	}
 	if o.Ledger && !partial {
 		if err := c.balances(); err != nil {

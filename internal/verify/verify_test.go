@@ -210,7 +210,10 @@ func TestVerifyTrustsDeadLettersByHeader(t *testing.T) {
 		jsinbox.HeaderStreamSeq: "23", jsinbox.HeaderMessageID: "someone-else", jsinbox.HeaderStatus: "rejected"} {
 		forged.Header.Set(k, v)
 	}
-	if _, err := js.PublishMsg(ctx, forged); err != nil {
+	// Published as a consumer publishes its dead letters, so that only
+	// the message ID is wrong.
+	if _, err := js.PublishMsg(ctx, forged, jetstream.WithMsgID("ledger:"+jsinbox.DefaultStream+":23"),
+		jetstream.WithExpectStream(jsinbox.DeadLetterStream(jsinbox.DefaultStream))); err != nil {
 		t.Fatal(err)
 	}
 	check("a dead letter whose ID is not the message's", func(r *verify.Report) bool {

@@ -1,0 +1,195 @@
+package jsinbox_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/effects"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/verify"
+)
+
+// giveUpUnattended makes the server give up on every message of the
+// stream after one delivery that nobody settles, as a consumer that dies
+// on a last delivery does, with no consumer running: their max-deliveries
+// advisories wait in the advisory stream. It returns when the server has
+// given up on n messages.
+func giveUpUnattended(t *testing.T, e *env, n int) {
+	t.Helper()
+	ctx := context.Background()
+	cons, err := e.js.CreateConsumer(ctx, jsinbox.DefaultStream, jetstream.ConsumerConfig{Durable: "ledger",
+		AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 1, AckWait: time.Second, MaxAckPending: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for got := 0; got < n; {
+		b, err := cons.Fetch(n-got, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range b.Messages() {
+			got++
+		}
+	}
+	// The server gives up on a message when it would deliver it again: a
+	// pull request left waiting makes it try once AckWait has run out.
+	dead, err := e.nc.SubscribeSync(nats.NewInbox())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.nc.PublishRequest("$JS.API.CONSUMER.MSG.NEXT."+jsinbox.DefaultStream+".ledger", dead.Subject,
+		[]byte(`{"batch":100,"expires":10000000000}`)); err != nil {
+		t.Fatal(err)
+	}
+	adv, err := e.js.Stream(ctx, jsinbox.AdvisoryStream(jsinbox.DefaultStream))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		info, err := adv.Info(ctx)
+		return err == nil && info.State.Msgs == uint64(n)
+	})
+	if err := dead.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestGivenUpMessageAgedOutIsRecorded: the server gives up on messages
+// while no consumer runs, and they age out of the intents stream (max_age)
+// before any consumer rescues them. The rescue cannot apply them; it
+// counts each, records it in the dead-letter stream as expired (no
+// payload, the stream and sequence in its headers), and verify reports
+// them as a violation of their own kind, not as dead letters.
+func TestGivenUpMessageAgedOutIsRecorded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const maxAge = 3 * time.Second
+	e := newEnv(t, "", jsinbox.StreamConfig{MaxAge: maxAge, DuplicateWindow: time.Second})
+	const n = 3
+	e.publish(t, load(n, "aged"))
+	giveUpUnattended(t, e, n)
+	intents, err := e.js.Stream(ctx, jsinbox.DefaultStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 3*maxAge, func() bool {
+		info, err := intents.Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+
+	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{BatchSize: 10})
+	waitFor(t, 30*time.Second, func() bool { return r.c.Stats().RescueExpired == n })
+	if s := r.c.Stats(); s.Rescued != 0 || s.DeadLettered != 0 || s.ForeignAdvisories != 0 {
+		t.Fatalf("stats %+v: want %d expired and nothing rescued, dead-lettered or refused", s, n)
+	}
+
+	dead := deadLetters(t, e)
+	if len(dead) != n {
+		t.Fatalf("%d records in the dead-letter stream, want %d", len(dead), n)
+	}
+	// One per sequence, in the order the server gave up on them.
+	seqs := map[string]bool{}
+	for i, d := range dead {
+		h := d.Header
+		seq := h[jsinbox.HeaderStreamSeq]
+		if h[jsinbox.HeaderStatus] != jsinbox.DeadLetterExpired || h[jsinbox.HeaderStream] != jsinbox.DefaultStream ||
+			h[jsinbox.HeaderScope] != "ledger" || h[jsinbox.HeaderDelivered] != "1" || len(d.Payload) != 0 ||
+			d.ID != "ledger:"+jsinbox.DefaultStream+":"+seq || seqs[seq] {
+			t.Fatalf("record %d: id %q, headers %v, payload %q", i, d.ID, h, d.Payload)
+		}
+		seqs[seq] = true
+	}
+	for i := 1; i <= n; i++ {
+		if !seqs[fmt.Sprint(i)] {
+			t.Fatalf("no expired record for stream seq %d: %v", i, seqs)
+		}
+	}
+
+	rep := e.verify(t)
+	var b strings.Builder
+	rep.WriteTable(&b)
+	if rep.Clean() || rep.ExpiredBeforeRescue != n || rep.DeadLettered != 0 || rep.ViolationCount() != n ||
+		rep.Violations()[verify.KindExpiredBeforeRescue] != n || !strings.Contains(b.String(), "expired before rescue") {
+		t.Fatalf("verify after %d messages aged out before their rescue:\n%s", n, b.String())
+	}
+	t.Logf("verify:\n%s", b.String())
+}
+
+// TestRescueRefusesForgedAdvisories: NATS does not check reply subjects
+// against permissions, so a key that may make JetStream requests can have
+// the server store its answers in the advisory stream; an admin can
+// publish there too. None of these may make the rescue read back, apply
+// or dead-letter a message: garbage, a STREAM.INFO answer, an advisory
+// without the max_deliver type or for another consumer, one naming a
+// message the stream never held, and the answer to a direct get of an
+// intent whose payload is a perfect advisory (headers and all). Each is
+// terminated and counted; the victim, an intent outside the durable's
+// filter, is never applied.
+func TestRescueRefusesForgedAdvisories(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, "", jsinbox.StreamConfig{})
+	s, err := e.js.Stream(ctx, jsinbox.DefaultStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.AllowDirect = true
+	if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	intent := effects.Intent{Account: 1, Amount: 5}.AppendJSON(nil)
+	e.publishRaw(t, "intents.1", "kept", intent)   // seq 1: the durable's
+	e.publishRaw(t, "intents.2", "victim", intent) // seq 2: outside its filter
+	advisory := func(typ, consumer string, seq int) []byte {
+		return fmt.Appendf(nil, `{"type":%q,"id":"forged","timestamp":"2026-01-01T00:00:00Z","stream":%q,"consumer":%q,"stream_seq":%d,"deliveries":20}`,
+			typ, jsinbox.DefaultStream, consumer, seq)
+	}
+	const maxDeliver = "io.nats.jetstream.advisory.v1.max_deliver"
+	e.publishRaw(t, "intents.3", "carrier", advisory(maxDeliver, "ledger", 2)) // seq 3
+
+	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{FilterSubjects: []string{"intents.1"}})
+	waitFor(t, 30*time.Second, func() bool { return r.c.Stats().Applied == 1 })
+
+	subject := "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + jsinbox.DefaultStream + ".ledger"
+	forged := [][]byte{
+		[]byte("garbage"),
+		advisory("", "ledger", 2),
+		advisory(maxDeliver, "someone-else", 2),
+		advisory(maxDeliver, "ledger", 1000),
+	}
+	for _, f := range forged {
+		if err := e.nc.Publish(subject, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Answers the server sends to a reply subject nobody checks.
+	if err := e.nc.PublishRequest("$JS.API.STREAM.INFO."+jsinbox.DefaultStream, subject, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.nc.PublishRequest("$JS.API.DIRECT.GET."+jsinbox.DefaultStream, subject, []byte(`{"seq":3}`)); err != nil {
+		t.Fatal(err)
+	}
+	const n = 6
+	adv, err := e.js.Consumer(ctx, jsinbox.AdvisoryStream(jsinbox.DefaultStream), "ledger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		info, err := adv.Info(ctx)
+		return err == nil && info.Delivered.Stream == n && info.NumPending == 0 && info.NumAckPending == 0
+	})
+	var victim int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE message_id = 'victim'`).Scan(&victim); err != nil {
+		t.Fatal(err)
+	}
+	if s := r.c.Stats(); victim != 0 || s.Rescued != 0 || s.DeadLettered != 0 || s.ForeignAdvisories != n {
+		t.Fatalf("after %d forged advisories: %d inbox rows for the victim, stats %+v; want none, all %d counted as foreign", n, victim, s, n)
+	}
+}
