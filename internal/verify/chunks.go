@@ -18,10 +18,11 @@ import (
 
 // row is an inbox row as verify reads it.
 type row struct {
-	status inbox.RowStatus
-	fp     []byte
-	reason string
-	seq    uint64 // the stream message that made the row
+	status  inbox.RowStatus
+	fp      []byte
+	subject string
+	reason  string
+	seq     uint64 // the stream message that made the row
 }
 
 // checker is the state of one Run across chunks.
@@ -170,7 +171,7 @@ func (c *checker) chunk(msgs []Message) error {
 			continue // dead-lettered itself
 		}
 		rw, ok := rows[m.ID]
-		if ok && rw.status == inbox.RowApplied {
+		if ok && rw.status == inbox.RowApplied && rw.subject == m.Subject {
 			if fp := inbox.Fingerprint(m.Payload); string(rw.fp) == string(fp[:]) {
 				continue // applied, or a duplicate of the applied one
 			}
@@ -207,8 +208,8 @@ func (c *checker) read(ids []string) (map[string]row, map[string]int, error) {
 		return rows, entries, nil
 	}
 	dbRows, err := c.db.query(c.ctx, stmt{
-		`SELECT message_id, status, fingerprint, coalesce(reason, ''), stream_seq FROM inbox WHERE scope = $1 AND message_id = ANY($2)`,
-		`SELECT message_id, status, fingerprint, coalesce(reason, ''), stream_seq FROM inbox WHERE scope = ?1 AND message_id IN (SELECT value FROM json_each(?2))`,
+		`SELECT message_id, status, fingerprint, coalesce(reason, ''), stream_seq, subject FROM inbox WHERE scope = $1 AND message_id = ANY($2)`,
+		`SELECT message_id, status, fingerprint, coalesce(reason, ''), stream_seq, subject FROM inbox WHERE scope = ?1 AND message_id IN (SELECT value FROM json_each(?2))`,
 	}, c.o.Scope, ids)
 	if err != nil {
 		return nil, nil, fmt.Errorf("verify: inbox: %w", err)
@@ -217,7 +218,7 @@ func (c *checker) read(ids []string) (map[string]row, map[string]int, error) {
 		var id, status string
 		var rw row
 		var seq int64
-		if err := dbRows.Scan(&id, &status, &rw.fp, &rw.reason, &seq); err != nil {
+		if err := dbRows.Scan(&id, &status, &rw.fp, &rw.reason, &seq, &rw.subject); err != nil {
 			return nil, nil, fmt.Errorf("verify: inbox: %w", err)
 		}
 		rw.status, rw.seq = inbox.RowStatus(status), uint64(max(seq, 0))

@@ -51,8 +51,11 @@ func (r Range) partial() bool {
 
 // Message is one stream message as verify reads it.
 type Message struct {
-	Seq     uint64
-	ID      string
+	Seq uint64
+	ID  string
+	// Subject is part of the intent's identity with ID and payload: a copy
+	// of an applied ID on another subject is not settled by its row.
+	Subject string
 	Payload []byte
 	Header  map[string]string
 }
@@ -283,7 +286,7 @@ func directMsg(m *nats.Msg, withTime bool) (Message, time.Time, error) {
 			h[k] = v[0]
 		}
 	}
-	return Message{Seq: seq, ID: h[jetstream.MsgIDHeader], Payload: m.Data, Header: h}, ts, nil
+	return Message{Seq: seq, ID: h[jetstream.MsgIDHeader], Subject: m.Header.Get(jetstream.SubjectHeader), Payload: m.Data, Header: h}, ts, nil
 }
 
 // apiPrefix is the JetStream API prefix js sends its requests with.

@@ -80,6 +80,10 @@ func TestVerifyCatchesViolations(t *testing.T) {
 			func(r *verify.Report) bool { return r.RowWithoutEffect == 1 }},
 		{"unexpected effect", `INSERT INTO ledger_entries (message_id, account, amount) VALUES ('ghost', 1, 5)`,
 			func(r *verify.Report) bool { return r.Unexpected == 1 && r.EffectWithoutRow == 1 }},
+		// The subject is part of an intent's identity: a row for the
+		// same ID and payload on another subject settles nothing here.
+		{"row made on another subject", `UPDATE inbox SET subject = 'intents.elsewhere' WHERE message_id = 'v-6'`,
+			func(r *verify.Report) bool { return r.Lost == 1 }},
 		{"balance changed behind the ledger's back", `UPDATE accounts SET balance = balance + 1 WHERE id = 2`,
 			func(r *verify.Report) bool { return r.BalanceMismatches == 1 }},
 	}
