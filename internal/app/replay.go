@@ -133,7 +133,7 @@ func Replay(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	line := func(label string, n int64, note string) { fmt.Fprintf(stdout, "  %-25s%d%s\n", label, n, note) }
 	line("duplicates (no effect)", counts.duplicates, "")
 	line("rejected before", counts.rejectedBefore, "  (counted, not dead-lettered again)")
-	line("conflicts", counts.conflicts, "  (ID reused with another payload; not applied)")
+	line("conflicts", counts.conflicts, "  (ID reused with another payload or subject; not applied)")
 	if counts.noID > 0 {
 		line("without a valid ID", counts.noID, "")
 	}
