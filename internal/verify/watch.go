@@ -183,6 +183,16 @@ func (w *Watch) round(ctx context.Context) (*Report, error) {
 		return nil, fmt.Errorf("verify: watch: durable %s on %s: %w", w.opts.Durable, w.opts.Stream, err)
 	}
 	floor := info.AckFloor.Stream
+	s, err := w.js.Stream(ctx, w.opts.Stream)
+	if err != nil {
+		return nil, fmt.Errorf("verify: watch: stream %s: %w", w.opts.Stream, err)
+	}
+	// Messages the server gave up on and that aged out unsettled keep the
+	// durable's ack floor below them for good; nothing is left of them in
+	// the stream to settle, only their expired records to count.
+	if first := s.CachedInfo().State.FirstSeq; first > 0 {
+		floor = max(floor, first-1)
+	}
 	// Rescues still under way (max-deliveries advisories not yet settled):
 	// what they hold may be below the floor; judge nothing new this round.
 	if rc, err := w.js.Consumer(ctx, jsinbox.AdvisoryStream(w.opts.Stream), w.opts.Durable); err == nil {
@@ -190,21 +200,14 @@ func (w *Watch) round(ctx context.Context) (*Report, error) {
 			floor = min(floor, w.bound)
 		}
 	}
-	s, err := w.js.Stream(ctx, w.opts.Stream)
-	if err != nil {
-		return nil, fmt.Errorf("verify: watch: stream %s: %w", w.opts.Stream, err)
-	}
-	sinfo, err := s.Info(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("verify: watch: stream %s: %w", w.opts.Stream, err)
-	}
 
 	w.mu.Lock()
 	from, to := w.cp.Seq+1, w.bound
 	w.mu.Unlock()
 	// Messages that aged out of the stream before they were checked cannot
-	// be checked any more.
-	from = max(from, sinfo.State.FirstSeq)
+	// be checked any more, but the range still starts at the checkpoint:
+	// the expired records of messages given up on and aged out before
+	// their rescue name sequences below the stream's first one.
 	var r *Report
 	if to >= from {
 		o := w.opts
