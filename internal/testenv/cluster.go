@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -66,8 +67,21 @@ type Cluster struct {
 // StartCluster starts three clustered nodes on loopback and waits until
 // JetStream's meta group has a leader. Client and route ports are chosen
 // before the start and kept across restarts.
-func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err error) {
-	c = &Cluster{opts: opts}
+//
+// The ports are free when chosen, but another process may take one before
+// a node listens on it: a start that fails on a port in use is tried again
+// with new ports, a few times.
+func StartCluster(ctx context.Context, opts ClusterOptions) (*Cluster, error) {
+	for attempt := 1; ; attempt++ {
+		c, err := startCluster(ctx, opts)
+		if err == nil || attempt == 3 || !errors.Is(err, syscall.EADDRINUSE) && !strings.Contains(err.Error(), "address already in use") {
+			return c, err
+		}
+	}
+}
+
+func startCluster(ctx context.Context, opts ClusterOptions) (_ *Cluster, err error) {
+	c := &Cluster{opts: opts}
 	if c.opts.StoreDir == "" {
 		d, err := os.MkdirTemp("", "jetinbox-cluster-")
 		if err != nil {
@@ -77,7 +91,7 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 	}
 	defer func() {
 		if err != nil {
-			c.Close()
+			c.Close() // what started so far; c itself is not returned
 		}
 	}()
 	ports, err := freeLoopbackPorts(2*ClusterSize + ClusterSize*(ClusterSize-1))
