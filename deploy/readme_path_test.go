@@ -22,9 +22,10 @@ import (
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
-// readmeElsewhere are the commands of the root README's "Running the pieces"
-// block that TestReadmePathUnderShippedRoles does not run, and the tests
-// that do: long runs with servers of their own.
+// readmeElsewhere are the commands of the "Running the pieces" block of
+// docs/operations.md (the operator's path the root README links to) that
+// TestReadmePathUnderShippedRoles does not run, and the tests that do: long
+// runs with servers of their own.
 var readmeElsewhere = map[string]string{
 	"chaos":  "internal/chaos TestChaosSmoke",
 	"bench":  "make bench-smoke and internal/bench",
@@ -58,8 +59,8 @@ func (r readmeRole) String() string {
 }
 
 // TestReadmePathUnderShippedRoles builds the binaries and runs every command
-// of the root README's "Running the pieces" block, read from ../README.md
-// on each run, literally, on the shipped deployment: an R3 cluster from
+// of the "Running the pieces" block of docs/operations.md, read from that
+// file on each run, literally, on the shipped deployment: an R3 cluster from
 // deploy/nats with the shipped auth.conf over mutual TLS, the streams and
 // consumers the admin creates from deploy/jetstream, and a PostgreSQL set
 // up from deploy/postgres (roles.sql once, grants.sql after the migrate).
@@ -86,7 +87,7 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(root, "README.md"))
+	b, err := os.ReadFile(filepath.Join(root, "docs", "operations.md"))
 	if err != nil {
 		t.Fatal(err)
 	}

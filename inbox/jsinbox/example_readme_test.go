@@ -44,7 +44,7 @@ func shipOrders(ctx context.Context, js jetstream.JetStream, databaseURL string)
 	if err != nil {
 		return err
 	}
-	consumer, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{DB: pool})
+	consumer, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{DB: pool}) // DB: pause in an outage
 	if err != nil {
 		return err
 	}

@@ -27,7 +27,7 @@ func TestMulberry32(t *testing.T) {
 	}
 }
 
-// TestStormTable pins the retry storm's table at the defaults, the one the README quotes: peak
+// TestStormTable pins the retry storm's table at the defaults, the one docs/operations.md quotes: peak
 // retries in one 10 ms bucket of 5000 = 1000 / 157 / 214 / 73.
 func TestStormTable(t *testing.T) {
 	t.Parallel()

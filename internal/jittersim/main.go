@@ -21,7 +21,7 @@ import (
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
-// Config holds the simulation parameters; DefaultConfig returns the ones the README's table
+// Config holds the simulation parameters; DefaultConfig returns the ones the table in docs/operations.md
 // was computed with.
 type Config struct {
 	Clients  int           // clients that fail at the same instant
