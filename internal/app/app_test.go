@@ -498,16 +498,21 @@ func TestReplayChangesNothingByDefault(t *testing.T) {
 	}
 }
 
-// TestEveryDocumentedCommandExists: every `jetinbox <command>` the README
-// or deploy/README.md names, and every command `jetinbox -h` lists, runs
-// `-h` with exit 0 through the dispatcher, as an operator would call it.
+// TestEveryDocumentedCommandExists: every `jetinbox <command>` the README,
+// deploy/README.md or a page of docs/ names, and every command `jetinbox -h`
+// lists, runs `-h` with exit 0 through the dispatcher, as an operator would
+// call it.
 func TestEveryDocumentedCommandExists(t *testing.T) {
 	t.Parallel()
 	named := map[string]bool{}
 	// In code: a command line in a fenced block, or inline code.
 	inBlock := regexp.MustCompile(`^\s*(?:\$ )?(?:go run )?(?:\S*/)?jetinbox ([a-z][a-z-]+)`)
 	inline := regexp.MustCompile("`(?:[^`]*/)?jetinbox ([a-z][a-z-]+)")
-	for _, doc := range []string{"../../README.md", "../../deploy/README.md"} {
+	pages, err := filepath.Glob("../../docs/*.md")
+	if err != nil || len(pages) == 0 {
+		t.Fatalf("no pages in ../../docs: %v", err)
+	}
+	for _, doc := range append([]string{"../../README.md", "../../deploy/README.md"}, pages...) {
 		b, err := os.ReadFile(doc)
 		if err != nil {
 			t.Fatal(err)
@@ -536,7 +541,7 @@ func TestEveryDocumentedCommandExists(t *testing.T) {
 	}
 	for _, word := range []string{"demo", "verify", "replay", "prune", "migrate", "chaos", "bench", "jitter", "consumer", "relay"} {
 		if !named[word] {
-			t.Errorf("jetinbox %s is neither in the READMEs nor in -h", word)
+			t.Errorf("jetinbox %s is neither in the READMEs, docs/ nor -h", word)
 		}
 	}
 	for name := range named {
