@@ -14,7 +14,7 @@ import (
 // link is a Markdown inline link's target, without a title.
 var link = regexp.MustCompile(`\]\(([^()\s]+)\)`)
 
-// TestRelativeLinks: every relative link of the README and docs/ resolves to
+// TestRelativeLinks: every relative link of the READMEs and docs/ resolves to
 // a file or directory of the repository, and a #fragment into a Markdown
 // file to one of its headings, so moving text between pages cannot leave a
 // link behind.
@@ -24,7 +24,7 @@ func TestRelativeLinks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pages = append(pages, "../README.md")
+	pages = append(pages, "../README.md", "../deploy/README.md")
 	anchors := map[string]map[string]bool{}
 	headings := func(path string) map[string]bool {
 		if a, ok := anchors[path]; ok {
