@@ -9,9 +9,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
@@ -49,7 +50,7 @@ func newAlertPipeline(t *testing.T, stream jsinbox.StreamConfig, observer jsinbo
 	if err := pipeline.Setup(ctx, p.js, p.pool, stream, 16); err != nil {
 		t.Fatal(err)
 	}
-	proc, err := inbox.NewProcessor(p.pool, inbox.Config{Scope: "ledger", Handler: effects.NewLedger()})
+	proc, err := inbox.NewProcessor(pginbox.New(p.pool), effects.NewLedger(), inbox.Config{Scope: "ledger"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,9 +10,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/jetinbox/jetinbox/effects"
-	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/migrate"
+	"github.com/jetinbox/jetinbox/internal/pgmigrate"
 	"github.com/jetinbox/jetinbox/outbox"
 )
 
@@ -54,8 +55,10 @@ func TestServiceRolesCannotHoldUpMigrate(t *testing.T) {
 	defer migrator.Close()
 	mctx, mcancel := context.WithTimeout(ctx, 20*time.Second)
 	defer mcancel()
-	for name, m := range map[string]func(context.Context, inbox.Beginner) (int, error){
-		"inbox": inbox.Migrate, "ledger": effects.Migrate, "outbox": outbox.Migrate,
+	for name, m := range map[string]func(context.Context, *pgxpool.Pool) (int, error){
+		"inbox":  func(ctx context.Context, db *pgxpool.Pool) (int, error) { return pginbox.New(db).Migrate(ctx) },
+		"ledger": func(ctx context.Context, db *pgxpool.Pool) (int, error) { return effects.Migrate(ctx, db) },
+		"outbox": func(ctx context.Context, db *pgxpool.Pool) (int, error) { return outbox.Migrate(ctx, db) },
 	} {
 		if n, err := m(mctx, migrator); n != 0 || err != nil {
 			t.Fatalf("migrate %s while the service roles hold the old lock and read the table = %d, %v", name, n, err)
@@ -69,9 +72,9 @@ func TestServiceRolesCannotHoldUpMigrate(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	_, err = migrate.Apply(ctx, migrator, "deploytest", []migrate.Migration{{Version: 1, Name: "0001_alter.sql", SQL: `ALTER TABLE inbox ADD COLUMN deploytest int`}})
+	_, err = pgmigrate.Apply(ctx, migrator, "deploytest", []migrate.Migration{{Version: 1, Name: "0001_alter.sql", SQL: `ALTER TABLE inbox ADD COLUMN deploytest int`}})
 	t.Logf("migrate while the verifier reads inbox: %v (after %v)", err, time.Since(start).Round(time.Millisecond))
-	if !errors.Is(err, migrate.ErrLockTimeout) || !strings.Contains(err.Error(), "role jetinbox_verifier") {
+	if !errors.Is(err, pgmigrate.ErrLockTimeout) || !strings.Contains(err.Error(), "role jetinbox_verifier") {
 		t.Fatalf("migrate while the verifier holds a read of inbox: %v; want ErrLockTimeout naming jetinbox_verifier", err)
 	}
 	if waited := time.Since(start); waited > 30*time.Second {

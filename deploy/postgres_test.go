@@ -75,7 +75,7 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 	// component's SQL files, as the schema owner.
 	migrator.must(t, `CREATE TABLE IF NOT EXISTS jetinbox_migrations (component text NOT NULL, version integer NOT NULL, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (component, version))`)
 	var migrations []string
-	for _, dir := range []string{"../inbox/migrations", "../effects/migrations", "../outbox/migrations"} {
+	for _, dir := range []string{"../inbox/pginbox/migrations", "../internal/effects/migrations", "../outbox/migrations"} {
 		m, _ := filepath.Glob(filepath.Join(dir, "*.sql"))
 		if len(m) == 0 {
 			t.Fatalf("no migrations in %s: has the schema moved? deploy/postgres/grants.sql must follow it", dir)
@@ -254,7 +254,7 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 	// A pending follow-up and one the stream refused for good.
 	consumer.must(t, `INSERT INTO outbox (id, subject, payload, fingerprint, parent_id) VALUES ('notify:pending', 'notifications.1', '\x01', '\x02', 'm1'), ('notify:refused', 'notifications.1', '\x01', '\x02', 'm1')`)
 	relay.must(t, `UPDATE outbox SET failed = 'refused' WHERE id = 'notify:refused'`)
-	// The maintainer: retention (inbox.Prune's statements) and a dead
+	// The maintainer: retention (the inbox store's Prune statements) and a dead
 	// letter's re-drive (jetinbox dlq -redrive), nothing else.
 	for _, q := range []string{
 		`DELETE FROM inbox WHERE ctid = ANY (ARRAY (SELECT ctid FROM inbox WHERE received_at < now() - interval '30 days' AND ('' = '' OR scope = '') LIMIT 10000))`,

@@ -16,9 +16,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/jitter"
@@ -506,7 +507,7 @@ func projectConsumer(t *testing.T, ctx context.Context, cl *client, dsn, stream,
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if err := inbox.CheckSchema(ctx, pool); err != nil {
+	if err := pginbox.New(pool).CheckSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
 	logs := &testenv.SyncBuffer{}
@@ -524,11 +525,11 @@ func projectConsumer(t *testing.T, ctx context.Context, cl *client, dsn, stream,
 	if effect, err = effect.WithFollowUps(effects.FollowUps{Subject: "notifications"}); err != nil {
 		t.Fatal(err)
 	}
-	proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: durable, Handler: effect, Logger: log})
+	proc, err := inbox.NewProcessor(pginbox.New(pool), effect, inbox.Config{Scope: durable, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{Stream: stream, Durable: durable, DB: pool, Logger: log})
+	c, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{Stream: stream, Durable: durable})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -655,7 +656,7 @@ func provisionPostgres(t *testing.T, fx *secretsFixture) map[string]string {
 	}
 	defer migrator.Close()
 	// What `jetinbox migrate` does.
-	if _, err := inbox.Migrate(ctx, migrator); err != nil {
+	if _, err := pginbox.New(migrator).Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := effects.Migrate(ctx, migrator); err != nil {

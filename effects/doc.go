@@ -1,15 +1,15 @@
-// Package effects holds side effects applied inside the inbox transaction.
+// Package effects is where a worker's side effects meet the inbox: an
+// effect is an [inbox.Handler[pgx.Tx]] that writes in the transaction of the
+// inbox rows of its batch, so it commits, or not, with them.
 //
-// The first is the [Ledger]: an intent {"account":N,"amount":M} adds M to
-// account N's balance and appends a ledger entry carrying the message ID and
-// the inbox scope that applied it (see [NewScopedLedger]).
-// ledger_entries has no unique constraint on the message ID on purpose: if
-// the inbox ever let a duplicate through, a checker would see two entries.
-//
-// Input is decoded strictly by [ParseIntent]: malformed JSON, unknown or
-// case-variant keys, duplicate keys, wrong types, fractions, zero, negative
-// or huge amounts and trailing data are permanent errors with a reason, so
-// the message is dead-lettered instead of retried. The ledger marks them,
-// and intents for unknown accounts, with [inbox.BadInput]: the inbox rejects
-// them with [inbox.CauseBadInput].
+// This package has no code of its own on purpose. The demo's effect, a
+// ledger that credits accounts with one statement per batch, lives in the
+// module's internal/effects: it is the demo's, not an API to build on.
+// To write an effect of your own, start from [inbox.HandlerFunc] (one
+// message at a time) or implement [inbox.Handler[pgx.Tx]] (set-based), and test
+// it with package [github.com/jetinbox/jetinbox/inboxtest]. The runnable
+// examples of package [github.com/jetinbox/jetinbox/inbox/jsinbox] show
+// both on a real consumer.
 package effects
+
+import _ "github.com/jetinbox/jetinbox/inbox" // for the doc links

@@ -33,7 +33,7 @@ type batch struct {
 	refused map[int]bool
 }
 
-func (p *ProcessorOf[TX]) processOnce(ctx context.Context, msgs []Message, valid []int, out []Outcome, isolate, fast bool) (err error) {
+func (p *Processor[TX]) processOnce(ctx context.Context, msgs []Message, valid []int, out []Outcome, isolate, fast bool) (err error) {
 	tx, err := p.store.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("inbox: begin: %w", err)
@@ -82,7 +82,7 @@ func (p *ProcessorOf[TX]) processOnce(ctx context.Context, msgs []Message, valid
 // one message at a time, so that a claim the database refuses rejects only
 // its own message. A claim refused outside isolation fails the batch with
 // errIsolate.
-func (p *ProcessorOf[TX]) claim(ctx context.Context, tx TX, b *batch, isolate, fast bool) (res []ClaimResult, err error) {
+func (p *Processor[TX]) claim(ctx context.Context, tx TX, b *batch, isolate, fast bool) (res []ClaimResult, err error) {
 	claims := getClaims(len(b.valid))
 	defer putClaims(claims)
 	for k, i := range b.valid {
@@ -171,7 +171,7 @@ func putMessages(msgs []Message) {
 // classify sorts the claimed messages: fresh ones to apply, duplicates and
 // conflicts decided now, copies of an earlier message of the batch decided
 // with it.
-func (p *ProcessorOf[TX]) classify(b *batch, res []ClaimResult) {
+func (p *Processor[TX]) classify(b *batch, res []ClaimResult) {
 	if res == nil && b.refused == nil && len(b.valid) == len(b.msgs) {
 		// Every message claimed fresh (the COPY claim of a batch of
 		// first deliveries): all of them go to the handler, in a copy
@@ -226,7 +226,7 @@ func (b *batch) conflictReason(i int, r ClaimResult) string {
 // apply runs the handler on the fresh messages, all at once or, in
 // isolation, one at a time under savepoints. errs[j] is fresh[j]'s own
 // error.
-func (p *ProcessorOf[TX]) apply(ctx context.Context, tx TX, fresh []Message, isolate bool) (errs []error, err error) {
+func (p *Processor[TX]) apply(ctx context.Context, tx TX, fresh []Message, isolate bool) (errs []error, err error) {
 	errs = make([]error, len(fresh))
 	if len(fresh) == 0 {
 		return errs, nil
@@ -247,7 +247,7 @@ func (p *ProcessorOf[TX]) apply(ctx context.Context, tx TX, fresh []Message, iso
 
 // decide turns the effects' errors into outcomes and lists the rows to
 // mark rejected and the claims to release for a retry.
-func (p *ProcessorOf[TX]) decide(b *batch, errs []error) (rejIDs, rejReasons, retryIDs []string) {
+func (p *Processor[TX]) decide(b *batch, errs []error) (rejIDs, rejReasons, retryIDs []string) {
 	msgs, out := b.msgs, b.out
 	for j, i := range b.freshIdx {
 		e := errs[j]
@@ -294,7 +294,7 @@ func (p *ProcessorOf[TX]) decide(b *batch, errs []error) (rejIDs, rejReasons, re
 
 // commit commits under a context the caller cannot cancel, bounded by
 // CommitTimeout, and tells a rollback from an unknown outcome.
-func (p *ProcessorOf[TX]) commit(ctx context.Context, tx TX, n int) error {
+func (p *Processor[TX]) commit(ctx context.Context, tx TX, n int) error {
 	endCommit := p.span(ctx, "jetinbox.commit", n)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.CommitTimeout)
 	err := p.store.Commit(cctx, tx)
@@ -316,7 +316,7 @@ func (p *ProcessorOf[TX]) commit(ctx context.Context, tx TX, n int) error {
 func noSpan(error) {}
 
 // span starts a child span when tracing and returns its end function.
-func (p *ProcessorOf[TX]) span(ctx context.Context, name string, n int) func(error) {
+func (p *Processor[TX]) span(ctx context.Context, name string, n int) func(error) {
 	if p.tracer == nil {
 		return noSpan // a closure here would capture the generic dictionary: one allocation per span
 	}
@@ -331,7 +331,7 @@ func (p *ProcessorOf[TX]) span(ctx context.Context, name string, n int) func(err
 
 // record writes rejections, releases the claims of messages to retry and logs
 // conflicts, each with one statement, all in the batch's transaction.
-func (p *ProcessorOf[TX]) record(ctx context.Context, tx TX, msgs []Message, rejIDs, rejReasons, retryIDs []string, conflicts []int) error {
+func (p *Processor[TX]) record(ctx context.Context, tx TX, msgs []Message, rejIDs, rejReasons, retryIDs []string, conflicts []int) error {
 	if len(rejIDs) > 0 {
 		if err := p.store.MarkRejected(ctx, tx, p.cfg.Scope, rejIDs, rejReasons); err != nil {
 			return fmt.Errorf("inbox: record rejections: %w", err)

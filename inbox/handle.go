@@ -5,14 +5,8 @@ package inbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"runtime/debug"
-	"strings"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/jetinbox/jetinbox/internal/hook"
 )
@@ -20,7 +14,7 @@ import (
 // handle calls the handler, turning a panic into an error. The stack goes
 // to the log; the error, which becomes the reason of the row and of the
 // dead letter, carries the panic's value only.
-func (p *ProcessorOf[TX]) handle(ctx context.Context, tx TX, msgs []Message, errs []error) (err error) {
+func (p *Processor[TX]) handle(ctx context.Context, tx TX, msgs []Message, errs []error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			ids := make([]string, 0, min(len(msgs), 10))
@@ -35,12 +29,12 @@ func (p *ProcessorOf[TX]) handle(ctx context.Context, tx TX, msgs []Message, err
 	if p.fires(hook.EffectPanic) {
 		panic("simulated panic at " + hook.EffectPanic.String())
 	}
-	return p.cfg.Handler.Handle(p.withScope(ctx), tx, msgs, errs)
+	return p.handler.Handle(p.withScope(ctx), tx, msgs, errs)
 }
 
 type scopeKey struct{}
 
-func (p *ProcessorOf[TX]) withScope(ctx context.Context) context.Context {
+func (p *Processor[TX]) withScope(ctx context.Context) context.Context {
 	return context.WithValue(ctx, scopeKey{}, p.cfg.Scope)
 }
 
@@ -53,7 +47,7 @@ func ScopeFromContext(ctx context.Context) (string, bool) {
 
 // handleIsolated applies each message under its own savepoint: a message
 // that fails is rolled back alone and reported in errs.
-func (p *ProcessorOf[TX]) handleIsolated(ctx context.Context, tx TX, msgs []Message, errs []error) error {
+func (p *Processor[TX]) handleIsolated(ctx context.Context, tx TX, msgs []Message, errs []error) error {
 	one := make([]error, 1)
 	for j := range msgs {
 		if err := p.store.Savepoint(ctx, tx, "SAVEPOINT jetinbox_msg"); err != nil {
@@ -87,31 +81,4 @@ func (p *ProcessorOf[TX]) handleIsolated(ctx context.Context, tx TX, msgs []Mess
 		errs[j] = err
 	}
 	return nil
-}
-
-// isRetryableTx reports deadlocks and serialization failures, which a retry
-// of the same transaction resolves.
-func isRetryableTx(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
-}
-
-// isDataError reports errors that the same input will always cause: data
-// exceptions (class 22) and integrity violations (class 23).
-func isDataError(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23")
-}
-
-// isConnError reports errors that say the connection or the server is gone,
-// not that one message failed: connection exceptions (class 08), the
-// server shutting down (57P01-57P05), network errors. A statement timeout
-// (57014) is the message's own problem and is retried for that message.
-func isConnError(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code[:2] == "08" || strings.HasPrefix(pgErr.Code, "57P")
-	}
-	var netErr net.Error
-	return pgconn.SafeToRetry(err) || errors.As(err, &netErr) || errors.Is(err, pgx.ErrTxClosed)
 }

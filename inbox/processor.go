@@ -5,25 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
-// Beginner starts a transaction. *pgxpool.Pool and *pgx.Conn satisfy it.
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
-// HandlerOf applies the side effects of freshly claimed messages inside the
+// Handler applies the side effects of freshly claimed messages inside the
 // inbox transaction, a TX of the processor's [Store]: pgx.Tx for
-// PostgreSQL ([Handler]), *sql.Tx for SQLite.
+// PostgreSQL (package pginbox), *sql.Tx for SQLite (package sqliteinbox).
+// [HandlerFunc] makes one from a function that applies one message.
 //
 // Handle gets every fresh message of a batch and sets errs[i] (len(errs) ==
 // len(msgs)) for each message it did not apply; an error wrapped with
@@ -38,27 +34,24 @@ type Beginner interface {
 // applies the batch one message at a time, each under a savepoint, so that
 // one poison message cannot take its neighbours down. Deadlocks and
 // serialization failures retry the whole batch instead.
-type HandlerOf[TX any] interface {
+type Handler[TX any] interface {
 	Handle(ctx context.Context, tx TX, msgs []Message, errs []error) error
 }
 
-// Handler is a [HandlerOf] for the PostgreSQL store: it applies effects in a
-// pgx.Tx.
-type Handler = HandlerOf[pgx.Tx]
+// HandlerFunc makes a [Handler] of a function that applies one message;
+// TX is inferred from the function's transaction parameter. It is the
+// simple way in; a set-based handler is faster for big batches.
+func HandlerFunc[TX any](f func(ctx context.Context, tx TX, msg Message) error) Handler[TX] {
+	return handlerFunc[TX](f)
+}
 
-// HandlerFuncOf adapts a function that applies one message to a
-// [HandlerOf]. It is the simple way in; a set-based handler is faster for
-// big batches.
-type HandlerFuncOf[TX any] func(ctx context.Context, tx TX, msg Message) error
+type handlerFunc[TX any] func(ctx context.Context, tx TX, msg Message) error
 
-// HandlerFunc is a [HandlerFuncOf] for the PostgreSQL store.
-type HandlerFunc = HandlerFuncOf[pgx.Tx]
-
-// Handle implements [HandlerOf]. The first error fails the batch, since a
+// Handle implements [Handler]. The first error fails the batch, since a
 // failed statement may have aborted the transaction; the processor then
 // applies the messages one at a time under savepoints and reports each
 // message's own error.
-func (f HandlerFuncOf[TX]) Handle(ctx context.Context, tx TX, msgs []Message, errs []error) error {
+func (f handlerFunc[TX]) Handle(ctx context.Context, tx TX, msgs []Message, errs []error) error {
 	for i := range msgs {
 		if err := f(ctx, tx, msgs[i]); err != nil {
 			if len(msgs) == 1 {
@@ -70,8 +63,9 @@ func (f HandlerFuncOf[TX]) Handle(ctx context.Context, tx TX, msgs []Message, er
 	return nil
 }
 
-// ConfigOf configures a [ProcessorOf] whose store's transactions are TX.
-type ConfigOf[TX any] struct {
+// Config configures a [Processor]. The zero value of every field but Scope
+// is a documented default.
+type Config struct {
 	// Scope names the effect: the inbox key is (Scope, message ID), so an
 	// ID is applied at most once per scope, and two effects with different
 	// scopes each apply a message once. It is the identity of the effect,
@@ -79,8 +73,6 @@ type ConfigOf[TX any] struct {
 	// re-created, or the stream is applied again. Handlers read it with
 	// [ScopeFromContext]. Required.
 	Scope string
-	// Handler applies the effects. Required.
-	Handler HandlerOf[TX]
 	// Logger receives debug lines about isolation and retries. Default: no
 	// logging.
 	Logger *slog.Logger
@@ -106,11 +98,8 @@ type ConfigOf[TX any] struct {
 	EffectConcurrency int
 }
 
-// Config configures a [Processor] on PostgreSQL.
-type Config = ConfigOf[pgx.Tx]
-
 // WithDefaults returns a copy of c with defaults filled in.
-func (c ConfigOf[TX]) WithDefaults() ConfigOf[TX] {
+func (c Config) WithDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -126,12 +115,9 @@ func (c ConfigOf[TX]) WithDefaults() ConfigOf[TX] {
 	return c
 }
 
-func (c ConfigOf[TX]) validate() error {
+func (c Config) validate() error {
 	if err := ValidateID(c.Scope); err != nil {
 		return fmt.Errorf("inbox: config: Scope: %w", err)
-	}
-	if c.Handler == nil {
-		return errors.New("inbox: config: Handler is required")
 	}
 	if err := c.TxRetry.Validate(); err != nil {
 		return fmt.Errorf("inbox: config: TxRetry: %w", err)
@@ -139,14 +125,15 @@ func (c ConfigOf[TX]) validate() error {
 	return nil
 }
 
-// ProcessorOf claims and applies batches of messages, one transaction of
+// Processor claims and applies batches of messages, one transaction of
 // its [Store] per batch. It is safe for concurrent use; each call uses its
 // own transaction.
-type ProcessorOf[TX any] struct {
-	store  Store[TX]
-	cfg    ConfigOf[TX]
-	tracer trace.Tracer  // nil unless tracing
-	turns  chan struct{} // effect-and-commit turns, EffectConcurrency of them
+type Processor[TX any] struct {
+	store   Store[TX]
+	handler Handler[TX]
+	cfg     Config
+	tracer  trace.Tracer  // nil unless tracing
+	turns   chan struct{} // effect-and-commit turns, EffectConcurrency of them
 	// copyCooldown counts down the batches still to claim with conflict
 	// checks after a copy claim met an existing row.
 	copyCooldown  atomic.Int32
@@ -158,9 +145,6 @@ type ProcessorOf[TX any] struct {
 	hook hook.Func
 }
 
-// Processor is a [ProcessorOf] on PostgreSQL, made by [NewProcessor].
-type Processor = ProcessorOf[pgx.Tx]
-
 func init() {
 	hook.Register(func(target any, f hook.Func) bool {
 		p, ok := target.(interface{ setHook(hook.Func) })
@@ -171,10 +155,10 @@ func init() {
 	})
 }
 
-func (p *ProcessorOf[TX]) setHook(f hook.Func) { p.hook = f }
+func (p *Processor[TX]) setHook(f hook.Func) { p.hook = f }
 
 // fires reports whether the harness's hook stops the processor at pt.
-func (p *ProcessorOf[TX]) fires(pt hook.Point) bool { return p.hook != nil && p.hook(pt) }
+func (p *Processor[TX]) fires(pt hook.Point) bool { return p.hook != nil && p.hook(pt) }
 
 // ProcessorStats counts how batches were claimed.
 type ProcessorStats struct {
@@ -189,48 +173,41 @@ type ProcessorStats struct {
 }
 
 // Stats returns the counters so far.
-func (p *ProcessorOf[TX]) Stats() ProcessorStats {
+func (p *Processor[TX]) Stats() ProcessorStats {
 	return ProcessorStats{CopyClaims: p.copyClaims.Load(), CopyFallbacks: p.copyFallbacks.Load()}
 }
 
-// NewProcessor returns a Processor on PostgreSQL using db for its
-// transactions: [NewProcessorOf] with the [Postgres] store.
-func NewProcessor(db Beginner, cfg Config) (*Processor, error) {
-	if db == nil {
-		return nil, errors.New("inbox: NewProcessor: db is nil")
-	}
-	return NewProcessorOf(Postgres(db), cfg)
-}
-
-// NewProcessorOf returns a processor keeping its inbox in store.
-func NewProcessorOf[TX any](store Store[TX], cfg ConfigOf[TX]) (*ProcessorOf[TX], error) {
+// NewProcessor returns a processor keeping its inbox in store (a
+// pginbox.Store or a sqliteinbox.Store) and applying effects with handler,
+// in the store's transactions; TX is inferred from both.
+func NewProcessor[TX any](store Store[TX], handler Handler[TX], cfg Config) (*Processor[TX], error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if store == nil {
-		return nil, errors.New("inbox: NewProcessorOf: store is nil")
+	if isNil(store) {
+		return nil, errors.New("inbox: NewProcessor: store is nil")
 	}
-	p := &ProcessorOf[TX]{store: store, cfg: cfg, turns: make(chan struct{}, cfg.EffectConcurrency)}
+	if isNil(handler) {
+		return nil, errors.New("inbox: NewProcessor: handler is nil")
+	}
+	p := &Processor[TX]{store: store, handler: handler, cfg: cfg, turns: make(chan struct{}, cfg.EffectConcurrency)}
 	if cfg.TracerProvider != nil {
 		p.tracer = cfg.TracerProvider.Tracer("github.com/jetinbox/jetinbox/inbox")
 	}
 	return p, nil
 }
 
-// WarmerOf is implemented by handlers that can prepare for their first
+// Warmer is implemented by handlers that can prepare for their first
 // batch (prepare statements, load caches) on a fresh connection. See
-// [ProcessorOf.Warm]; on PostgreSQL it is called only on connections that
+// [Processor.Warm]; on PostgreSQL it is called only on connections that
 // cache prepared statements (pgx's default mode), so it may prepare them.
-type WarmerOf[TX any] interface {
+type Warmer[TX any] interface {
 	Warm(ctx context.Context, tx TX) error
 }
 
-// Warmer is a [WarmerOf] for the PostgreSQL store.
-type Warmer = WarmerOf[pgx.Tx]
-
 // Warm opens n transactions at once, so that a pool opens n connections,
-// prepares the claim statements (and the handler's, if it is a [WarmerOf])
+// prepares the claim statements (and the handler's, if it is a [Warmer])
 // on each, and rolls them back. Run it before the first batch: a cold start
 // otherwise puts connection setup and statement preparation into the
 // latency of the first messages. n is capped at a pool's MaxConns, and is 1
@@ -238,9 +215,9 @@ type Warmer = WarmerOf[pgx.Tx]
 // are prepared only where the connection caches them anyway (pgx's default
 // mode; not with a transaction-pooling proxy set up for exec or
 // simple-protocol mode). Warm gives up after 10 seconds.
-func (p *ProcessorOf[TX]) Warm(ctx context.Context, n int) error {
+func (p *Processor[TX]) Warm(ctx context.Context, n int) error {
 	return p.store.Warm(ctx, n, func(ctx context.Context, tx TX) error {
-		if w, ok := p.cfg.Handler.(WarmerOf[TX]); ok {
+		if w, ok := p.handler.(Warmer[TX]); ok {
 			if err := w.Warm(ctx, tx); err != nil {
 				return fmt.Errorf("inbox: warm handler: %w", err)
 			}
@@ -249,8 +226,21 @@ func (p *ProcessorOf[TX]) Warm(ctx context.Context, n int) error {
 	})
 }
 
+// Ping checks that the store's database answers. A consumer pings
+// through it while the database is unreachable, so it pauses instead of
+// turning an outage into a redelivery storm.
+func (p *Processor[TX]) Ping(ctx context.Context) error { return p.store.Ping(ctx) }
+
+// Logger returns the processor's logger ([Config.Logger]); a transport
+// logs through it too.
+func (p *Processor[TX]) Logger() *slog.Logger { return p.cfg.Logger }
+
+// TracerProvider returns [Config.TracerProvider], nil when not tracing; a
+// transport traces its own steps with it.
+func (p *Processor[TX]) TracerProvider() trace.TracerProvider { return p.cfg.TracerProvider }
+
 // Scope returns the processor's scope.
-func (p *ProcessorOf[TX]) Scope() string { return p.cfg.Scope }
+func (p *Processor[TX]) Scope() string { return p.cfg.Scope }
 
 var errIsolate = errors.New("inbox: batch failed; isolating messages")
 
@@ -264,7 +254,7 @@ var errIsolate = errors.New("inbox: batch failed; isolating messages")
 // [ErrOutcomeUnknown]); every outcome that is not a rejection of invalid input
 // is then [StatusRetry]. The commit runs under [context.WithoutCancel], so a
 // cancelled ctx cannot leave a commit half-sent.
-func (p *ProcessorOf[TX]) Process(ctx context.Context, msgs []Message) ([]Outcome, error) {
+func (p *Processor[TX]) Process(ctx context.Context, msgs []Message) ([]Outcome, error) {
 	out := make([]Outcome, len(msgs))
 	valid := make([]int, 0, len(msgs))
 	for i := range msgs {
@@ -332,7 +322,7 @@ const copyCooldownBatches = 32
 // existing row. Everything else takes [ClaimTx]. COPY is an optimisation
 // only: when it meets a claimed ID the transaction is rolled back and the
 // batch claimed again with ClaimTx, so both paths give the same outcomes.
-func (p *ProcessorOf[TX]) copyClaimable(msgs []Message, valid []int) bool {
+func (p *Processor[TX]) copyClaimable(msgs []Message, valid []int) bool {
 	if t := p.store.ClaimNewThreshold(); t <= 0 || len(valid) < t {
 		return false
 	}
@@ -351,4 +341,17 @@ func (p *ProcessorOf[TX]) copyClaimable(msgs []Message, valid []int) bool {
 		}
 	}
 	return true
+}
+
+// isNil reports whether v is nil or a nil pointer, map, func or chan held
+// in an interface.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch r := reflect.ValueOf(v); r.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Func, reflect.Chan, reflect.Slice, reflect.Interface:
+		return r.IsNil()
+	}
+	return false
 }

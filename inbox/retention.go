@@ -1,27 +1,12 @@
 package inbox
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Execer runs a statement. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
-// PruneDB runs statements and queries. *pgxpool.Pool, *pgx.Conn and pgx.Tx
-// satisfy it.
-type PruneDB interface {
-	Execer
-	Querier
-}
-
-// DefaultPruneMargin is how much longer than the replay horizon [Prune]
+// DefaultPruneMargin is how much longer than the replay horizon a store's Prune
 // requires OlderThan to be, by default. It absorbs what the horizon's
 // arithmetic cannot see: the skew between the clocks the horizon's parts
 // run on (the NATS servers' for MaxAge and the duplicate window,
@@ -29,7 +14,7 @@ type PruneDB interface {
 // between delivery and commit, and the prune's own running time.
 const DefaultPruneMargin = time.Hour
 
-// PruneOptions configures [Prune].
+// PruneOptions configures a store's Prune.
 type PruneOptions struct {
 	// Scope limits pruning to one scope. Default "": every scope.
 	Scope string
@@ -69,36 +54,4 @@ func (o PruneOptions) Checked() (PruneOptions, error) {
 		o.BatchSize = 10000
 	}
 	return o, nil
-}
-
-// Prune deletes inbox rows received longer than opts.OlderThan ago, in
-// batches, and returns how many it deleted. The cut-off is taken once, from
-// PostgreSQL's now(), the clock received_at comes from. It returns
-// [ErrUnsafeHorizon] without deleting anything unless OlderThan is strictly
-// longer than ReplayHorizon + Margin.
-func Prune(ctx context.Context, db PruneDB, opts PruneOptions) (int64, error) {
-	opts, err := opts.Checked()
-	if err != nil {
-		return 0, err
-	}
-	var cutoff time.Time
-	if err := db.QueryRow(ctx, `SELECT now() - $1::bigint * interval '1 microsecond'`, opts.OlderThan.Microseconds()).Scan(&cutoff); err != nil {
-		return 0, fmt.Errorf("inbox: prune: cut-off: %w", err)
-	}
-	var total int64
-	for {
-		tag, err := db.Exec(ctx, `DELETE FROM inbox WHERE ctid = ANY (ARRAY (
-	SELECT ctid FROM inbox WHERE received_at < $1 AND ($2 = '' OR scope = $2) LIMIT $3))`,
-			cutoff, opts.Scope, opts.BatchSize)
-		if err != nil {
-			return total, fmt.Errorf("inbox: prune: %w", err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(opts.BatchSize) {
-			return total, nil
-		}
-		if err := ctx.Err(); err != nil {
-			return total, err
-		}
-	}
 }

@@ -5,16 +5,20 @@ import (
 	"errors"
 )
 
-// Store is the database a [ProcessorOf] keeps its inbox in: the seam
+// Store is the database a [Processor] keeps its inbox in: the seam
 // between the processor, which decides what happens to each message, and
 // the SQL that makes it durable. TX is the transaction type the store's
 // handlers get and apply their effects in.
 //
-// Two stores implement it, and one conformance suite runs the same
-// guarantee tests, crash points and mutations on both:
+// Do not implement Store: its methods are the processor's internals and
+// may change in any release, as a driver interface does (riverdriver in
+// River says the same). Use one of the two stores this module ships; one
+// conformance suite (internal) runs the same guarantee tests, crash
+// points and mutations on both:
 //
-//   - [Postgres]: PostgreSQL through pgx (TX is pgx.Tx), the production
-//     store, with a COPY fast path for big batches of first deliveries.
+//   - package [github.com/jetinbox/jetinbox/inbox/pginbox]: PostgreSQL
+//     through pgx (TX is pgx.Tx), the production store, with a COPY fast
+//     path for big batches of first deliveries.
 //   - package [github.com/jetinbox/jetinbox/inbox/sqliteinbox]: SQLite
 //     through database/sql (TX is *sql.Tx), for a worker that keeps its
 //     inbox in a local file.
@@ -68,9 +72,12 @@ type Store[TX any] interface {
 	// Classify says what an error of a store statement, or of a handler
 	// running on the store's transaction, means for the batch.
 	Classify(err error) ErrorKind
+	// Ping checks that the database answers; a consumer pings through it
+	// while the database is unreachable.
+	Ping(ctx context.Context) error
 	// Warm readies the store for up to n concurrent batches (opening
 	// connections, preparing statements) and calls prepare on each
-	// readied transaction; see [ProcessorOf.Warm].
+	// readied transaction; see [Processor.Warm].
 	Warm(ctx context.Context, n int, prepare func(ctx context.Context, tx TX) error) error
 }
 

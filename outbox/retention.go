@@ -55,7 +55,7 @@ func CheckPrune(opts *PruneOptions) error {
 // failed are never deleted. It returns an error wrapping
 // [inbox.ErrUnsafeHorizon], deleting nothing, unless OlderThan is strictly
 // longer than ReplayHorizon + Margin.
-func Prune(ctx context.Context, db inbox.PruneDB, opts PruneOptions) (int64, error) {
+func Prune(ctx context.Context, db PruneDB, opts PruneOptions) (int64, error) {
 	if err := CheckPrune(&opts); err != nil {
 		return 0, err
 	}
@@ -82,7 +82,7 @@ func Prune(ctx context.Context, db inbox.PruneDB, opts PruneOptions) (int64, err
 
 // Backlog returns how many rows wait to be published and how long the
 // oldest has waited, by PostgreSQL's clock: for metrics and alerts.
-func Backlog(ctx context.Context, db inbox.Querier) (int64, time.Duration, error) {
+func Backlog(ctx context.Context, db Querier) (int64, time.Duration, error) {
 	var n int64
 	var oldest float64
 	if err := db.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/migrate"
+	"github.com/jetinbox/jetinbox/internal/pgmigrate"
 )
 
 //go:embed migrations/*.sql
@@ -32,8 +33,8 @@ func migrations() []migrate.Migration {
 // recording applied versions in jetinbox_migrations under the component
 // "outbox". It is safe to call concurrently and repeatedly, and returns how
 // many migrations it applied. `jetinbox migrate` calls it.
-func Migrate(ctx context.Context, db inbox.Beginner) (int, error) {
-	return migrate.Apply(ctx, db, Component, migrations())
+func Migrate(ctx context.Context, db pgmigrate.Beginner) (int, error) {
+	return pgmigrate.Apply(ctx, db, Component, migrations())
 }
 
 // MigrationSQL returns the outbox schema as one SQL script, for people who
@@ -45,7 +46,7 @@ func MigrationSQL() string { return migrate.Script(Component, migrations()) }
 func MigrationStatus(ctx context.Context, db interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }) ([]inbox.MigrationState, error) {
-	return migrate.Status(ctx, db, Component, migrations())
+	return pgmigrate.Status(ctx, db, Component, migrations())
 }
 
 // ErrNotMigrated is returned by [CheckSchema] when the outbox table is
@@ -54,7 +55,7 @@ var ErrNotMigrated = errors.New("outbox: schema not migrated (run `jetinbox migr
 
 // CheckSchema reports [ErrNotMigrated] unless every outbox migration this
 // package ships has been applied. The relay calls it at start.
-func CheckSchema(ctx context.Context, db inbox.Querier) error {
+func CheckSchema(ctx context.Context, db Querier) error {
 	ms := migrations()
 	want := ms[len(ms)-1].Version
 	var have int
@@ -70,4 +71,17 @@ func CheckSchema(ctx context.Context, db inbox.Querier) error {
 		return fmt.Errorf("%w: at version %d, this package needs %d", ErrNotMigrated, have, want)
 	}
 	return nil
+}
+
+// Querier runs a query returning one row. *pgxpool.Pool, *pgx.Conn and
+// pgx.Tx satisfy it.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// PruneDB runs statements and queries. *pgxpool.Pool, *pgx.Conn and
+// pgx.Tx satisfy it.
+type PruneDB interface {
+	Querier
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }

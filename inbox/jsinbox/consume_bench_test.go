@@ -15,9 +15,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
@@ -180,14 +181,14 @@ func (o *doneAfter) ObserveBatch(r jsinbox.BatchReport) {
 }
 
 func consumeJetinbox(ctx context.Context, b *testing.B, js jetstream.JetStream, pool *pgxpool.Pool, stream string, n int) {
-	proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: effects.NewLedger()})
+	proc, err := inbox.NewProcessor(pginbox.New(pool), effects.NewLedger(), inbox.Config{Scope: "ledger"})
 	if err != nil {
 		b.Fatal(err)
 	}
 	obs := &doneAfter{done: make(chan struct{})}
 	obs.left.Store(int64(n))
 	c, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{Stream: stream, Durable: "bench", AckWait: time.Minute,
-		MaxAckPending: 50_000, DB: pool, Observer: obs})
+		MaxAckPending: 50_000, Observer: obs})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -19,11 +19,6 @@ import (
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
-// Pinger checks the database. *pgxpool.Pool satisfies it.
-type Pinger interface {
-	Ping(ctx context.Context) error
-}
-
 // ConsumerConfig configures a [Consumer].
 type ConsumerConfig struct {
 	// Stream is the intents stream. Default "INTENTS".
@@ -85,21 +80,20 @@ type ConsumerConfig struct {
 	// (MaxAttempts and MaxElapsed are ignored: giving up would drop the
 	// intent). Default: decorrelated jitter from 250ms to 10s.
 	DeadLetterRetry jitter.Policy
-	// DB, when set, is pinged while the database is unreachable: the
-	// consumer stops fetching until it answers, so an outage does not turn
-	// into a redelivery storm.
-	DB Pinger
 	// Observer, when set, is told about every batch after its transaction
 	// ended and before its messages are acked: metrics and benchmarks.
 	Observer Observer
-	// TracerProvider, when set, traces each batch: span "jetinbox.batch"
+
+	// The consumer pings the database through the processor while the
+	// database is unreachable (it stops fetching until it answers, so an
+	// outage does not turn into a redelivery storm), and logs and traces
+	// with the processor's [inbox.Config.Logger] and
+	// [inbox.Config.TracerProvider]: each batch's span "jetinbox.batch" is
 	// linked to the producers' spans carried in the messages' headers, with
 	// children for fetching, the inbox's claim, effect and commit, and
-	// acking. Give the same provider to the inbox.Config. Default: none.
-	TracerProvider trace.TracerProvider
-	// Logger receives problem lines with message ID, stream sequence and
-	// delivery count. Default: discard.
-	Logger *slog.Logger
+	// acking. None of them is given twice.
+	logger *slog.Logger
+	tp     trace.TracerProvider
 }
 
 // DefaultConsumerMaxBytes is the default [ConsumerConfig.MaxBytes]: 64 MiB, well
@@ -148,8 +142,8 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 		c.DeadLetterRetry = jitter.Policy{Kind: jitter.Decorrelated, Base: 250 * time.Millisecond, Cap: 10 * time.Second}
 	}
 	c.DeadLetterRetry.MaxAttempts, c.DeadLetterRetry.MaxElapsed = 0, 0
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
+	if c.logger == nil {
+		c.logger = slog.New(slog.DiscardHandler)
 	}
 	return c
 }
@@ -229,12 +223,13 @@ func NewConsumer(js jetstream.JetStream, proc BatchProcessor, cfg ConsumerConfig
 	if cfg.Durable == "" {
 		cfg.Durable = proc.Scope()
 	}
+	cfg.logger, cfg.tp = proc.Logger(), proc.TracerProvider()
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	batchBytes := max(cfg.MaxBytes/2, 1)
-	return &Consumer{js: js, proc: proc, cfg: cfg, tracer: tracer(cfg.TracerProvider),
+	return &Consumer{js: js, proc: proc, cfg: cfg, tracer: tracer(cfg.tp),
 		budget: semaphore.NewWeighted(batchBytes), batchBytes: batchBytes}, nil
 }
 
@@ -273,7 +268,7 @@ func (c *Consumer) DurableConfig() jetstream.ConsumerConfig {
 // flight (their commits and acks are not cut short), hands back what it held
 // but had not started, and returns nil.
 func (c *Consumer) Run(ctx context.Context) error {
-	defer c.dlLog.flush(c.cfg.Logger)
+	defer c.dlLog.flush(c.cfg.logger)
 	cons, err := c.bind(ctx)
 	if err != nil {
 		return err
@@ -311,7 +306,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	go func() {
 		defer close(warmed)
 		if err := c.proc.Warm(ctx, c.cfg.InFlight); err != nil {
-			c.cfg.Logger.Warn("jsinbox: warming the database connections failed", "err", err)
+			c.cfg.logger.Warn("jsinbox: warming the database connections failed", "err", err)
 		}
 	}()
 	defer func() { <-warmed }()        // last: nothing of Run outlives it
@@ -354,10 +349,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 				if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrBadRequest) {
 					// The client stops the subscription after these.
-					c.cfg.Logger.Warn("jsinbox: the server ended the pull subscription", "durable", c.cfg.Durable, "err", err)
+					c.cfg.logger.Warn("jsinbox: the server ended the pull subscription", "durable", c.cfg.Durable, "err", err)
 					return
 				}
-				c.cfg.Logger.Debug("jsinbox: consume", "err", err)
+				c.cfg.logger.Debug("jsinbox: consume", "err", err)
 			}))
 		if err != nil {
 			stopWaiting()
@@ -454,7 +449,7 @@ func (c *Consumer) rebind(ctx context.Context) (jetstream.Consumer, error) {
 		}
 		cons, err := c.bind(ctx)
 		if err == nil {
-			c.cfg.Logger.Info("jsinbox: pulling again", "durable", c.cfg.Durable)
+			c.cfg.logger.Info("jsinbox: pulling again", "durable", c.cfg.Durable)
 			return cons, nil
 		}
 		if errors.Is(err, nats.ErrPermissionViolation) {
@@ -464,7 +459,7 @@ func (c *Consumer) rebind(ctx context.Context) (jetstream.Consumer, error) {
 		if d < 0 {
 			return nil, err
 		}
-		c.cfg.Logger.Warn("jsinbox: binding the durable again failed; retrying", "durable", c.cfg.Durable, "err", err, "in", d)
+		c.cfg.logger.Warn("jsinbox: binding the durable again failed; retrying", "durable", c.cfg.Durable, "err", err, "in", d)
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -509,7 +504,7 @@ func (c *Consumer) bind(ctx context.Context) (jetstream.Consumer, error) {
 	}
 	c.cfg.MaxDeliver = info.MaxDeliver
 	for _, w := range LintConsumer(ConsumerTiming{AckWait: info.AckWait, MaxDeliver: info.MaxDeliver, BackOff: info.BackOff, NakDelay: &c.cfg.Nak}) {
-		c.cfg.Logger.Warn("jsinbox: config: "+w, "durable", c.cfg.Durable)
+		c.cfg.logger.Warn("jsinbox: config: "+w, "durable", c.cfg.Durable)
 	}
 	return cons, nil
 }
@@ -523,7 +518,7 @@ func (c *Consumer) fitAckPending(maxAckPending int) {
 		return
 	}
 	batch := max(1, maxAckPending/c.cfg.InFlight)
-	c.cfg.Logger.Warn("jsinbox: the durable's MaxAckPending cannot hold the batches in flight; lowering the batch size",
+	c.cfg.logger.Warn("jsinbox: the durable's MaxAckPending cannot hold the batches in flight; lowering the batch size",
 		"durable", c.cfg.Durable, "max_ack_pending", maxAckPending, "batch", c.cfg.BatchSize, "in_flight", c.cfg.InFlight, "new_batch", batch)
 	c.cfg.BatchSize = batch
 }
@@ -561,7 +556,7 @@ func (c *Consumer) checkSizes(ctx context.Context) error {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		// Not fatal: a message to dead-letter on its last delivery is held
 		// until the stream exists (see [ConsumerConfig.DeadLetterRetry]).
-		c.cfg.Logger.Warn("jsinbox: the dead-letter stream does not exist; messages to dead-letter are held until it does",
+		c.cfg.logger.Warn("jsinbox: the dead-letter stream does not exist; messages to dead-letter are held until it does",
 			"dead_letter_stream", dlqName)
 		if problems := CheckDeadLetterFit(intents, jetstream.StreamConfig{Name: dlqName}, maxPayload); len(problems) > 0 {
 			return &SetupError{Err: fmt.Errorf("jsinbox: stream %s: %s", c.cfg.Stream, strings.Join(problems, "; "))}

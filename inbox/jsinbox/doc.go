@@ -36,7 +36,7 @@
 // A [Consumer] runs a durable pull consumer with explicit acks, a finite
 // MaxDeliver and a bounded MaxAckPending. It forms batches from whatever has
 // arrived (it never waits to fill one), runs several batches at once through
-// an [inbox.Processor], and then, per message:
+// an [inbox.Processor[pgx.Tx]], and then, per message:
 //
 //   - applied or duplicate: Ack;
 //   - rejected or conflict: publish a copy to the dead-letter stream (pinned

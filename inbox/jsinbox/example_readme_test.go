@@ -17,6 +17,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -40,11 +41,11 @@ func shipOrders(ctx context.Context, js jetstream.JetStream, databaseURL string)
 		_, err := tx.Exec(ctx, `INSERT INTO shipments VALUES ($1, $2)`, order.Order, order.City)
 		return err
 	})
-	proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: "shipping", Handler: ship})
+	proc, err := inbox.NewProcessor(pginbox.New(pool), ship, inbox.Config{Scope: "shipping"})
 	if err != nil {
 		return err
 	}
-	consumer, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{DB: pool}) // DB: pause in an outage
+	consumer, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{}) // DB: pause in an outage
 	if err != nil {
 		return err
 	}
@@ -90,7 +91,7 @@ func Example_readme() {
 	pool, err := pgxpool.New(ctx, url)
 	must(err)
 	defer pool.Close()
-	_, err = inbox.Migrate(ctx, pool)
+	_, err = pginbox.New(pool).Migrate(ctx)
 	must(err)
 	_, err = pool.Exec(ctx, `CREATE TABLE shipments (order_id text NOT NULL, city text NOT NULL)`)
 	must(err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -48,7 +49,7 @@ func ExampleConsumer() {
 
 	// Deploy steps: the inbox schema, the service's own table, and the
 	// intents stream with its dead-letter and advisory streams.
-	_, err = inbox.Migrate(ctx, pool)
+	_, err = pginbox.New(pool).Migrate(ctx)
 	must(err)
 	_, err = pool.Exec(ctx, `CREATE TABLE shipments (order_id text NOT NULL, city text NOT NULL)`)
 	must(err)
@@ -65,9 +66,9 @@ func ExampleConsumer() {
 		_, err := tx.Exec(ctx, `INSERT INTO shipments VALUES ($1, $2)`, order.Order, order.City)
 		return err
 	})
-	proc, err := inbox.NewProcessor(pool, inbox.Config{Scope: "shipping", Handler: ship})
+	proc, err := inbox.NewProcessor(pginbox.New(pool), ship, inbox.Config{Scope: "shipping"})
 	must(err)
-	consumer, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{DB: pool})
+	consumer, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{})
 	must(err)
 	run, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)

@@ -11,9 +11,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/faultconn"
 	"github.com/jetinbox/jetinbox/internal/hook"
@@ -68,7 +69,7 @@ func TestCrashPoints(t *testing.T) {
 
 // slowHandler makes the first batches outlast AckWait.
 type slowHandler struct {
-	inner inbox.Handler
+	inner inbox.Handler[pgx.Tx]
 	slow  atomic.Int32
 	delay time.Duration
 }
@@ -406,8 +407,8 @@ func TestOutcomeUnknownOnLastDelivery(t *testing.T) {
 	}
 	e.publish(t, load(100, "unk"))
 	inj.Arm(faultconn.CutAfterCommit)
-	proc, _ := inbox.NewProcessor(faulty, inbox.Config{Scope: "ledger", Handler: effects.NewLedger()})
-	c, _ := jsinbox.NewConsumer(e.js, proc, jsinbox.ConsumerConfig{BatchSize: 100, DB: faulty})
+	proc, _ := inbox.NewProcessor(pginbox.New(faulty), effects.NewLedger(), inbox.Config{Scope: "ledger"})
+	c, _ := jsinbox.NewConsumer(e.js, proc, jsinbox.ConsumerConfig{BatchSize: 100})
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(cctx) }()

@@ -115,7 +115,7 @@ type HorizonSpan struct {
 //
 // The times involved come from two kinds of clocks: MaxAge and the duplicate
 // window run on the NATS servers', received_at and the prune cut-off on
-// PostgreSQL's. inbox.Prune takes its cut-off from PostgreSQL's now() alone
+// PostgreSQL's. pginbox.Store.Prune takes its cut-off from PostgreSQL's now() alone
 // and requires the retention to be longer than H plus a margin
 // (inbox.DefaultPruneMargin) that absorbs the skew between those clocks and
 // the time a batch spends between delivery and commit.

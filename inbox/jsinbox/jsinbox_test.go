@@ -2,6 +2,7 @@ package jsinbox_test
 
 import (
 	"context"
+	"github.com/jackc/pgx/v5"
 	"strings"
 	"testing"
 	"time"
@@ -10,9 +11,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
@@ -104,17 +106,14 @@ type running struct {
 
 // startConsumer runs a consumer on the ledger; fp, if not nil, arms its
 // crash points; wrap, if given, stands between the consumer and JetStream.
-func (e *env) startConsumer(t *testing.T, fp *failpoint.Set, handler inbox.Handler, cfg jsinbox.ConsumerConfig, wrap ...func(jetstream.JetStream) jetstream.JetStream) *running {
+func (e *env) startConsumer(t *testing.T, fp *failpoint.Set, handler inbox.Handler[pgx.Tx], cfg jsinbox.ConsumerConfig, wrap ...func(jetstream.JetStream) jetstream.JetStream) *running {
 	t.Helper()
 	if handler == nil {
 		handler = effects.NewLedger()
 	}
-	proc, err := inbox.NewProcessor(e.pool, inbox.Config{Scope: "ledger", Handler: handler})
+	proc, err := inbox.NewProcessor(pginbox.New(e.pool), handler, inbox.Config{Scope: "ledger"})
 	if err != nil {
 		t.Fatal(err)
-	}
-	if cfg.DB == nil {
-		cfg.DB = e.pool
 	}
 	js := e.js
 	for _, w := range wrap {
@@ -237,7 +236,7 @@ func TestBindsOperatorDurable(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	proc, _ := inbox.NewProcessor(e.pool, inbox.Config{Scope: "unsafe", Handler: effects.NewLedger()})
+	proc, _ := inbox.NewProcessor(pginbox.New(e.pool), effects.NewLedger(), inbox.Config{Scope: "unsafe"})
 	c, _ := jsinbox.NewConsumer(e.js, proc, jsinbox.ConsumerConfig{})
 	if err := c.Run(ctx); err == nil || !strings.Contains(err.Error(), "MaxDeliver is unlimited") {
 		t.Fatalf("Run on a durable with unlimited MaxDeliver: %v", err)

@@ -136,9 +136,9 @@ func (c *Consumer) waitForDB(ctx context.Context) error {
 			return ctx.Err()
 		case <-time.After(d):
 		}
-		if err := c.cfg.DB.Ping(ctx); err == nil {
+		if err := c.proc.Ping(ctx); err == nil {
 			c.dbDown.Store(false)
-			c.cfg.Logger.Info("jsinbox: database reachable again; consuming")
+			c.cfg.logger.Info("jsinbox: database reachable again; consuming")
 			return nil
 		}
 	}

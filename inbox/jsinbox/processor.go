@@ -2,19 +2,31 @@ package jsinbox
 
 import (
 	"context"
+	"log/slog"
 	"reflect"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/jetinbox/jetinbox/inbox"
 )
 
 // BatchProcessor is what a [Consumer] needs of an inbox processor. An
-// [inbox.ProcessorOf] on any store is one: *inbox.Processor on
-// PostgreSQL, *inbox.ProcessorOf[*sql.Tx] on SQLite.
+// [inbox.Processor[pgx.Tx]] on any store is one: *inbox.Processor[pgx.Tx] on
+// PostgreSQL, *inbox.Processor[*sql.Tx] on SQLite. The consumer takes
+// from it everything else it needs of the database and of observability,
+// so none of it is given twice.
 type BatchProcessor interface {
 	Process(ctx context.Context, msgs []inbox.Message) ([]inbox.Outcome, error)
 	Scope() string
 	Stats() inbox.ProcessorStats
 	Warm(ctx context.Context, n int) error
+	// Ping checks the processor's database; the consumer pauses while it
+	// fails.
+	Ping(ctx context.Context) error
+	// Logger and TracerProvider are the processor's; the consumer logs
+	// and traces with them.
+	Logger() *slog.Logger
+	TracerProvider() trace.TracerProvider
 }
 
 // isNil reports whether p is nil or a nil pointer.

@@ -136,7 +136,7 @@ func (c *Consumer) startRescue(ctx context.Context, cons jetstream.Consumer, onC
 		}
 		c.rescue(ctx, m, onCrash)
 	}, jetstream.PullMaxMessages(16), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		c.cfg.Logger.Debug("jsinbox: rescue consume", "err", err)
+		c.cfg.logger.Debug("jsinbox: rescue consume", "err", err)
 	}))
 	if err != nil {
 		return nil, fmt.Errorf("jsinbox: consume advisories: %w", err)
@@ -223,13 +223,13 @@ func (c *Consumer) rescue(ctx context.Context, adv jetstream.Msg, onCrash func(e
 	a, why := c.genuineAdvisory(adv)
 	if why != "" {
 		c.foreignAdvisories.Add(1)
-		c.cfg.Logger.Error("jsinbox: a message in the advisory stream is no max-deliveries advisory of this durable; terminated, nothing rescued",
+		c.cfg.logger.Error("jsinbox: a message in the advisory stream is no max-deliveries advisory of this durable; terminated, nothing rescued",
 			"subject", adv.Subject(), "durable", c.cfg.Durable, "why", why)
 		_ = adv.Term()
 		return
 	}
 	retry := func(what string, err error) {
-		c.cfg.Logger.Warn("jsinbox: rescue after max deliveries failed; trying again later", "stream_seq", a.StreamSeq, "step", what, "err", err)
+		c.cfg.logger.Warn("jsinbox: rescue after max deliveries failed; trying again later", "stream_seq", a.StreamSeq, "step", what, "err", err)
 		n := 1
 		if md, merr := adv.Metadata(); merr == nil {
 			n = int(md.NumDelivered)
@@ -268,7 +268,7 @@ func (c *Consumer) rescue(ctx context.Context, adv jetstream.Msg, onCrash func(e
 	switch o := out[0]; {
 	case o.Ackable():
 		c.rescued.Add(1)
-		c.cfg.Logger.Info("jsinbox: rescued a message after max deliveries", "id", im.ID, "stream_seq", im.StreamSeq, "status", o.Status)
+		c.cfg.logger.Info("jsinbox: rescued a message after max deliveries", "id", im.ID, "stream_seq", im.StreamSeq, "status", o.Status)
 		_ = adv.Ack()
 	case o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict:
 		if c.settleRejected(ctx, src, &im, o) {
@@ -316,7 +316,7 @@ func expiredSubject(filter string) string {
 func (c *Consumer) rescueGone(ctx context.Context, adv jetstream.Msg, info *jetstream.StreamInfo, a maxDeliverAdvisory, retry func(string, error)) {
 	if a.StreamSeq > info.State.LastSeq {
 		c.foreignAdvisories.Add(1)
-		c.cfg.Logger.Error("jsinbox: a max-deliveries advisory names a message this stream never held; terminated, nothing rescued",
+		c.cfg.logger.Error("jsinbox: a max-deliveries advisory names a message this stream never held; terminated, nothing rescued",
 			"stream", c.cfg.Stream, "stream_seq", a.StreamSeq, "first_seq", info.State.FirstSeq, "last_seq", info.State.LastSeq)
 		_ = adv.Term()
 		return
@@ -341,7 +341,7 @@ func (c *Consumer) rescueGone(ctx context.Context, adv jetstream.Msg, info *jets
 		return
 	}
 	c.rescueExpired.Add(1)
-	c.cfg.Logger.Error("jsinbox: a message given up on after max deliveries aged out of the stream before its rescue; recorded in the dead-letter stream as expired",
+	c.cfg.logger.Error("jsinbox: a message given up on after max deliveries aged out of the stream before its rescue; recorded in the dead-letter stream as expired",
 		"stream", c.cfg.Stream, "stream_seq", a.StreamSeq, "deliveries", a.Deliveries, "dead_letter_stream", DeadLetterStream(c.cfg.Stream))
 	_ = adv.Ack()
 }

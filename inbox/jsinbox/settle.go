@@ -56,7 +56,7 @@ func putMessages(msgs []inbox.Message) {
 // processBatch runs one batch through the inbox and settles every message
 // with JetStream. It returns an error only for a simulated crash.
 func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetchStart time.Time) error {
-	if c.cfg.TracerProvider != nil {
+	if c.cfg.tp != nil {
 		links := make([]trace.Link, 0, min(len(batch), 64))
 		for _, m := range batch[:min(len(batch), 64)] {
 			if l, ok := extractLink(m.Headers()); ok {
@@ -93,22 +93,22 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 
 	var crash *hook.Crash
 	if errors.As(err, &crash) {
-		c.cfg.Logger.Warn("jsinbox: simulated crash", "point", crash.Point, "batch", len(batch))
+		c.cfg.logger.Warn("jsinbox: simulated crash", "point", crash.Point, "batch", len(batch))
 		return err
 	}
 	if err != nil {
 		c.failedBatches.Add(1)
-		if !errors.Is(err, inbox.ErrOutcomeUnknown) && c.cfg.DB != nil {
+		if !errors.Is(err, inbox.ErrOutcomeUnknown) {
 			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			if c.cfg.DB.Ping(pctx) != nil {
+			if c.proc.Ping(pctx) != nil {
 				c.dbDown.Store(true)
 			}
 			cancel()
 		}
-		c.cfg.Logger.Warn("jsinbox: batch failed; naking with jittered delay", "batch", len(batch), "err", err)
+		c.cfg.logger.Warn("jsinbox: batch failed; naking with jittered delay", "batch", len(batch), "err", err)
 	}
 	skipAck := c.hook != nil && c.hook(hook.SkipAck)
-	if c.cfg.TracerProvider != nil {
+	if c.cfg.tp != nil {
 		var ack trace.Span
 		ctx, ack = c.tracer.Start(ctx, "jetinbox.ack")
 		defer ack.End()
@@ -127,7 +127,7 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 			}
 			if !skipAck {
 				if err := m.Ack(); err != nil {
-					c.cfg.Logger.Debug("jsinbox: ack failed; the message will be redelivered and found in the inbox",
+					c.cfg.logger.Debug("jsinbox: ack failed; the message will be redelivered and found in the inbox",
 						"id", msgs[i].ID, "stream_seq", msgs[i].StreamSeq, "deliveries", msgs[i].Deliveries, "err", err)
 				}
 			}
@@ -157,7 +157,7 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 func (c *Consumer) lastTry(ctx context.Context, m jetstream.Msg, im *inbox.Message, o inbox.Outcome) {
 	if c.stoppingNow() && c.dbDown.Load() {
 		// Known down: another try would only wait for its connect timeout.
-		c.cfg.Logger.Warn("jsinbox: stopping while the database is unavailable; letting go of a message on its last delivery for the next consumer to rescue",
+		c.cfg.logger.Warn("jsinbox: stopping while the database is unavailable; letting go of a message on its last delivery for the next consumer to rescue",
 			"id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries)
 		return
 	}
@@ -173,7 +173,7 @@ func (c *Consumer) lastTry(ctx context.Context, m jetstream.Msg, im *inbox.Messa
 	case o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict:
 		c.settleRejected(ctx, m, im, o)
 	case err != nil && c.lettingGo(ctx):
-		c.cfg.Logger.Warn("jsinbox: stopping while the database is unavailable; letting go of a message on its last delivery for the next consumer to rescue",
+		c.cfg.logger.Warn("jsinbox: stopping while the database is unavailable; letting go of a message on its last delivery for the next consumer to rescue",
 			"id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "err", err)
 	default:
 		c.deadLetter(ctx, m, im, "gave-up", fmt.Sprintf("gave up after %d deliveries: %s", im.Deliveries, o.Reason))
@@ -186,18 +186,17 @@ func (c *Consumer) lastTry(ctx context.Context, m jetstream.Msg, im *inbox.Messa
 // it as given up would record a failure the intent never had; left
 // alone, the server gives up on it after AckWait, its max-deliveries
 // advisory is kept in the advisory stream, and the next consumer rescues
-// it once the database is back. Without a DB to ping, the failed
-// transaction is the evidence.
+// it once the database is back.
 func (c *Consumer) lettingGo(ctx context.Context) bool {
 	if !c.stoppingNow() {
 		return false
 	}
-	if c.cfg.DB == nil || c.dbDown.Load() {
+	if c.dbDown.Load() {
 		return true
 	}
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	return c.cfg.DB.Ping(pctx) != nil
+	return c.proc.Ping(pctx) != nil
 }
 
 // stoppingNow reports whether Run's context has ended.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -101,13 +102,13 @@ func TestLargestIntentDeadLettered(t *testing.T) {
 		t.Fatalf("one byte more: %v, want refused", err)
 	}
 	scope := strings.Repeat("s", inbox.MaxIDLen)
-	proc, err := inbox.NewProcessor(e.pool, inbox.Config{Scope: scope, Handler: inbox.HandlerFunc(func(context.Context, pgx.Tx, inbox.Message) error {
+	proc, err := inbox.NewProcessor(pginbox.New(e.pool), inbox.HandlerFunc(func(context.Context, pgx.Tx, inbox.Message) error {
 		return inbox.Permanent(errors.New(strings.Repeat("a long reason ", 1000)))
-	})})
+	}), inbox.Config{Scope: scope})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := jsinbox.NewConsumer(e.js, proc, jsinbox.ConsumerConfig{Durable: "largest", DB: e.pool, MaxDeliver: 1})
+	c, err := jsinbox.NewConsumer(e.js, proc, jsinbox.ConsumerConfig{Durable: "largest", MaxDeliver: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,11 +151,11 @@ func TestConsumerRefusesSizesItCannotHold(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			proc, err := inbox.NewProcessor(e.pool, inbox.Config{Scope: "ledger", Handler: inbox.HandlerFunc(func(context.Context, pgx.Tx, inbox.Message) error { return nil })})
+			proc, err := inbox.NewProcessor(pginbox.New(e.pool), inbox.HandlerFunc(func(context.Context, pgx.Tx, inbox.Message) error { return nil }), inbox.Config{Scope: "ledger"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			cons, err := jsinbox.NewConsumer(e.js, proc, jsinbox.ConsumerConfig{DB: e.pool, MaxBytes: c.maxBytes})
+			cons, err := jsinbox.NewConsumer(e.js, proc, jsinbox.ConsumerConfig{MaxBytes: c.maxBytes})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -8,9 +8,10 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
@@ -43,8 +44,8 @@ func TestTraceContextCarried(t *testing.T) {
 	if msgs[0].Header["traceparent"] == "" {
 		t.Fatalf("no lowercase traceparent header: %v", msgs[0].Header)
 	}
-	proc, _ := inbox.NewProcessor(e.pool, inbox.Config{Scope: "ledger", Handler: effects.NewLedger(), TracerProvider: tp})
-	c, _ := jsinbox.NewConsumer(e.js, proc, jsinbox.ConsumerConfig{TracerProvider: tp})
+	proc, _ := inbox.NewProcessor(pginbox.New(e.pool), effects.NewLedger(), inbox.Config{Scope: "ledger", TracerProvider: tp})
+	c, _ := jsinbox.NewConsumer(e.js, proc, jsinbox.ConsumerConfig{})
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(cctx) }()

@@ -4,9 +4,10 @@ import (
 	"context"
 	"testing"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 )
 
@@ -20,11 +21,11 @@ func TestStreamUsage(t *testing.T) {
 	for i := range 3 {
 		e.publishRaw(t, jsinbox.DeadLetterPrefix+"intents.x", string(rune('a'+i)), []byte("{}"))
 	}
-	proc, err := inbox.NewProcessor(e.pool, inbox.Config{Scope: "ledger", Handler: effects.NewLedger()})
+	proc, err := inbox.NewProcessor(pginbox.New(e.pool), effects.NewLedger(), inbox.Config{Scope: "ledger"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := jsinbox.NewConsumer(e.js, proc, jsinbox.ConsumerConfig{Durable: "ledger", DB: e.pool})
+	c, err := jsinbox.NewConsumer(e.js, proc, jsinbox.ConsumerConfig{Durable: "ledger"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,14 +2,13 @@ package sqliteinbox_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"strconv"
 	"testing"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 )
 
 // BenchmarkProcessLedger is the PostgreSQL store's benchmark of the same
@@ -20,7 +19,7 @@ func BenchmarkProcessLedger(b *testing.B) {
 		b.Run(fmt.Sprintf("batch=%d", size), func(b *testing.B) {
 			_, db := newFile(b)
 			ctx := context.Background()
-			p, err := sqliteinbox.NewProcessor(db, inbox.ConfigOf[*sql.Tx]{Scope: "bench", Handler: effects.NewSQLiteLedger()})
+			p, err := inbox.NewProcessor(sqliteinbox.New(db), effects.NewSQLiteLedger(), inbox.Config{Scope: "bench"})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -24,7 +24,7 @@ func values(rows, cols int) string {
 }
 
 // ClaimTx claims messages for scope inside the caller's SQLite transaction
-// and returns one result per claim, in order, as [inbox.ClaimTx] does on
+// and returns one result per claim, in order, as [pginbox.ClaimTx] does on
 // PostgreSQL: fresh, duplicate (same fingerprint) or conflict (another
 // fingerprint), and copies of an ID earlier in the slice resolved with the
 // first. The rows become permanent only when tx commits; apply the effects

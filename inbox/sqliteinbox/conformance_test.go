@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/storetest"
 )
 
@@ -20,7 +20,7 @@ func newFile(t testing.TB) (string, *sql.DB) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "inbox.db")
 	db := open(t, path)
-	if _, err := sqliteinbox.Migrate(ctx, db); err != nil {
+	if _, err := sqliteinbox.New(db).Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := effects.MigrateSQLite(ctx, db); err != nil {
@@ -100,9 +100,11 @@ func harness() storetest.Harness[*sql.Tx] {
 			return storetest.DB[*sql.Tx]{
 				Store:       func() inbox.Store[*sql.Tx] { return sqliteinbox.New(open(t, path)) },
 				Snapshot:    func(t testing.TB) storetest.Snapshot { return snapshot(t, db) },
-				Migrate:     func(ctx context.Context) (int, error) { return sqliteinbox.Migrate(ctx, db) },
-				CheckSchema: func(ctx context.Context) error { return sqliteinbox.CheckSchema(ctx, db) },
-				Prune:       func(ctx context.Context, o inbox.PruneOptions) (int64, error) { return sqliteinbox.Prune(ctx, db, o) },
+				Migrate:     func(ctx context.Context) (int, error) { return sqliteinbox.New(db).Migrate(ctx) },
+				CheckSchema: func(ctx context.Context) error { return sqliteinbox.New(db).CheckSchema(ctx) },
+				Prune: func(ctx context.Context, o inbox.PruneOptions) (int64, error) {
+					return sqliteinbox.New(db).Prune(ctx, o)
+				},
 				Age: func(t testing.TB, d time.Duration) {
 					if _, err := db.Exec(`UPDATE inbox SET received_at = received_at - ?`, d.Microseconds()); err != nil {
 						t.Fatal(err)
@@ -110,7 +112,7 @@ func harness() storetest.Harness[*sql.Tx] {
 				},
 			}
 		},
-		Ledger:          func() inbox.HandlerOf[*sql.Tx] { return effects.NewSQLiteLedger() },
+		Ledger:          func() inbox.Handler[*sql.Tx] { return effects.NewSQLiteLedger() },
 		PlantBlindClaim: func(s inbox.Store[*sql.Tx]) { sqliteinbox.PlantBlindClaim(s.(*sqliteinbox.Store)) },
 		Abort: func(ctx context.Context, tx *sql.Tx) error {
 			_, err := tx.ExecContext(ctx, `INSERT INTO accounts (id) VALUES ('not a number')`)

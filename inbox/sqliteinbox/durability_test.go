@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/storetest"
 )
@@ -97,7 +97,7 @@ func child(path, mode string) error {
 	if err != nil {
 		return err
 	}
-	p, err := sqliteinbox.NewProcessor(db, inbox.ConfigOf[*sql.Tx]{Scope: "ledger", Handler: effects.NewSQLiteLedger()})
+	p, err := inbox.NewProcessor(sqliteinbox.New(db), effects.NewSQLiteLedger(), inbox.Config{Scope: "ledger"})
 	if err != nil {
 		return err
 	}
@@ -237,7 +237,7 @@ func TestCommitThenCrash(t *testing.T) {
 	if v := storetest.Violations(t, snapshot(t, db2), want); len(v) > 0 {
 		t.Fatalf("the committed batch is not all there after the crash:\n%s", strings.Join(v, "\n"))
 	}
-	p, err := sqliteinbox.NewProcessor(db2, inbox.ConfigOf[*sql.Tx]{Scope: "ledger", Handler: effects.NewSQLiteLedger()})
+	p, err := inbox.NewProcessor(sqliteinbox.New(db2), effects.NewSQLiteLedger(), inbox.Config{Scope: "ledger"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,17 +23,17 @@ func ExampleNewProcessor() {
 		panic(err)
 	}
 	defer db.Close()
-	if _, err := sqliteinbox.Migrate(ctx, db); err != nil {
+	if _, err := sqliteinbox.New(db).Migrate(ctx); err != nil {
 		panic(err)
 	}
 	if _, err := db.Exec(`CREATE TABLE emails (message_id TEXT NOT NULL, body BLOB)`); err != nil {
 		panic(err)
 	}
-	send := inbox.HandlerFuncOf[*sql.Tx](func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+	send := inbox.HandlerFunc(func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO emails (message_id, body) VALUES (?, ?)`, m.ID, m.Payload)
 		return err
 	})
-	proc, err := sqliteinbox.NewProcessor(db, inbox.ConfigOf[*sql.Tx]{Scope: "emails", Handler: send})
+	proc, err := inbox.NewProcessor(sqliteinbox.New(db), send, inbox.Config{Scope: "emails"})
 	if err != nil {
 		panic(err)
 	}

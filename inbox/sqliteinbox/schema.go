@@ -2,7 +2,6 @@ package sqliteinbox
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 
@@ -10,28 +9,28 @@ import (
 	"github.com/jetinbox/jetinbox/internal/migrate"
 )
 
-// Migrate creates or upgrades the inbox tables in the SQLite database db,
+// Migrate creates or upgrades the inbox tables in the store's database,
 // recording applied versions in jetinbox_migrations, and returns how many
 // migrations it applied. It is safe to call concurrently and repeatedly.
-func Migrate(ctx context.Context, db *sql.DB) (int, error) {
-	return migrate.ApplySQLite(ctx, db, "inbox", migrations())
+func (s *Store) Migrate(ctx context.Context) (int, error) {
+	return migrate.ApplySQLite(ctx, s.db, "inbox", migrations())
 }
 
 // MigrationStatus compares the inbox migrations this package ships with
-// what db recorded.
-func MigrationStatus(ctx context.Context, db *sql.DB) ([]inbox.MigrationState, error) {
-	return migrate.StatusSQLite(ctx, db, "inbox", migrations())
+// what the database recorded.
+func (s *Store) MigrationStatus(ctx context.Context) ([]inbox.MigrationState, error) {
+	return migrate.StatusSQLite(ctx, s.db, "inbox", migrations())
 }
 
 // MigrationSQL returns the SQLite inbox schema as one SQL script.
-func MigrationSQL() string { return migrate.Script("inbox", migrations()) }
+func (s *Store) MigrationSQL() string { return migrate.Script("inbox", migrations()) }
 
 // CheckSchema reports [inbox.ErrNotMigrated] unless every inbox migration
-// this package ships has been applied to db.
-func CheckSchema(ctx context.Context, db *sql.DB) error {
+// this package ships has been applied.
+func (s *Store) CheckSchema(ctx context.Context) error {
 	ms := migrations()
 	want := ms[len(ms)-1].Version
-	have, ok, err := migrate.VersionSQLite(ctx, db, "inbox")
+	have, ok, err := migrate.VersionSQLite(ctx, s.db, "inbox")
 	switch {
 	case err != nil:
 		return fmt.Errorf("inbox: check schema: %w", err)
@@ -45,9 +44,9 @@ func CheckSchema(ctx context.Context, db *sql.DB) error {
 
 // Prune deletes inbox rows received longer than opts.OlderThan ago, in
 // batches of opts.BatchSize, and returns how many it deleted; see
-// [inbox.Prune] for the options and the horizon it refuses. The cut-off
+// [inbox.PruneOptions] for the options and the horizon it refuses. The cut-off
 // comes from this machine's clock, the one received_at was written with.
-func Prune(ctx context.Context, db *sql.DB, opts inbox.PruneOptions) (int64, error) {
+func (s *Store) Prune(ctx context.Context, opts inbox.PruneOptions) (int64, error) {
 	opts, err := opts.Checked()
 	if err != nil {
 		return 0, err
@@ -55,7 +54,7 @@ func Prune(ctx context.Context, db *sql.DB, opts inbox.PruneOptions) (int64, err
 	cutoff := time.Now().Add(-opts.OlderThan).UnixMicro()
 	var total int64
 	for {
-		r, err := db.ExecContext(ctx, `DELETE FROM inbox WHERE (scope, message_id) IN (
+		r, err := s.db.ExecContext(ctx, `DELETE FROM inbox WHERE (scope, message_id) IN (
 	SELECT scope, message_id FROM inbox WHERE received_at < ? AND (? = '' OR scope = ?) LIMIT ?)`,
 			cutoff, opts.Scope, opts.Scope, opts.BatchSize)
 		if err != nil {

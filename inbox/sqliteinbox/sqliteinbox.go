@@ -171,7 +171,9 @@ func IsConfigError(err error) bool {
 	return false
 }
 
-// Store is the SQLite [inbox.Store]: handlers get the batch's *sql.Tx.
+// Store is the SQLite inbox: the [inbox.Store] a processor runs on
+// (handlers get the batch's *sql.Tx), and the schema, retention and health
+// checks of the same file. Make one with [New] on a database [Open] opened.
 type Store struct {
 	db *sql.DB
 	// claim is ClaimTx; tests plant a broken one (export_test.go).
@@ -183,13 +185,11 @@ var _ inbox.Store[*sql.Tx] = (*Store)(nil)
 // New returns the store on db, which [Open] opened.
 func New(db *sql.DB) *Store { return &Store{db: db, claim: ClaimTx} }
 
-// NewProcessor returns an inbox processor that keeps its inbox in db.
-func NewProcessor(db *sql.DB, cfg inbox.ConfigOf[*sql.Tx]) (*inbox.ProcessorOf[*sql.Tx], error) {
-	if db == nil {
-		return nil, errors.New("sqliteinbox: NewProcessor: db is nil")
-	}
-	return inbox.NewProcessorOf[*sql.Tx](New(db), cfg)
-}
+// DB returns the database the store runs on.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
 
 // Begin implements [inbox.Store]: BEGIN IMMEDIATE, waiting up to
 // [BusyTimeout] for another connection's write lock.

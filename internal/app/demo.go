@@ -19,10 +19,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
@@ -137,7 +137,7 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	// On shared servers the stream and the schema are the run's own, so the
 	// scope and the durable cannot meet anyone else's.
 	cfg := jsinbox.ConsumerConfig{Stream: streamOpts.Name, Durable: *durable, BatchSize: 200, InFlight: 3,
-		AckWait: 2 * time.Second, MaxDeliver: 20, Logger: log}
+		AckWait: 2 * time.Second, MaxDeliver: 20}
 	fleet := &demoFleet{natsURL: natsURL, store: store, scope: *scope, cfg: cfg, log: log, say: say}
 	crashFP := failpoint.New()
 	crashFP.EnableEvery(failpoint.AfterCommit, 5, 1)
@@ -421,7 +421,6 @@ func (f *demoFleet) start(ctx context.Context, id int, fp *failpoint.Set) error 
 		return err
 	}
 	cfg := f.cfg
-	cfg.DB = f.store
 	c, err := jsinbox.NewConsumer(js, proc, cfg)
 	if err != nil {
 		nc.Close()

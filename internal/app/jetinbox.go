@@ -21,13 +21,14 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/bench"
 	"github.com/jetinbox/jetinbox/internal/chaos"
 	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/jittersim"
 	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/outbox"
@@ -113,10 +114,10 @@ func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdou
 	}
 	if *print {
 		if cli.StoreKind(*dbURL) == cli.StoreSQLite {
-			fmt.Fprint(stdout, sqliteinbox.MigrationSQL(), effects.MigrationSQLSQLite(), sqliteoutbox.MigrationSQL())
+			fmt.Fprint(stdout, sqliteinbox.New(nil).MigrationSQL(), effects.MigrationSQLSQLite(), sqliteoutbox.MigrationSQL())
 			return nil
 		}
-		fmt.Fprint(stdout, inbox.MigrationSQL(), effects.MigrationSQL(), outbox.MigrationSQL())
+		fmt.Fprint(stdout, pginbox.New(nil).MigrationSQL(), effects.MigrationSQL(), outbox.MigrationSQL())
 		return nil
 	}
 	if err := cli.RequireDatabase(*dbURL); err != nil {

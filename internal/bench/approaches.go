@@ -14,6 +14,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 )
 
@@ -125,7 +126,7 @@ func consumeWith(ctx context.Context, js jetstream.JetStream, c jetstream.Consum
 			if err != nil {
 				return err
 			}
-			proc, err = inbox.NewProcessor(store.PG, inbox.Config{Scope: "ledger", Handler: h})
+			proc, err = inbox.NewProcessor(pginbox.New(store.PG), h, inbox.Config{Scope: "ledger"})
 			if err != nil {
 				return err
 			}
@@ -139,7 +140,7 @@ func consumeWith(ctx context.Context, js jetstream.JetStream, c jetstream.Consum
 		var err error
 		all[i], err = jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{
 			Stream: info.Stream, Durable: info.Name, BatchSize: o.Batch, InFlight: o.InFlight,
-			AckWait: time.Minute, MaxAckPending: 50_000, DB: store, Observer: obs,
+			AckWait: time.Minute, MaxAckPending: 50_000, Observer: obs,
 			DeliverPolicy: info.Config.DeliverPolicy, OptStartSeq: info.Config.OptStartSeq,
 		})
 		if err != nil {

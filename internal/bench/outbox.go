@@ -7,15 +7,16 @@ package bench
 import (
 	"context"
 	"fmt"
+	"github.com/jackc/pgx/v5"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/outbox"
 )
 
@@ -27,7 +28,7 @@ const (
 
 // handler returns the effect of the jetinbox approaches: the ledger, with a
 // follow-up per credit for the outbox approach.
-func (o Options) handler() (inbox.Handler, error) {
+func (o Options) handler() (inbox.Handler[pgx.Tx], error) {
 	if !o.followUps {
 		return effects.NewLedger(), nil
 	}

@@ -69,8 +69,7 @@ func startupPhase(ctx context.Context, js jetstream.JetStream, dbs databases, o 
 		}
 		obs := &countObserver{done: make(chan struct{}), n: 1}
 		c, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{
-			Durable: durable, BatchSize: o.Batch, InFlight: o.InFlight, AckWait: time.Minute, MaxAckPending: 50_000,
-			DB: pool, Observer: obs, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: si.State.LastSeq + 1,
+			Durable: durable, BatchSize: o.Batch, InFlight: o.InFlight, AckWait: time.Minute, MaxAckPending: 50_000, Observer: obs, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: si.State.LastSeq + 1,
 		})
 		if err != nil {
 			return nil, err

@@ -23,10 +23,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
@@ -635,12 +636,12 @@ func (r *clusterRun) runWorker(ctx context.Context, w int) error {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	proc, err := inbox.NewProcessor(r.pool, inbox.Config{Scope: effects.DefaultScope, Handler: effects.NewLedger()})
+	proc, err := inbox.NewProcessor(pginbox.New(r.pool), effects.NewLedger(), inbox.Config{Scope: effects.DefaultScope, Logger: r.logger(w)})
 	if err != nil {
 		return err
 	}
 	c, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{Durable: r.durable, BatchSize: 100, AckWait: 3 * time.Second,
-		MaxDeliver: 100, DB: r.pool, Logger: r.logger(w)})
+		MaxDeliver: 100})
 	if err != nil {
 		return err
 	}

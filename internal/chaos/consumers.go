@@ -7,15 +7,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/hook"
 )
@@ -151,12 +151,11 @@ func (r *run) runJetinbox(ctx context.Context, durable string, pl plan) error {
 	}
 	// The scope is the effect's identity, the durable only the
 	// subscription: NewLedger writes under the default scope.
-	proc, err := inbox.NewProcessor(r.pool, inbox.Config{Scope: effects.DefaultScope, Handler: effects.NewLedger()})
+	proc, err := inbox.NewProcessor(pginbox.New(r.pool), effects.NewLedger(), inbox.Config{Scope: effects.DefaultScope})
 	if err != nil {
 		return err
 	}
-	c, err := jsinbox.NewConsumer(r.js, proc, jsinbox.ConsumerConfig{Durable: durable, BatchSize: 100, DB: r.pool,
-		Logger: slog.New(slog.DiscardHandler)})
+	c, err := jsinbox.NewConsumer(r.js, proc, jsinbox.ConsumerConfig{Durable: durable, BatchSize: 100})
 	if err != nil {
 		return err
 	}

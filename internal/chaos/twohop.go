@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -24,11 +23,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
@@ -137,7 +136,7 @@ func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 			return nil, err
 		}
 		defer r.sqlite.Close()
-		for _, m := range []func(context.Context, *sql.DB) (int, error){sqliteinbox.Migrate, effects.MigrateSQLite, sqliteoutbox.Migrate} {
+		for _, m := range []func(context.Context, *sql.DB) (int, error){func(ctx context.Context, db *sql.DB) (int, error) { return sqliteinbox.New(db).Migrate(ctx) }, effects.MigrateSQLite, sqliteoutbox.Migrate} {
 			if _, err := m(ctx, r.sqlite); err != nil {
 				return nil, err
 			}
@@ -420,8 +419,7 @@ func (r *run) superviseHop(ctx context.Context, stream, durable, scope, followUp
 			if err != nil {
 				return err
 			}
-			c, err := jsinbox.NewConsumer(r.js, proc, jsinbox.ConsumerConfig{Stream: stream, Durable: durable, BatchSize: 100, DB: r.store,
-				Logger: slog.New(slog.DiscardHandler)})
+			c, err := jsinbox.NewConsumer(r.js, proc, jsinbox.ConsumerConfig{Stream: stream, Durable: durable, BatchSize: 100})
 			if err != nil {
 				return err
 			}

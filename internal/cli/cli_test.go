@@ -20,9 +20,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
-	"github.com/jetinbox/jetinbox/effects"
-	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
@@ -45,7 +45,7 @@ func migrate(ctx context.Context, dbURL string) error {
 		return err
 	}
 	defer pool.Close()
-	if _, err := inbox.Migrate(ctx, pool); err != nil {
+	if _, err := pginbox.New(pool).Migrate(ctx); err != nil {
 		return err
 	}
 	_, err = effects.Migrate(ctx, pool)

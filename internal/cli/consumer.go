@@ -137,7 +137,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	}
 	c, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{
 		Stream: *stream, Durable: *durable, BatchSize: *batch, InFlight: *inflight, AckWait: *ackWait,
-		MaxDeliver: *maxDeliver, MaxAckPending: *maxAck, MaxBytes: int64(maxBytes), Nak: nak, DBWait: w.db, DB: store, Logger: log, Observer: m, TracerProvider: tp,
+		MaxDeliver: *maxDeliver, MaxAckPending: *maxAck, MaxBytes: int64(maxBytes), Nak: nak, DBWait: w.db, Observer: m,
 	})
 	if err != nil {
 		return UsageError{Err: err}

@@ -4,13 +4,15 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/jackc/pgx/v5"
 	"io"
 	"strconv"
 	"time"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 )
 
 // FlagSet is the subset of *flag.FlagSet the shared registrations use.
@@ -136,11 +138,10 @@ func CheckScope(scope string) error {
 
 // NewLedgerProcessor returns a processor whose inbox scope and ledger scope
 // are one and the same, cfg.Scope: the two must never differ.
-func NewLedgerProcessor(db inbox.Beginner, cfg inbox.Config) (*inbox.Processor, error) {
+func NewLedgerProcessor(db pginbox.DB, cfg inbox.Config) (*inbox.Processor[pgx.Tx], error) {
 	l, err := effects.NewScopedLedger(cfg.Scope)
 	if err != nil {
 		return nil, err
 	}
-	cfg.Handler = l
-	return inbox.NewProcessor(db, cfg)
+	return inbox.NewProcessor(pginbox.New(db), l, cfg)
 }

@@ -12,10 +12,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 )
 
 // The stores a database URL can name.
@@ -147,7 +148,7 @@ func (s *Store) Close() {
 	s.PG.Close()
 }
 
-// Ping checks the database answers; a Store is a [jsinbox.Pinger].
+// Ping checks the database answers.
 func (s *Store) Ping(ctx context.Context) error {
 	if s.SQLite != nil {
 		return s.SQLite.PingContext(ctx)
@@ -159,22 +160,22 @@ func (s *Store) Ping(ctx context.Context) error {
 // up to date.
 func (s *Store) CheckSchema(ctx context.Context) error {
 	if s.SQLite != nil {
-		return sqliteinbox.CheckSchema(ctx, s.SQLite)
+		return sqliteinbox.New(s.SQLite).CheckSchema(ctx)
 	}
-	return inbox.CheckSchema(ctx, s.PG)
+	return pginbox.New(s.PG).CheckSchema(ctx)
 }
 
 // Migrate applies the inbox and ledger schemas and returns how many
 // migrations of each it applied.
 func (s *Store) Migrate(ctx context.Context) (inboxN, ledgerN int, err error) {
 	if s.SQLite != nil {
-		if inboxN, err = sqliteinbox.Migrate(ctx, s.SQLite); err != nil {
+		if inboxN, err = sqliteinbox.New(s.SQLite).Migrate(ctx); err != nil {
 			return inboxN, 0, err
 		}
 		ledgerN, err = effects.MigrateSQLite(ctx, s.SQLite)
 		return inboxN, ledgerN, err
 	}
-	if inboxN, err = inbox.Migrate(ctx, s.PG); err != nil {
+	if inboxN, err = pginbox.New(s.PG).Migrate(ctx); err != nil {
 		return inboxN, 0, err
 	}
 	ledgerN, err = effects.Migrate(ctx, s.PG)
@@ -185,13 +186,13 @@ func (s *Store) Migrate(ctx context.Context) (inboxN, ledgerN int, err error) {
 // database recorded.
 func (s *Store) MigrationStatus(ctx context.Context) (in, ledger []inbox.MigrationState, err error) {
 	if s.SQLite != nil {
-		if in, err = sqliteinbox.MigrationStatus(ctx, s.SQLite); err != nil {
+		if in, err = sqliteinbox.New(s.SQLite).MigrationStatus(ctx); err != nil {
 			return nil, nil, err
 		}
 		ledger, err = effects.MigrationStatusSQLite(ctx, s.SQLite)
 		return in, ledger, err
 	}
-	if in, err = inbox.MigrationStatus(ctx, s.PG); err != nil {
+	if in, err = pginbox.New(s.PG).MigrationStatus(ctx); err != nil {
 		return nil, nil, err
 	}
 	ledger, err = effects.MigrationStatus(ctx, s.PG)
@@ -206,17 +207,17 @@ func (s *Store) SeedAccounts(ctx context.Context, n int) error {
 	return effects.SeedAccounts(ctx, s.PG, n)
 }
 
-// Prune deletes old inbox rows; see [inbox.Prune].
+// Prune deletes old inbox rows; see [inbox.PruneOptions].
 func (s *Store) Prune(ctx context.Context, opts inbox.PruneOptions) (int64, error) {
 	if s.SQLite != nil {
-		return sqliteinbox.Prune(ctx, s.SQLite, opts)
+		return sqliteinbox.New(s.SQLite).Prune(ctx, opts)
 	}
-	return inbox.Prune(ctx, s.PG, opts)
+	return pginbox.New(s.PG).Prune(ctx, opts)
 }
 
 // LedgerProcessor returns the ledger's processor on this store, with the
 // inbox scope and the ledger scope one and the same, cfg.Scope (see
-// [NewLedgerProcessor]); cfg.Handler is ignored.
+// [NewLedgerProcessor]).
 func (s *Store) LedgerProcessor(cfg inbox.Config) (jsinbox.BatchProcessor, error) {
 	return s.ledgerProcessor(cfg, false, "")
 }
@@ -247,12 +248,11 @@ func (s *Store) ledgerProcessor(cfg inbox.Config, dryRun bool, followUps string)
 				return nil, err
 			}
 		}
-		cfg.Handler = l
-		st := inbox.Postgres(s.PG)
+		var st inbox.Store[pgx.Tx] = pginbox.New(s.PG)
 		if dryRun {
 			st = rollbackStore[pgx.Tx]{st}
 		}
-		return inbox.NewProcessorOf(st, cfg)
+		return inbox.NewProcessor(st, l, cfg)
 	}
 	l, err := effects.NewScopedSQLiteLedger(cfg.Scope)
 	if err != nil {
@@ -267,10 +267,7 @@ func (s *Store) ledgerProcessor(cfg inbox.Config, dryRun bool, followUps string)
 	if dryRun {
 		st = rollbackStore[*sql.Tx]{st}
 	}
-	return inbox.NewProcessorOf(st, inbox.ConfigOf[*sql.Tx]{
-		Scope: cfg.Scope, Handler: l, Logger: cfg.Logger, TxRetry: cfg.TxRetry,
-		TracerProvider: cfg.TracerProvider, CommitTimeout: cfg.CommitTimeout, EffectConcurrency: cfg.EffectConcurrency,
-	})
+	return inbox.NewProcessor(st, l, cfg)
 }
 
 // rollbackStore is a store whose Commit rolls back.

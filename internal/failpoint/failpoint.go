@@ -67,7 +67,7 @@ func (s *Set) Hits(p hook.Point) int {
 	return 0
 }
 
-// Attach installs s on each target: an *inbox.Processor, a
+// Attach installs s on each target: an *inbox.Processor[pgx.Tx], a
 // *jsinbox.Consumer, a *jsinbox.Publisher or an *outbox.Relay (whose
 // publisher then loses PubAcks too, if LosePubAck is armed).
 func (s *Set) Attach(targets ...any) {

@@ -68,7 +68,7 @@ var attachers []func(target any, f Func) bool
 // a function that installs f on target if target is one of its types.
 func Register(attach func(target any, f Func) bool) { attachers = append(attachers, attach) }
 
-// Attach installs f on target: an *inbox.Processor, a *jsinbox.Consumer, a
+// Attach installs f on target: an *inbox.Processor[pgx.Tx], a *jsinbox.Consumer, a
 // *jsinbox.Publisher or an *outbox.Relay. It panics for any other type.
 func Attach(target any, f Func) {
 	for _, a := range attachers {

@@ -13,15 +13,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetinbox/jetinbox/effects"
-	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 )
 
 // Setup migrates the inbox and ledger schemas, creates accounts 1..accounts and
 // makes sure the intents stream and its dead-letter stream exist.
 func Setup(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, stream jsinbox.StreamConfig, accounts int) error {
-	if _, err := inbox.Migrate(ctx, pool); err != nil {
+	if _, err := pginbox.New(pool).Migrate(ctx); err != nil {
 		return err
 	}
 	if _, err := effects.Migrate(ctx, pool); err != nil {

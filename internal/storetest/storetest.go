@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/hook"
 )
@@ -29,7 +29,7 @@ type Harness[TX any] struct {
 	// 1..[Accounts].
 	Open func(t testing.TB) DB[TX]
 	// Ledger returns the ledger effect for this store.
-	Ledger func() inbox.HandlerOf[TX]
+	Ledger func() inbox.Handler[TX]
 	// PlantBlindClaim breaks s (a store DB.Store returned): its claim
 	// skips IDs already there yet reports every claim fresh.
 	PlantBlindClaim func(s inbox.Store[TX])
@@ -121,12 +121,12 @@ func Statuses(out []inbox.Outcome) string {
 	return strings.Join(s, ",")
 }
 
-func (s suite[TX]) processor(t testing.TB, st inbox.Store[TX], h inbox.HandlerOf[TX]) *inbox.ProcessorOf[TX] {
+func (s suite[TX]) processor(t testing.TB, st inbox.Store[TX], h inbox.Handler[TX]) *inbox.Processor[TX] {
 	t.Helper()
 	if h == nil {
 		h = s.h.Ledger()
 	}
-	p, err := inbox.NewProcessorOf(st, inbox.ConfigOf[TX]{Scope: "ledger", Handler: h})
+	p, err := inbox.NewProcessor(st, h, inbox.Config{Scope: "ledger"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +364,7 @@ func (s suite[TX]) poison(t *testing.T) {
 	db := s.h.Open(t)
 	ctx := context.Background()
 	ledger := s.h.Ledger()
-	h := inbox.HandlerFuncOf[TX](func(ctx context.Context, tx TX, m inbox.Message) error {
+	h := inbox.HandlerFunc(func(ctx context.Context, tx TX, m inbox.Message) error {
 		switch m.ID {
 		case "panics":
 			panic("boom")
@@ -459,7 +459,7 @@ func (s suite[TX]) commitUnknown(t *testing.T) {
 func (s suite[TX]) twoProcessors(t *testing.T) {
 	db := s.h.Open(t)
 	ctx := context.Background()
-	procs := []*inbox.ProcessorOf[TX]{s.processor(t, db.Store(), nil), s.processor(t, db.Store(), nil)}
+	procs := []*inbox.Processor[TX]{s.processor(t, db.Store(), nil), s.processor(t, db.Store(), nil)}
 	want := map[string]inbox.Message{}
 	var all []inbox.Message
 	for i := range 400 {
@@ -510,7 +510,7 @@ func (s suite[TX]) twoProcessors(t *testing.T) {
 // part.
 type scenario[TX any] struct {
 	store   func(db DB[TX]) inbox.Store[TX]
-	handler func(db DB[TX]) inbox.HandlerOf[TX]
+	handler func(db DB[TX]) inbox.Handler[TX]
 	// next is told each batch before it is processed.
 	next func(batch []inbox.Message)
 }
@@ -527,7 +527,7 @@ func (s suite[TX]) runScenario(t *testing.T, n int, sc scenario[TX]) []string {
 	if sc.store != nil {
 		st = sc.store(db)
 	}
-	var h inbox.HandlerOf[TX]
+	var h inbox.Handler[TX]
 	if sc.handler != nil {
 		h = sc.handler(db)
 	}
@@ -572,7 +572,7 @@ func (s suite[TX]) scenarioClean(t *testing.T) {
 // begins, before the claim has looked at the inbox.
 type effectsFirst[TX any] struct {
 	inbox.Store[TX]
-	inner inbox.HandlerOf[TX]
+	inner inbox.Handler[TX]
 	batch []inbox.Message
 }
 
@@ -593,7 +593,7 @@ func (b *effectsFirst[TX]) Begin(ctx context.Context) (TX, error) {
 // that applies the effect in a transaction of its own and commits it.
 type outsideTx[TX any] struct {
 	st    inbox.Store[TX]
-	inner inbox.HandlerOf[TX]
+	inner inbox.Handler[TX]
 }
 
 func (h outsideTx[TX]) Handle(ctx context.Context, _ TX, msgs []inbox.Message, errs []error) error {
@@ -627,7 +627,7 @@ func (s suite[TX]) mutations(t *testing.T) {
 	}
 	if s.h.SecondWriter {
 		ms = append(ms, mutation{"effect-outside-tx", scenario[TX]{
-			handler: func(db DB[TX]) inbox.HandlerOf[TX] { return outsideTx[TX]{st: db.Store(), inner: s.h.Ledger()} },
+			handler: func(db DB[TX]) inbox.Handler[TX] { return outsideTx[TX]{st: db.Store(), inner: s.h.Ledger()} },
 		}})
 	}
 	for _, m := range ms {
@@ -650,7 +650,7 @@ func (s suite[TX]) ledgerScope(t *testing.T) {
 	ctx := context.Background()
 	m := Intent("same", 1, 5)
 	for _, scope := range []string{"a", "b", "a"} {
-		p, err := inbox.NewProcessorOf(db.Store(), inbox.ConfigOf[TX]{Scope: scope, Handler: s.h.Ledger()})
+		p, err := inbox.NewProcessor(db.Store(), s.h.Ledger(), inbox.Config{Scope: scope})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,9 +13,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
@@ -124,7 +124,7 @@ func TestChainOnSQLite(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	for _, m := range []func(context.Context, *sql.DB) (int, error){sqliteinbox.Migrate, effects.MigrateSQLite, sqliteoutbox.Migrate} {
+	for _, m := range []func(context.Context, *sql.DB) (int, error){func(ctx context.Context, db *sql.DB) (int, error) { return sqliteinbox.New(db).Migrate(ctx) }, effects.MigrateSQLite, sqliteoutbox.Migrate} {
 		if _, err := m(ctx, db); err != nil {
 			t.Fatal(err)
 		}

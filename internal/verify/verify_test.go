@@ -10,9 +10,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
@@ -37,7 +38,7 @@ func settledPipeline(t *testing.T, n int) (jetstream.JetStream, *pgxpool.Pool) {
 	if err := pub.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	proc, _ := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: effects.NewLedger()})
+	proc, _ := inbox.NewProcessor(pginbox.New(pool), effects.NewLedger(), inbox.Config{Scope: "ledger"})
 	c, _ := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{})
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -136,7 +137,7 @@ func TestVerifyRange(t *testing.T) {
 func consumeSettled(t *testing.T, js jetstream.JetStream, pool *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
-	proc, _ := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: effects.NewLedger()})
+	proc, _ := inbox.NewProcessor(pginbox.New(pool), effects.NewLedger(), inbox.Config{Scope: "ledger"})
 	c, _ := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{Durable: "ledger"})
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -182,11 +183,11 @@ func TestEntriesCarryTheScope(t *testing.T) {
 func TestLedgerTakesTheProcessorsScope(t *testing.T) {
 	ctx := context.Background()
 	conn := ledgerDB(t, 10)
-	if _, err := inbox.Migrate(ctx, conn); err != nil {
+	if _, err := pginbox.New(conn).Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	msg := []inbox.Message{{ID: "m1", Payload: Intent{Account: 1, Amount: 5}.AppendJSON(nil)}}
-	p, err := inbox.NewProcessor(conn, inbox.Config{Scope: "audit", Handler: NewLedger()})
+	p, err := inbox.NewProcessor(pginbox.New(conn), NewLedger(), inbox.Config{Scope: "audit"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +202,7 @@ func TestLedgerTakesTheProcessorsScope(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err = inbox.NewProcessor(conn, inbox.Config{Scope: "other", Handler: bound})
+	p, err = inbox.NewProcessor(pginbox.New(conn), bound, inbox.Config{Scope: "other"})
 	if err != nil {
 		t.Fatal(err)
 	}

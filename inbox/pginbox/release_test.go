@@ -1,4 +1,4 @@
-package inbox_test
+package pginbox_test
 
 import (
 	"context"
@@ -11,8 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 )
 
 var claimerSeq atomic.Int64
@@ -114,7 +115,7 @@ func TestRetryReleasesClaimWithoutDelete(t *testing.T) {
 		failBatch bool
 	}{
 		{"one statement", 5, false},
-		{"copy", 2 * inbox.CopyClaimThreshold, false},
+		{"copy", 2 * pginbox.CopyClaimThreshold, false},
 		{"isolated", 5, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -124,7 +125,7 @@ func TestRetryReleasesClaimWithoutDelete(t *testing.T) {
 				batch = append(batch, intent(fmt.Sprintf("%s-%d", prefix, i), 1, 1))
 			}
 			retry := map[string]bool{batch[1].ID: true, batch[tc.n-1].ID: true}
-			p, err := inbox.NewProcessor(claimer, inbox.Config{Scope: "ledger", Handler: transientThenLedger{retry: retry, failBatch: tc.failBatch}})
+			p, err := inbox.NewProcessor(pginbox.New(claimer), transientThenLedger{retry: retry, failBatch: tc.failBatch}, inbox.Config{Scope: "ledger"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -149,7 +150,7 @@ func TestRetryReleasesClaimWithoutDelete(t *testing.T) {
 				t.Fatalf("%d inbox rows, want %d: the retried claims were not released", rows, tc.n-len(retry))
 			}
 			// The redelivery claims them afresh and applies them.
-			again, err := inbox.NewProcessor(claimer, inbox.Config{Scope: "ledger", Handler: effects.NewLedger()})
+			again, err := inbox.NewProcessor(pginbox.New(claimer), effects.NewLedger(), inbox.Config{Scope: "ledger"})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package inbox_test
+package pginbox_test
 
 import (
 	"context"
@@ -8,8 +8,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -24,7 +25,7 @@ func exampleDB(ctx context.Context, name string) *pgxpool.Pool {
 	if err != nil {
 		panic(err)
 	}
-	if _, err := inbox.Migrate(ctx, pool); err != nil {
+	if _, err := pginbox.New(pool).Migrate(ctx); err != nil {
 		panic(err)
 	}
 	if _, err := effects.Migrate(ctx, pool); err != nil {
@@ -50,7 +51,7 @@ func ExampleClaimTx() {
 			panic(err)
 		}
 		defer tx.Rollback(ctx)
-		res, err := inbox.ClaimTx(ctx, tx, "billing", []inbox.Claim{{ID: id, Fingerprint: inbox.Fingerprint(payload)}})
+		res, err := pginbox.ClaimTx(ctx, tx, "billing", []inbox.Claim{{ID: id, Fingerprint: inbox.Fingerprint(payload)}})
 		if err != nil {
 			panic(err)
 		}
@@ -81,12 +82,12 @@ func ExampleClaimTx() {
 
 // A Processor runs a batch in one transaction and says, per message, whether
 // to ack, dead-letter or retry it.
-func ExampleProcessor_Process() {
+func Example_process() {
 	ctx := context.Background()
 	pool := exampleDB(ctx, "process")
 	defer pool.Close()
 
-	p, err := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: effects.NewLedger()})
+	p, err := inbox.NewProcessor(pginbox.New(pool), effects.NewLedger(), inbox.Config{Scope: "ledger"})
 	if err != nil {
 		panic(err)
 	}
@@ -111,7 +112,7 @@ func ExampleProcessor_Process() {
 // An effect written as a function of one message; HandlerFunc adapts it.
 // Returning a Permanent error rejects the message; its neighbours still
 // commit.
-func ExampleHandlerFunc() {
+func Example_handlerFunc() {
 	ctx := context.Background()
 	pool := exampleDB(ctx, "handlerfunc")
 	defer pool.Close()
@@ -123,7 +124,7 @@ func ExampleHandlerFunc() {
 		_, err := tx.Exec(ctx, `INSERT INTO ledger_entries (message_id, account, amount) VALUES ($1, 1, 1)`, m.ID)
 		return err
 	})
-	p, _ := inbox.NewProcessor(pool, inbox.Config{Scope: "notify", Handler: notify})
+	p, _ := inbox.NewProcessor(pginbox.New(pool), notify, inbox.Config{Scope: "notify"})
 	out, _ := p.Process(ctx, []inbox.Message{{ID: "n-1", Payload: []byte("hi")}, {ID: "n-2"}, {ID: "n-3", Payload: []byte("yo")}})
 	for _, o := range out {
 		fmt.Println(strings.TrimSpace(o.Status.String() + " " + o.Reason))

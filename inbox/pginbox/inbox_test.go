@@ -1,4 +1,4 @@
-package inbox_test
+package pginbox_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/faultconn"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
@@ -21,7 +22,7 @@ func claimOne(t *testing.T, pool *pgxpool.Pool, scope string, c inbox.Claim) inb
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := inbox.ClaimTx(ctx, tx, scope, []inbox.Claim{c})
+	res, err := pginbox.ClaimTx(ctx, tx, scope, []inbox.Claim{c})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +50,7 @@ func TestClaimBatchOneStatement(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	res, err := inbox.ClaimTx(ctx, tx, "s", claims)
+	res, err := pginbox.ClaimTx(ctx, tx, "s", claims)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +60,7 @@ func TestClaimBatchOneStatement(t *testing.T) {
 			t.Errorf("claim %d (%s): %v, want %v", i, claims[i].ID, res[i].State, want[i])
 		}
 	}
-	if _, err := inbox.ClaimTx(ctx, tx, "s", []inbox.Claim{{ID: "bad id"}}); !errors.Is(err, inbox.ErrInvalidID) {
+	if _, err := pginbox.ClaimTx(ctx, tx, "s", []inbox.Claim{{ID: "bad id"}}); !errors.Is(err, inbox.ErrInvalidID) {
 		t.Fatalf("claim with a space in the ID: %v, want ErrInvalidID", err)
 	}
 }
@@ -80,7 +81,7 @@ func TestConcurrentClaimWaits(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if r, err := inbox.ClaimTx(ctx, tx1, "s", []inbox.Claim{c}); err != nil || r[0].State != inbox.ClaimFresh {
+			if r, err := pginbox.ClaimTx(ctx, tx1, "s", []inbox.Claim{c}); err != nil || r[0].State != inbox.ClaimFresh {
 				t.Fatalf("first claim: %v %v", r, err)
 			}
 			var pid1 uint32
@@ -96,7 +97,7 @@ func TestConcurrentClaimWaits(t *testing.T) {
 					return
 				}
 				defer tx2.Rollback(ctx)
-				r, err := inbox.ClaimTx(ctx, tx2, "s", []inbox.Claim{c})
+				r, err := pginbox.ClaimTx(ctx, tx2, "s", []inbox.Claim{c})
 				if err != nil {
 					t.Error(err)
 					got <- 0
@@ -148,13 +149,13 @@ func TestCheckSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bare.Close()
-	if err := inbox.CheckSchema(ctx, bare); !errors.Is(err, inbox.ErrNotMigrated) {
+	if err := pginbox.New(bare).CheckSchema(ctx); !errors.Is(err, inbox.ErrNotMigrated) {
 		t.Fatalf("unmigrated database: %v, want ErrNotMigrated", err)
 	}
-	if err := inbox.CheckSchema(ctx, newDB(t)); err != nil {
+	if err := pginbox.New(newDB(t)).CheckSchema(ctx); err != nil {
 		t.Fatalf("migrated database: %v", err)
 	}
-	if sql := inbox.MigrationSQL(); !strings.Contains(sql, "CREATE TABLE inbox") {
+	if sql := pginbox.New(nil).MigrationSQL(); !strings.Contains(sql, "CREATE TABLE inbox") {
 		t.Fatalf("MigrationSQL: %q", sql)
 	}
 }

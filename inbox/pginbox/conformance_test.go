@@ -1,4 +1,4 @@
-package inbox_test
+package pginbox_test
 
 import (
 	"context"
@@ -8,8 +8,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/storetest"
 )
 
@@ -69,18 +70,18 @@ func pgHarness() storetest.Harness[pgx.Tx] {
 		Open: func(t testing.TB) storetest.DB[pgx.Tx] {
 			pool := newDB(t)
 			return storetest.DB[pgx.Tx]{
-				Store:    func() inbox.Store[pgx.Tx] { return inbox.Postgres(pool) },
+				Store:    func() inbox.Store[pgx.Tx] { return pginbox.New(pool) },
 				Snapshot: func(t testing.TB) storetest.Snapshot { return pgSnapshot(t, pool) },
 				Migrate: func(ctx context.Context) (int, error) {
-					n, err := inbox.Migrate(ctx, pool)
+					n, err := pginbox.New(pool).Migrate(ctx)
 					if err != nil {
 						return n, err
 					}
 					m, err := effects.Migrate(ctx, pool)
 					return n + m, err
 				},
-				CheckSchema: func(ctx context.Context) error { return inbox.CheckSchema(ctx, pool) },
-				Prune:       func(ctx context.Context, o inbox.PruneOptions) (int64, error) { return inbox.Prune(ctx, pool, o) },
+				CheckSchema: func(ctx context.Context) error { return pginbox.New(pool).CheckSchema(ctx) },
+				Prune:       func(ctx context.Context, o inbox.PruneOptions) (int64, error) { return pginbox.New(pool).Prune(ctx, o) },
 				Age: func(t testing.TB, d time.Duration) {
 					if _, err := pool.Exec(context.Background(), `UPDATE inbox SET received_at = received_at - $1::bigint * interval '1 microsecond'`, d.Microseconds()); err != nil {
 						t.Fatal(err)
@@ -88,15 +89,15 @@ func pgHarness() storetest.Harness[pgx.Tx] {
 				},
 			}
 		},
-		Ledger:          func() inbox.HandlerOf[pgx.Tx] { return effects.NewLedger() },
-		PlantBlindClaim: inbox.PlantBlindClaims,
+		Ledger:          func() inbox.Handler[pgx.Tx] { return effects.NewLedger() },
+		PlantBlindClaim: pginbox.PlantBlindClaims,
 		Abort: func(ctx context.Context, tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, "SELECT 1/0") // aborts the transaction
 			return err
 		},
 		AbortReason:   "division by zero",
 		SecondWriter:  true,
-		CopyThreshold: inbox.CopyClaimThreshold,
+		CopyThreshold: pginbox.CopyClaimThreshold,
 	}
 }
 

@@ -1,4 +1,4 @@
-package inbox
+package pginbox
 
 import (
 	"context"
@@ -12,68 +12,88 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/jetinbox/jetinbox/inbox"
 )
 
-// Postgres returns the PostgreSQL store on db (a *pgxpool.Pool, a
-// *pgx.Conn, or any [Beginner]): the production store. Its handlers get a
-// pgx.Tx. [NewProcessor] uses it.
-func Postgres(db Beginner) Store[pgx.Tx] {
-	return &pgStore{db: db, claim: ClaimTx, claimCopy: claimCopy}
+// DB is the database a [Store] runs on. *pgxpool.Pool and *pgx.Conn
+// satisfy it; a pool is what a worker with concurrent batches wants.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Ping(ctx context.Context) error
 }
 
-// pgStore is the PostgreSQL [Store].
-type pgStore struct {
-	db Beginner
+// Store is the PostgreSQL inbox: the [inbox.Store] a processor runs on
+// (its handlers get a pgx.Tx), and the schema, retention and health
+// checks of the same database. Make one with [New] and pass it to
+// [inbox.NewProcessor]; everything else that needs the database (a
+// consumer's pause during an outage) takes it from the processor.
+type Store struct {
+	db DB
 	// claim is ClaimTx; tests plant a broken one (export_test.go).
-	claim func(ctx context.Context, tx pgx.Tx, scope string, claims []Claim) ([]ClaimResult, error)
+	claim func(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim) ([]inbox.ClaimResult, error)
 	// claimCopy is the COPY claim; noCopy turns it off. Tests plant a
 	// broken claim or compare both paths through them (export_test.go).
-	claimCopy func(ctx context.Context, tx pgx.Tx, scope string, claims []Claim, order []int) error
+	claimCopy func(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim, order []int) error
 	noCopy    bool
 }
 
-func (s *pgStore) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(ctx) }
+// New returns the PostgreSQL store on db, a *pgxpool.Pool or a *pgx.Conn.
+func New(db DB) *Store {
+	return &Store{db: db, claim: ClaimTx, claimCopy: claimCopy}
+}
 
-func (s *pgStore) Commit(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }
+// DB returns the database the store runs on.
+func (s *Store) DB() DB { return s.db }
 
-func (s *pgStore) Rollback(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
+
+func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(ctx) }
+
+func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }
+
+func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }
 
 // CommitRolledBack: a COMMIT the server answered with an error, or that
 // pgx reports as a rollback, did not commit; anything else (a broken
 // connection) may have.
-func (s *pgStore) CommitRolledBack(err error) bool {
+func (s *Store) CommitRolledBack(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback)
 }
 
-func (s *pgStore) Claim(ctx context.Context, tx pgx.Tx, scope string, claims []Claim) ([]ClaimResult, error) {
+func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim) ([]inbox.ClaimResult, error) {
 	return s.claim(ctx, tx, scope, claims)
 }
 
-func (s *pgStore) ClaimNewThreshold() int {
+func (s *Store) ClaimNewThreshold() int {
 	if s.noCopy {
 		return 0
 	}
 	return copyClaimThreshold
 }
 
-func (s *pgStore) ClaimNew(ctx context.Context, tx pgx.Tx, scope string, claims []Claim, order []int) error {
+func (s *Store) ClaimNew(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim, order []int) error {
 	return s.claimCopy(ctx, tx, scope, claims, order)
 }
 
-func (s *pgStore) Savepoint(ctx context.Context, tx pgx.Tx, stmt string) error {
+func (s *Store) Savepoint(ctx context.Context, tx pgx.Tx, stmt string) error {
 	_, err := tx.Exec(ctx, stmt)
 	return err
 }
 
-func (s *pgStore) MarkRejected(ctx context.Context, tx pgx.Tx, scope string, rejIDs, rejReasons []string) error {
+func (s *Store) MarkRejected(ctx context.Context, tx pgx.Tx, scope string, rejIDs, rejReasons []string) error {
 	_, err := tx.Exec(ctx, `UPDATE inbox SET status = 'rejected', reason = t.reason
 FROM unnest($2::text[], $3::text[]) AS t(id, reason)
 WHERE inbox.scope = $1 AND inbox.message_id = t.id`, scope, rejIDs, rejReasons)
 	return err
 }
 
-func (s *pgStore) ReleaseClaims(ctx context.Context, tx pgx.Tx, scope string, retryIDs []string) error {
+func (s *Store) ReleaseClaims(ctx context.Context, tx pgx.Tx, scope string, retryIDs []string) error {
 	// inbox_release (migrations 0002 and 0003) removes only rows this
 	// transaction inserted (their claim_xid, which only the column's
 	// default writes, is its ID), so the claiming role needs no DELETE on
@@ -91,11 +111,11 @@ func (s *pgStore) ReleaseClaims(ctx context.Context, tx pgx.Tx, scope string, re
 	return nil
 }
 
-func (s *pgStore) RecordConflicts(ctx context.Context, tx pgx.Tx, scope string, conflicts []Claim) error {
+func (s *Store) RecordConflicts(ctx context.Context, tx pgx.Tx, scope string, conflicts []inbox.Claim) error {
 	// In ID order, like the claims: two processes recording the same
 	// conflicts cannot deadlock.
 	conflicts = slices.Clone(conflicts)
-	slices.SortFunc(conflicts, func(a, b Claim) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(conflicts, func(a, b inbox.Claim) int { return strings.Compare(a.ID, b.ID) })
 	ids := make([]string, len(conflicts))
 	fps := make([][]byte, len(conflicts))
 	seqs := make([]int64, len(conflicts))
@@ -110,16 +130,16 @@ ON CONFLICT (scope, message_id, stream_seq) DO NOTHING`, scope, ids, fps, seqs, 
 	return err
 }
 
-func (s *pgStore) Classify(err error) ErrorKind {
+func (s *Store) Classify(err error) inbox.ErrorKind {
 	switch {
 	case isRetryableTx(err):
-		return ErrorRetryTx
+		return inbox.ErrorRetryTx
 	case isDataError(err):
-		return ErrorData
+		return inbox.ErrorData
 	case isConnError(err):
-		return ErrorConn
+		return inbox.ErrorConn
 	}
-	return ErrorOther
+	return inbox.ErrorOther
 }
 
 // Warm opens n transactions at once, so that a pool opens n connections,
@@ -127,7 +147,7 @@ func (s *pgStore) Classify(err error) ErrorKind {
 // back. n is capped at a pool's MaxConns, and is 1 for a single
 // connection. Statements are prepared only where the connection caches them
 // anyway (pgx's default mode).
-func (s *pgStore) Warm(ctx context.Context, n int, prepare func(ctx context.Context, tx pgx.Tx) error) error {
+func (s *Store) Warm(ctx context.Context, n int, prepare func(ctx context.Context, tx pgx.Tx) error) error {
 	switch db := s.db.(type) {
 	case *pgx.Conn:
 		n = 1
@@ -169,7 +189,7 @@ func (s *pgStore) Warm(ctx context.Context, n int, prepare func(ctx context.Cont
 	return first
 }
 
-func (s *pgStore) prepare(ctx context.Context, tx pgx.Tx, prepare func(ctx context.Context, tx pgx.Tx) error) error {
+func (s *Store) prepare(ctx context.Context, tx pgx.Tx, prepare func(ctx context.Context, tx pgx.Tx) error) error {
 	if tx.Conn().Config().DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
 		return nil
 	}

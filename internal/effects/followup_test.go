@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/outbox"
 )
 
@@ -19,10 +20,10 @@ import (
 func TestLedgerFollowUps(t *testing.T) {
 	ctx := context.Background()
 	conn := ledgerDB(t, 8)
-	if _, err := inbox.Migrate(ctx, conn); err != nil {
+	if _, err := pginbox.New(conn).Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	plain, err := inbox.NewProcessor(conn, inbox.Config{Scope: "plain", Handler: NewLedger()})
+	plain, err := inbox.NewProcessor(pginbox.New(conn), NewLedger(), inbox.Config{Scope: "plain"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +41,7 @@ func TestLedgerFollowUps(t *testing.T) {
 	if _, err := NewLedger().WithFollowUps(FollowUps{Subject: "notifications.>"}); err == nil {
 		t.Fatal("a wildcard subject prefix was accepted")
 	}
-	proc, err := inbox.NewProcessor(conn, inbox.Config{Scope: "ledger", Handler: l})
+	proc, err := inbox.NewProcessor(pginbox.New(conn), l, inbox.Config{Scope: "ledger"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,16 +1,18 @@
-package inbox_test
+package pginbox_test
 
 import (
 	"context"
 	"fmt"
+	"github.com/jackc/pgx/v5"
 	"sort"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -27,7 +29,7 @@ func newDB(t testing.TB) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if _, err := inbox.Migrate(ctx, pool); err != nil {
+	if _, err := pginbox.New(pool).Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := effects.Migrate(ctx, pool); err != nil {
@@ -39,9 +41,9 @@ func newDB(t testing.TB) *pgxpool.Pool {
 	return pool
 }
 
-func newLedgerProcessor(t *testing.T, pool *pgxpool.Pool) *inbox.Processor {
+func newLedgerProcessor(t *testing.T, pool *pgxpool.Pool) *inbox.Processor[pgx.Tx] {
 	t.Helper()
-	p, err := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: effects.NewLedger()})
+	p, err := inbox.NewProcessor(pginbox.New(pool), effects.NewLedger(), inbox.Config{Scope: "ledger"})
 	if err != nil {
 		t.Fatal(err)
 	}

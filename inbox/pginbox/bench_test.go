@@ -1,4 +1,4 @@
-package inbox_test
+package pginbox_test
 
 import (
 	"context"
@@ -6,8 +6,9 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 )
 
 // BenchmarkClaimTx measures the claim path alone: one transaction per batch,
@@ -31,7 +32,7 @@ func BenchmarkClaimTx(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if _, err := inbox.ClaimTx(ctx, tx, "bench", claims); err != nil {
+				if _, err := pginbox.ClaimTx(ctx, tx, "bench", claims); err != nil {
 					b.Fatal(err)
 				}
 				if err := tx.Commit(ctx); err != nil {
@@ -59,7 +60,7 @@ func BenchmarkProcessLedger(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			pool := newDB(b)
 			ctx := context.Background()
-			p, err := inbox.NewProcessor(pool, inbox.Config{Scope: "bench", Handler: effects.NewLedger()})
+			p, err := inbox.NewProcessor(pginbox.New(pool), effects.NewLedger(), inbox.Config{Scope: "bench"})
 			if err != nil {
 				b.Fatal(err)
 			}

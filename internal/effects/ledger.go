@@ -15,6 +15,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/migrate"
 	"github.com/jetinbox/jetinbox/internal/pgcopy"
+	"github.com/jetinbox/jetinbox/internal/pgmigrate"
 	"github.com/jetinbox/jetinbox/outbox"
 )
 
@@ -30,8 +31,8 @@ func migrations() []migrate.Migration {
 }
 
 // Migrate creates or upgrades the ledger tables (accounts, ledger_entries).
-func Migrate(ctx context.Context, db inbox.Beginner) (int, error) {
-	return migrate.Apply(ctx, db, "ledger", migrations())
+func Migrate(ctx context.Context, db pgmigrate.Beginner) (int, error) {
+	return pgmigrate.Apply(ctx, db, "ledger", migrations())
 }
 
 // MigrationSQL returns the ledger schema as one SQL script.
@@ -42,11 +43,11 @@ func MigrationSQL() string { return migrate.Script("ledger", migrations()) }
 func MigrationStatus(ctx context.Context, db interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }) ([]inbox.MigrationState, error) {
-	return migrate.Status(ctx, db, "ledger", migrations())
+	return pgmigrate.Status(ctx, db, "ledger", migrations())
 }
 
 // SeedAccounts makes sure accounts 1..n exist (new ones with balance 0).
-func SeedAccounts(ctx context.Context, db inbox.Execer, n int) error {
+func SeedAccounts(ctx context.Context, db outbox.PruneDB, n int) error {
 	_, err := db.Exec(ctx, `INSERT INTO accounts (id) SELECT generate_series(1, $1::bigint) ON CONFLICT DO NOTHING`, n)
 	if err != nil {
 		return fmt.Errorf("effects: seed accounts: %w", err)
@@ -58,7 +59,7 @@ func SeedAccounts(ctx context.Context, db inbox.Execer, n int) error {
 // returns how many were new: an account that exists is left as it is. The
 // ledger credits only existing accounts; a credit to another is rejected as
 // "unknown account".
-func OpenAccounts(ctx context.Context, db inbox.Querier, ids []int64) (int, error) {
+func OpenAccounts(ctx context.Context, db outbox.Querier, ids []int64) (int, error) {
 	var n int
 	err := db.QueryRow(ctx, `WITH ins AS (
 	INSERT INTO accounts (id) SELECT * FROM unnest($1::bigint[]) ON CONFLICT DO NOTHING RETURNING 1
@@ -76,10 +77,10 @@ const DefaultScope = "ledger"
 
 // Ledger is the demo effect: each intent adds its amount to an account's
 // balance and appends a ledger entry carrying the message ID and the inbox
-// scope. It implements [inbox.Handler] with one statement per batch. Bad
+// scope. It implements [inbox.Handler[pgx.Tx]] with one statement per batch. Bad
 // input (see [ParseIntent]) and unknown accounts are permanent errors.
 //
-// The entries carry the scope of the [inbox.Processor] the ledger runs
+// The entries carry the scope of the [inbox.Processor[pgx.Tx]] the ledger runs
 // under (see [inbox.ScopeFromContext]): they then say which (scope, message
 // ID) applied them, and a checker can count effects per scope.
 type Ledger struct {
@@ -222,7 +223,7 @@ const entryColumns = "scope, message_id, account, amount"
 
 var copyBufs = sync.Pool{New: func() any { return pgcopy.New(4, 1024, 56) }}
 
-// Warm implements [inbox.Warmer]: it prepares the ledger's statements on
+// Warm implements [inbox.Warmer[pgx.Tx]]: it prepares the ledger's statements on
 // tx's connection.
 func (l *Ledger) Warm(ctx context.Context, tx pgx.Tx) error {
 	for _, sql := range []string{orderedPlanSQL, applySQL, applySmallSQL, restorePlanSQL} {
@@ -254,7 +255,7 @@ func putScratch(sc *scratch) {
 	scratchPool.Put(sc)
 }
 
-// Handle implements [inbox.Handler].
+// Handle implements [inbox.Handler[pgx.Tx]].
 func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, errs []error) error {
 	scope, err := l.scopeFor(ctx)
 	if err != nil {

@@ -1,4 +1,4 @@
-package inbox_test
+package pginbox_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -23,8 +24,7 @@ func TestReasonsAreBoundedLines(t *testing.T) {
 	ctx := context.Background()
 	var logs testenv.SyncBuffer
 	huge := "first line\nsecond\tline\x1b[31m" + strings.Repeat("é", 4000)
-	p, err := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
-		Handler: inbox.HandlerFunc(func(context.Context, pgx.Tx, inbox.Message) error { panic(huge) })})
+	p, err := inbox.NewProcessor(pginbox.New(pool), inbox.HandlerFunc(func(context.Context, pgx.Tx, inbox.Message) error { panic(huge) }), inbox.Config{Scope: "ledger", Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

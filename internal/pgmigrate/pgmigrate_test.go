@@ -1,4 +1,4 @@
-package migrate_test
+package pgmigrate_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/jetinbox/jetinbox/internal/migrate"
+	"github.com/jetinbox/jetinbox/internal/pgmigrate"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -21,7 +22,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 func states(t *testing.T, conn *pgx.Conn, ms []migrate.Migration) map[int]migrate.State {
 	t.Helper()
-	st, err := migrate.Status(context.Background(), conn, "test", ms)
+	st, err := pgmigrate.Status(context.Background(), conn, "test", ms)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,15 +50,15 @@ func TestEditedFailedUnknown(t *testing.T) {
 	if st := states(t, conn, ms); !st[1].Pending || !st[2].Pending {
 		t.Fatalf("never migrated: %+v", st)
 	}
-	if n, err := migrate.Apply(ctx, conn, "test", ms); n != 2 || err != nil {
+	if n, err := pgmigrate.Apply(ctx, conn, "test", ms); n != 2 || err != nil {
 		t.Fatalf("Apply = %d, %v", n, err)
 	}
-	if n, err := migrate.Apply(ctx, conn, "test", ms); n != 0 || err != nil {
+	if n, err := pgmigrate.Apply(ctx, conn, "test", ms); n != 0 || err != nil {
 		t.Fatalf("Apply again = %d, %v", n, err)
 	}
 
 	edited := []migrate.Migration{ms[0], {Version: 2, Name: "0002_b.sql", SQL: "CREATE TABLE b (id bigint)"}}
-	if _, err := migrate.Apply(ctx, conn, "test", edited); !errors.Is(err, migrate.ErrEdited) {
+	if _, err := pgmigrate.Apply(ctx, conn, "test", edited); !errors.Is(err, migrate.ErrEdited) {
 		t.Fatalf("Apply with an edited file: %v, want ErrEdited", err)
 	}
 	if st := states(t, conn, edited); !st[2].Edited || st[1].Edited {
@@ -65,7 +66,7 @@ func TestEditedFailedUnknown(t *testing.T) {
 	}
 
 	failing := append(ms, migrate.Migration{Version: 3, Name: "0003_c.sql", SQL: "CREATE TABLE c (id int); SELECT 1/0"})
-	if _, err := migrate.Apply(ctx, conn, "test", failing); err == nil {
+	if _, err := pgmigrate.Apply(ctx, conn, "test", failing); err == nil {
 		t.Fatal("a failing migration applied")
 	}
 	var exists bool
@@ -83,10 +84,10 @@ func TestEditedFailedUnknown(t *testing.T) {
 	if _, err := conn.Exec(ctx, `UPDATE jetinbox_migrations SET checksum = NULL`); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := migrate.Apply(ctx, conn, "test", ms); n != 0 || err != nil {
+	if n, err := pgmigrate.Apply(ctx, conn, "test", ms); n != 0 || err != nil {
 		t.Fatalf("Apply over rows without checksums = %d, %v", n, err)
 	}
-	if _, err := migrate.Apply(ctx, conn, "test", edited); !errors.Is(err, migrate.ErrEdited) {
+	if _, err := pgmigrate.Apply(ctx, conn, "test", edited); !errors.Is(err, migrate.ErrEdited) {
 		t.Fatalf("checksums recorded from the files: %v, want ErrEdited for an edit after that", err)
 	}
 
@@ -94,10 +95,10 @@ func TestEditedFailedUnknown(t *testing.T) {
 	if _, err := conn.Exec(ctx, `ALTER TABLE jetinbox_migrations DROP COLUMN checksum`); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := migrate.Apply(ctx, conn, "test", ms); n != 0 || err != nil {
+	if n, err := pgmigrate.Apply(ctx, conn, "test", ms); n != 0 || err != nil {
 		t.Fatalf("Apply over a table without checksums = %d, %v", n, err)
 	}
-	if _, err := migrate.Apply(ctx, conn, "test", edited); !errors.Is(err, migrate.ErrEdited) {
+	if _, err := pgmigrate.Apply(ctx, conn, "test", edited); !errors.Is(err, migrate.ErrEdited) {
 		t.Fatalf("checksum column added back: %v, want ErrEdited", err)
 	}
 }
@@ -149,7 +150,7 @@ func TestReaderCannotDelayApply(t *testing.T) {
 	}
 	t.Cleanup(func() { admin.Close(context.Background()) })
 	ms := []migrate.Migration{{Version: 1, Name: "0001_a.sql", SQL: "CREATE TABLE a (id int)"}}
-	if n, err := migrate.Apply(ctx, admin, "test", ms); n != 1 || err != nil {
+	if n, err := pgmigrate.Apply(ctx, admin, "test", ms); n != 1 || err != nil {
 		t.Fatalf("Apply = %d, %v", n, err)
 	}
 
@@ -165,7 +166,7 @@ func TestReaderCannotDelayApply(t *testing.T) {
 	actx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	more := append(ms, migrate.Migration{Version: 2, Name: "0002_b.sql", SQL: "CREATE TABLE b (id int)"})
-	if n, err := migrate.Apply(actx, admin, "test", more); n != 1 || err != nil {
+	if n, err := pgmigrate.Apply(actx, admin, "test", more); n != 1 || err != nil {
 		t.Fatalf("Apply while a reader holds the old advisory lock and reads the table = %d, %v", n, err)
 	}
 }
@@ -187,7 +188,7 @@ func TestLockWaitEndsNamingTheHolder(t *testing.T) {
 		{Version: 1, Name: "0001_a.sql", SQL: "CREATE TABLE a (id int)"},
 		{Version: 2, Name: "0002_check.sql", SQL: noDefault},
 	}
-	if n, err := migrate.Apply(ctx, admin, "test", ms); n != 2 || err != nil {
+	if n, err := pgmigrate.Apply(ctx, admin, "test", ms); n != 2 || err != nil {
 		t.Fatalf("Apply = %d, %v", n, err)
 	}
 
@@ -215,7 +216,7 @@ func TestLockWaitEndsNamingTheHolder(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	alter := append(ms, migrate.Migration{Version: 3, Name: "0003_alter.sql", SQL: "ALTER TABLE a ADD COLUMN b int"})
-	n, err := migrate.Apply(actx, short, "test", alter)
+	n, err := pgmigrate.Apply(actx, short, "test", alter)
 	if n != 0 || err == nil {
 		t.Fatalf("Apply while a reader holds the table = %d, %v", n, err)
 	}
@@ -228,7 +229,7 @@ func TestLockWaitEndsNamingTheHolder(t *testing.T) {
 			t.Errorf("the error does not say %q: %v", want, err)
 		}
 	}
-	if !errors.Is(err, migrate.ErrLockTimeout) {
+	if !errors.Is(err, pgmigrate.ErrLockTimeout) {
 		t.Errorf("the error does not wrap ErrLockTimeout: %v", err)
 	}
 	if st := states(t, short, alter); !st[3].Pending {
@@ -238,7 +239,7 @@ func TestLockWaitEndsNamingTheHolder(t *testing.T) {
 	if _, err := reader.Exec(ctx, `ROLLBACK`); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := migrate.Apply(actx, short, "test", alter); n != 1 || err != nil {
+	if n, err := pgmigrate.Apply(actx, short, "test", alter); n != 1 || err != nil {
 		t.Fatalf("Apply after the reader let go = %d, %v", n, err)
 	}
 }
@@ -267,7 +268,7 @@ func TestConcurrentStarters(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n, err := migrate.Apply(ctx, pool, "test", ms)
+			n, err := pgmigrate.Apply(ctx, pool, "test", ms)
 			applied.Add(int64(n))
 			if err != nil {
 				errs <- err

@@ -25,7 +25,7 @@ func sqliteLedgerDB(t *testing.T, accounts int) *sql.DB {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	if _, err := sqliteinbox.Migrate(ctx, db); err != nil {
+	if _, err := sqliteinbox.New(db).Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := MigrateSQLite(ctx, db); err != nil {
@@ -106,7 +106,7 @@ func TestSQLiteLedgerTakesTheProcessorsScope(t *testing.T) {
 	ctx := context.Background()
 	db := sqliteLedgerDB(t, 10)
 	msg := []inbox.Message{{ID: "m1", Payload: Intent{Account: 1, Amount: 5}.AppendJSON(nil)}}
-	p, err := sqliteinbox.NewProcessor(db, inbox.ConfigOf[*sql.Tx]{Scope: "audit", Handler: NewSQLiteLedger()})
+	p, err := inbox.NewProcessor(sqliteinbox.New(db), NewSQLiteLedger(), inbox.Config{Scope: "audit"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestSQLiteLedgerTakesTheProcessorsScope(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err = sqliteinbox.NewProcessor(db, inbox.ConfigOf[*sql.Tx]{Scope: "other", Handler: bound})
+	p, err = inbox.NewProcessor(sqliteinbox.New(db), bound, inbox.Config{Scope: "other"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +176,7 @@ func TestSQLiteLedgerFollowUps(t *testing.T) {
 		t.Fatalf("%d outbox rows after a rolled-back batch, want 0: the follow-up was not written in the batch's transaction", n)
 	}
 
-	proc, err := inbox.NewProcessorOf(sqliteinbox.New(db), inbox.ConfigOf[*sql.Tx]{Scope: "ledger", Handler: l})
+	proc, err := inbox.NewProcessor(sqliteinbox.New(db), l, inbox.Config{Scope: "ledger"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,16 +1,18 @@
-package inbox
+package pginbox
 
 import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/jetinbox/jetinbox/inbox"
 )
 
-// DisableCopyClaim makes p claim every batch with ClaimTx; tests compare
+// DisableCopyClaim makes s claim every batch with ClaimTx; tests compare
 // both paths.
-func DisableCopyClaim(p *Processor) { p.store.(*pgStore).noCopy = true }
+func DisableCopyClaim(s *Store) { s.noCopy = true }
 
-func claimBlind(ctx context.Context, tx pgx.Tx, scope string, claims []Claim, order []int) error {
+func claimBlind(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim, order []int) error {
 	ids := make([]string, len(order))
 	fps := make([][]byte, len(order))
 	for k, i := range order {
@@ -26,10 +28,10 @@ const CopyClaimThreshold = copyClaimThreshold
 
 // PlantBlindClaims gives the PostgreSQL store s broken claims, on both
 // paths, which skip IDs already there yet report every claim fresh.
-func PlantBlindClaims(s Store[pgx.Tx]) {
-	ps := s.(*pgStore)
-	ps.claimCopy = claimBlind
-	ps.claim = func(ctx context.Context, tx pgx.Tx, scope string, claims []Claim) ([]ClaimResult, error) {
+func PlantBlindClaims(st inbox.Store[pgx.Tx]) {
+	s := st.(*Store)
+	s.claimCopy = claimBlind
+	s.claim = func(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim) ([]inbox.ClaimResult, error) {
 		order := make([]int, len(claims))
 		for i := range order {
 			order[i] = i
@@ -37,9 +39,9 @@ func PlantBlindClaims(s Store[pgx.Tx]) {
 		if err := claimBlind(ctx, tx, scope, claims, order); err != nil {
 			return nil, err
 		}
-		res := make([]ClaimResult, len(claims))
+		res := make([]inbox.ClaimResult, len(claims))
 		for i := range res {
-			res[i].State = ClaimFresh
+			res[i].State = inbox.ClaimFresh
 		}
 		return res, nil
 	}

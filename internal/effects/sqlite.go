@@ -79,7 +79,7 @@ func OpenAccountsSQLite(ctx context.Context, db *sql.DB, ids []int64) (int, erro
 
 // SQLiteLedger is the [Ledger] effect on SQLite: each intent adds its
 // amount to an account's balance and appends a ledger entry carrying the
-// message ID and the inbox scope. It implements inbox.HandlerOf[*sql.Tx].
+// message ID and the inbox scope. It implements inbox.Handler[*sql.Tx].
 // Bad input and unknown accounts are permanent errors, as on PostgreSQL.
 // The batch's transaction holds the file's write lock, so balances need
 // no row locks and no ordering.
@@ -120,7 +120,7 @@ func (s *SQLiteLedger) WithFollowUps(f FollowUps) (*SQLiteLedger, error) {
 // follow-ups.
 func (s *SQLiteLedger) FollowUpsOf() (FollowUps, bool) { return s.l.FollowUpsOf() }
 
-// Handle implements inbox.HandlerOf[*sql.Tx].
+// Handle implements inbox.Handler[*sql.Tx].
 func (s *SQLiteLedger) Handle(ctx context.Context, tx *sql.Tx, msgs []inbox.Message, errs []error) error {
 	scope, err := s.l.scopeFor(ctx)
 	if err != nil {

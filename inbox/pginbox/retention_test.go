@@ -1,4 +1,4 @@
-package inbox_test
+package pginbox_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 )
 
 // TestPruneBoundaries: OlderThan must be strictly longer than the replay
@@ -40,7 +41,7 @@ FROM unnest(ARRAY['a', 'b']) AS s, unnest(ARRAY[
 		{OlderThan: horizon + inbox.DefaultPruneMargin, ReplayHorizon: horizon},
 		{OlderThan: horizon + 3*time.Hour, ReplayHorizon: horizon, Margin: 3 * time.Hour},
 	} {
-		if n, err := inbox.Prune(ctx, pool, o); !errors.Is(err, inbox.ErrUnsafeHorizon) || n != 0 {
+		if n, err := pginbox.New(pool).Prune(ctx, o); !errors.Is(err, inbox.ErrUnsafeHorizon) || n != 0 {
 			t.Fatalf("OlderThan %v, horizon %v, margin %v: pruned %d, %v; want ErrUnsafeHorizon", o.OlderThan, o.ReplayHorizon, o.Margin, n, err)
 		}
 	}
@@ -49,11 +50,11 @@ FROM unnest(ARRAY['a', 'b']) AS s, unnest(ARRAY[
 	}
 	// One microsecond past the boundary, one scope: only that scope's row
 	// older than the cut-off goes.
-	n, err := inbox.Prune(ctx, pool, inbox.PruneOptions{Scope: "a", OlderThan: horizon + inbox.DefaultPruneMargin + time.Microsecond, ReplayHorizon: horizon})
+	n, err := pginbox.New(pool).Prune(ctx, inbox.PruneOptions{Scope: "a", OlderThan: horizon + inbox.DefaultPruneMargin + time.Microsecond, ReplayHorizon: horizon})
 	if err != nil || n != 3 {
 		t.Fatalf("prune past the boundary: %d, %v; want 3 rows of scope a (everything older than 49h)", n, err)
 	}
-	n, err = inbox.Prune(ctx, pool, inbox.PruneOptions{OlderThan: horizon + 3*time.Hour + time.Microsecond, ReplayHorizon: horizon, Margin: 3 * time.Hour, BatchSize: 1})
+	n, err = pginbox.New(pool).Prune(ctx, inbox.PruneOptions{OlderThan: horizon + 3*time.Hour + time.Microsecond, ReplayHorizon: horizon, Margin: 3 * time.Hour, BatchSize: 1})
 	if err != nil || n != 1 {
 		t.Fatalf("prune with a 3h margin: %d, %v; want the one row of scope b older than 51h", n, err)
 	}

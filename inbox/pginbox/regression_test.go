@@ -1,4 +1,4 @@
-package inbox_test
+package pginbox_test
 
 import (
 	"context"
@@ -9,8 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 )
 
 // transientFirst applies nothing and reports a transient (non-permanent) error
@@ -32,7 +33,7 @@ func (h transientFor) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Messag
 // the nak of the first is void: the intent is lost.
 func TestRegressionInBatchDuplicateAckedWhileFirstRetried(t *testing.T) {
 	pool := newDB(t)
-	p, err := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: transientFor{"x"}})
+	p, err := inbox.NewProcessor(pginbox.New(pool), transientFor{"x"}, inbox.Config{Scope: "ledger"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +74,7 @@ func (h slowOne) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 
 func TestRegressionStatementTimeoutPoisonsNeighbours(t *testing.T) {
 	pool := newDB(t)
-	p, err := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: slowOne{"slow"}})
+	p, err := inbox.NewProcessor(pginbox.New(pool), slowOne{"slow"}, inbox.Config{Scope: "ledger"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +144,7 @@ func TestRegressionHandlerFuncSingleAborts(t *testing.T) {
 		_, err := tx.Exec(ctx, `UPDATE accounts SET balance = balance + 1 WHERE id = 2`)
 		return err
 	})
-	p, _ := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: h})
+	p, _ := inbox.NewProcessor(pginbox.New(pool), h, inbox.Config{Scope: "ledger"})
 	if _, err := p.Process(ctx, []inbox.Message{intent("good", 2, 1)}); err != nil {
 		t.Fatal(err)
 	}

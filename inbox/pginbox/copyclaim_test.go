@@ -1,4 +1,4 @@
-package inbox_test
+package pginbox_test
 
 import (
 	"context"
@@ -11,8 +11,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -46,9 +47,13 @@ func runCopyScenario(t *testing.T, pool *pgxpool.Pool, copyClaim bool) (got []st
 	t.Helper()
 	ctx := context.Background()
 	for i, batch := range copyScenario() {
-		p := newLedgerProcessor(t, pool)
+		st := pginbox.New(pool)
 		if !copyClaim {
-			inbox.DisableCopyClaim(p)
+			pginbox.DisableCopyClaim(st)
+		}
+		p, err := inbox.NewProcessor(st, effects.NewLedger(), inbox.Config{Scope: "ledger"})
+		if err != nil {
+			t.Fatal(err)
 		}
 		out, err := p.Process(ctx, batch)
 		if err != nil {
@@ -229,7 +234,7 @@ func TestWarmSmallPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	if _, err := inbox.Migrate(ctx, pool); err != nil {
+	if _, err := pginbox.New(pool).Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := effects.Migrate(ctx, pool); err != nil {

@@ -1,4 +1,4 @@
-package inbox_test
+package pginbox_test
 
 import (
 	"context"
@@ -10,15 +10,16 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/jetinbox/jetinbox/effects"
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/metrics"
 )
 
 // causeHandler applies intents with the ledger, except for messages whose
 // IDs ask for a failure.
-func causeHandler() inbox.Handler {
+func causeHandler() inbox.Handler[pgx.Tx] {
 	ledger := effects.NewLedger()
 	return inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 		switch {
@@ -49,7 +50,7 @@ func TestOutcomeCauses(t *testing.T) {
 	t.Parallel()
 	pool := newDB(t)
 	ctx := context.Background()
-	p, err := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: causeHandler()})
+	p, err := inbox.NewProcessor(pginbox.New(pool), causeHandler(), inbox.Config{Scope: "ledger"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +126,7 @@ func TestBatchFailedCause(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := inbox.NewProcessor(pool, inbox.Config{Scope: "ledger", Handler: causeHandler()})
+	p, err := inbox.NewProcessor(pginbox.New(pool), causeHandler(), inbox.Config{Scope: "ledger"})
 	if err != nil {
 		t.Fatal(err)
 	}
