@@ -75,7 +75,7 @@ func newAlertPipeline(t *testing.T, stream jsinbox.StreamConfig, observer jsinbo
 
 // publishSettled publishes intents and waits until the consumer has
 // settled them.
-func (p *alertPipeline) publishSettled(t *testing.T, intents []jsinbox.Intent) {
+func (p *alertPipeline) publishSettled(t *testing.T, intents []inbox.Intent) {
 	t.Helper()
 	for _, in := range intents {
 		if err := p.pub.Publish(p.ctx, in); err != nil {

@@ -135,7 +135,7 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 		if _, err := jsinbox.EnsureStream(ectx, js, jsinbox.StreamConfig{Name: stream, Subjects: defs.intents.Subjects, Replicas: defs.intents.Replicas}); err != nil {
 			t.Fatalf("EnsureStream under the producer role: %v", err)
 		}
-		publish := func(intents ...jsinbox.Intent) (jsinbox.PublisherStats, []jsinbox.Failure) {
+		publish := func(intents ...inbox.Intent) (jsinbox.PublisherStats, []jsinbox.Failure) {
 			t.Helper()
 			pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{Stream: stream})
 			if err != nil {
@@ -152,17 +152,17 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 			}
 			return pub.Stats(), pub.Failures()
 		}
-		var batch []jsinbox.Intent
+		var batch []inbox.Intent
 		for i := 1; i <= 5; i++ {
-			batch = append(batch, jsinbox.Intent{ID: fmt.Sprintf("ledger-%d", i), Subject: "intents.ledger", Payload: fmt.Appendf(nil, `{"account":1,"amount":%d}`, i)})
+			batch = append(batch, inbox.Intent{ID: fmt.Sprintf("ledger-%d", i), Subject: "intents.ledger", Payload: fmt.Appendf(nil, `{"account":1,"amount":%d}`, i)})
 		}
-		batch = append(batch, jsinbox.Intent{ID: "poison", Subject: "intents.ledger", Payload: []byte(`{"account":1,"amount":"five"}`)})
+		batch = append(batch, inbox.Intent{ID: "poison", Subject: "intents.ledger", Payload: []byte(`{"account":1,"amount":"five"}`)})
 		if st, f := publish(batch...); st.Published != 6 || len(f) > 0 {
 			t.Fatalf("publish: %+v, failures %+v", st, f)
 		}
 		// A retry is a duplicate, read back and found the same; a reused ID
 		// with another payload is a conflict, not a success.
-		reused := jsinbox.Intent{ID: "ledger-2", Subject: "intents.ledger", Payload: []byte(`{"account":1,"amount":200}`)}
+		reused := inbox.Intent{ID: "ledger-2", Subject: "intents.ledger", Payload: []byte(`{"account":1,"amount":200}`)}
 		st, f := publish(batch[0], reused)
 		if st.Duplicates != 1 || st.Conflicts != 1 || len(f) != 1 || f[0].ID != "ledger-2" || !errors.Is(f[0].Err, jsinbox.ErrConflict) {
 			t.Fatalf("duplicate and conflict: %+v, failures %+v", st, f)

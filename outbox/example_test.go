@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/outbox"
@@ -58,7 +59,7 @@ func Example_producer() {
 			if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1, $2) ON CONFLICT (id) DO NOTHING`, order, cents); err != nil {
 				return err
 			}
-			return outbox.Add(ctx, tx, outbox.Intent{
+			return outbox.Add(ctx, tx, inbox.Intent{
 				ID:      "charge-" + order,
 				Subject: "intents.charge",
 				Payload: fmt.Appendf(nil, `{"order":%q,"cents":%d}`, order, cents),

@@ -8,9 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -26,26 +24,7 @@ var (
 	// must emit the same message, so this is a bug in how IDs are derived
 	// (or a reused ID), never a second message.
 	ErrConflict = errors.New("outbox: ID already emitted with a different subject or payload")
-	// ErrBadIntent is returned by [Add] for an intent without a valid ID
-	// or subject.
-	ErrBadIntent = errors.New("outbox: bad intent")
 )
-
-// Intent is one message to publish once the transaction that adds it
-// commits.
-type Intent struct {
-	// ID is the message's stable identity, its Nats-Msg-Id: the same on
-	// every attempt of the work that emits it. Derive it from the parent
-	// message with [FollowUpID], or from the service's own key.
-	ID string
-	// Subject the relay publishes to. Required.
-	Subject string
-	// Payload is the message body.
-	Payload []byte
-	// Parent is the ID of the message whose effect emitted this one, if
-	// any. Stored for checks and operators; never sent.
-	Parent string
-}
 
 // maxKindLen bounds the kind of a follow-up, so that a derived ID stays
 // well inside [inbox.MaxIDLen].
@@ -64,7 +43,7 @@ const maxKindLen = 64
 // the same ID: put the scope in the kind then.
 func FollowUpID(parent, kind string) (string, error) {
 	if err := inbox.ValidateID(parent); err != nil {
-		return "", fmt.Errorf("%w: parent: %w", ErrBadIntent, err)
+		return "", fmt.Errorf("%w: parent: %w", inbox.ErrBadIntent, err)
 	}
 	if err := validateKind(kind); err != nil {
 		return "", err
@@ -78,47 +57,22 @@ func FollowUpID(parent, kind string) (string, error) {
 
 func validateKind(kind string) error {
 	if kind == "" || len(kind) > maxKindLen {
-		return fmt.Errorf("%w: follow-up kind %q: want 1 to %d bytes", ErrBadIntent, kind, maxKindLen)
+		return fmt.Errorf("%w: follow-up kind %q: want 1 to %d bytes", inbox.ErrBadIntent, kind, maxKindLen)
 	}
 	for i := 0; i < len(kind); i++ {
 		c := kind[i]
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
-			return fmt.Errorf("%w: follow-up kind %q: only letters, digits, '-', '_' and '.'", ErrBadIntent, kind)
+			return fmt.Errorf("%w: follow-up kind %q: only letters, digits, '-', '_' and '.'", inbox.ErrBadIntent, kind)
 		}
 	}
 	return nil
 }
 
-// Validate checks what the outbox and the relay need of an intent before
-// anything is written: a valid ID (see inbox.ValidateID), a NATS subject to
-// publish to (no wildcards, no empty tokens), a valid parent ID if any.
-// Errors wrap [ErrBadIntent]. Add and AddFresh call it; a store of its own
-// calls it too.
-func (in *Intent) Validate() error { return in.validate() }
-
-// validate checks what the table and the relay need before anything is
-// written.
-func (in *Intent) validate() error {
-	if err := inbox.ValidateID(in.ID); err != nil {
-		return fmt.Errorf("%w: %w", ErrBadIntent, err)
-	}
-	if in.Subject == "" || !utf8.ValidString(in.Subject) || strings.ContainsAny(in.Subject, " \t\r\n\x00") ||
-		strings.HasPrefix(in.Subject, ".") || strings.HasSuffix(in.Subject, ".") || strings.Contains(in.Subject, "..") ||
-		strings.ContainsAny(in.Subject, "*>") {
-		return fmt.Errorf("%w: %s: subject %q is not a NATS subject to publish to", ErrBadIntent, in.ID, in.Subject)
-	}
-	if in.Parent != "" {
-		if err := inbox.ValidateID(in.Parent); err != nil {
-			return fmt.Errorf("%w: %s: parent: %w", ErrBadIntent, in.ID, err)
-		}
-	}
-	return nil
-}
-
-// Execer is what [Add] writes through: a pgx.Tx, so that the intent commits
-// or rolls back with the effect it follows from. *pgx.Conn and
-// *pgxpool.Pool satisfy it too, for a write of its own.
-type Execer interface {
+// Querier is what [Add] writes and reads through, with one query for the
+// whole batch: a pgx.Tx, so that the intent commits or rolls back with the
+// effect it follows from. *pgx.Conn and *pgxpool.Pool satisfy it too, for
+// a write of its own, and [CheckSchema] and [Backlog] read through it.
+type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
@@ -136,16 +90,16 @@ const existingSQL = `SELECT id, subject, fingerprint FROM outbox WHERE id = ANY(
 
 // Add writes intents to the outbox in tx, the transaction of the effect or
 // the row they follow from: they are published if and only if it commits.
-// The relay ([Relay]) publishes them with Nats-Msg-Id = Intent.ID.
+// The relay ([Relay]) publishes them with Nats-Msg-Id = inbox.Intent.ID.
 //
 // An ID already in the outbox with the same subject and payload is a repeat
 // of the same work and is left alone (no second message); with another
 // subject or payload Add returns an error wrapping [ErrConflict]: roll the
 // transaction back (or back to a savepoint), since the call's other new rows
 // are in it. A sent row is remembered until retention deletes it (see
-// [Prune]). Bad input wraps [ErrBadIntent]; nothing is written then either.
+// [Prune]). Bad input wraps [inbox.ErrBadIntent] ([inbox.Intent.Validate]); nothing is written then either.
 // Two intents of one call with the same ID count as one if they are equal.
-func Add(ctx context.Context, tx Execer, intents ...Intent) error {
+func Add(ctx context.Context, tx Querier, intents ...inbox.Intent) error {
 	if len(intents) == 0 {
 		return nil
 	}
@@ -157,7 +111,7 @@ func Add(ctx context.Context, tx Execer, intents ...Intent) error {
 	seen := make(map[string]int, len(intents))
 	for i := range intents {
 		in := &intents[i]
-		if err := in.validate(); err != nil {
+		if err := in.Validate(); err != nil {
 			return err
 		}
 		fp := inbox.Fingerprint(in.Payload)
@@ -247,7 +201,7 @@ var copyBufs = sync.Pool{New: func() any { return pgcopy.New(5, 1024, 128) }}
 // COPY fails, tx is aborted, and AddFresh returns an error wrapping
 // [ErrNotFresh]: roll back and run the work again with Add, which tells a
 // repeat from a conflict. Below 64 intents it is Add.
-func AddFresh(ctx context.Context, tx pgx.Tx, intents ...Intent) error {
+func AddFresh(ctx context.Context, tx pgx.Tx, intents ...inbox.Intent) error {
 	if len(intents) < freshThreshold {
 		return Add(ctx, tx, intents...)
 	}
@@ -256,7 +210,7 @@ func AddFresh(ctx context.Context, tx pgx.Tx, intents ...Intent) error {
 	seen := make(map[string]bool, len(intents))
 	for i := range intents {
 		in := &intents[i]
-		if err := in.validate(); err != nil {
+		if err := in.Validate(); err != nil {
 			copyBufs.Put(w)
 			return err
 		}

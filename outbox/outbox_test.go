@@ -79,11 +79,11 @@ func (e *env) add(t *testing.T, prefix string, n int) []string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var ins []outbox.Intent
+		var ins []inbox.Intent
 		for j := i; j < min(n, i+50); j++ {
 			id := fmt.Sprintf("%s-%d", prefix, j)
 			ids = append(ids, id)
-			ins = append(ins, outbox.Intent{ID: id, Subject: "notifications.x", Payload: []byte(fmt.Sprintf(`{"n":%d}`, j))})
+			ins = append(ins, inbox.Intent{ID: id, Subject: "notifications.x", Payload: []byte(fmt.Sprintf(`{"n":%d}`, j))})
 		}
 		if err := outbox.Add(ctx, tx, ins...); err != nil {
 			t.Fatal(err)
@@ -162,7 +162,7 @@ func TestFollowUpIDIsStable(t *testing.T) {
 		t.Fatal("two long parents share a follow-up ID")
 	}
 	for _, bad := range [][2]string{{"", "notify"}, {"p 1", "notify"}, {"p", ""}, {"p", "no tify"}, {"p", strings.Repeat("k", 65)}, {"p", "a:b"}} {
-		if _, err := outbox.FollowUpID(bad[0], bad[1]); !errors.Is(err, outbox.ErrBadIntent) {
+		if _, err := outbox.FollowUpID(bad[0], bad[1]); !errors.Is(err, inbox.ErrBadIntent) {
 			t.Errorf("FollowUpID(%q, %q): %v, want ErrBadIntent", bad[0], bad[1], err)
 		}
 	}
@@ -176,7 +176,7 @@ func TestAddRepeatsAndConflicts(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t)
-	in := outbox.Intent{ID: "n-1", Subject: "notifications.a", Payload: []byte(`{"a":1}`), Parent: "pay-1"}
+	in := inbox.Intent{ID: "n-1", Subject: "notifications.a", Payload: []byte(`{"a":1}`), Parent: "pay-1"}
 	for range 2 {
 		if err := outbox.Add(ctx, e.pool, in); err != nil {
 			t.Fatal(err)
@@ -200,18 +200,18 @@ func TestAddRepeatsAndConflicts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := outbox.Add(ctx, tx, outbox.Intent{ID: "n-1", Subject: "notifications.a", Payload: []byte(`{}`)}); !errors.Is(err, outbox.ErrConflict) {
+	if err := outbox.Add(ctx, tx, inbox.Intent{ID: "n-1", Subject: "notifications.a", Payload: []byte(`{}`)}); !errors.Is(err, outbox.ErrConflict) {
 		t.Fatal(err)
 	}
-	if err := outbox.Add(ctx, tx, outbox.Intent{ID: "n-2", Subject: "notifications.a"}); err != nil {
+	if err := outbox.Add(ctx, tx, inbox.Intent{ID: "n-2", Subject: "notifications.a"}); err != nil {
 		t.Fatalf("after a conflict in the same transaction: %v", err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for _, bad := range []outbox.Intent{{Subject: "notifications.a"}, {ID: "x", Subject: ""}, {ID: "x", Subject: "notifications.>"},
+	for _, bad := range []inbox.Intent{{Subject: "notifications.a"}, {ID: "x", Subject: ""}, {ID: "x", Subject: "notifications.>"},
 		{ID: "x", Subject: "a b"}, {ID: "x", Subject: "a..b"}, {ID: "x y", Subject: "a"}, {ID: "x", Subject: "a", Parent: "p q"}} {
-		if err := outbox.Add(ctx, e.pool, bad); !errors.Is(err, outbox.ErrBadIntent) {
+		if err := outbox.Add(ctx, e.pool, bad); !errors.Is(err, inbox.ErrBadIntent) {
 			t.Errorf("Add(%+v): %v, want ErrBadIntent", bad, err)
 		}
 	}
@@ -234,7 +234,7 @@ func TestConcurrentAddsOfOneID(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx1.Rollback(ctx) //nolint:errcheck
-	if err := outbox.Add(ctx, tx1, outbox.Intent{ID: "c-1", Subject: "notifications.a", Payload: []byte("one")}); err != nil {
+	if err := outbox.Add(ctx, tx1, inbox.Intent{ID: "c-1", Subject: "notifications.a", Payload: []byte("one")}); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -245,7 +245,7 @@ func TestConcurrentAddsOfOneID(t *testing.T) {
 			return
 		}
 		defer tx2.Rollback(ctx) //nolint:errcheck
-		done <- outbox.Add(ctx, tx2, outbox.Intent{ID: "c-1", Subject: "notifications.a", Payload: []byte("two")})
+		done <- outbox.Add(ctx, tx2, inbox.Intent{ID: "c-1", Subject: "notifications.a", Payload: []byte("two")})
 	}()
 	time.Sleep(200 * time.Millisecond) // the second insert waits on the first's row
 	if err := tx1.Commit(ctx); err != nil {
@@ -268,7 +268,7 @@ func TestRelaySendsEachRowOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := outbox.Add(ctx, tx, outbox.Intent{ID: "rolled-back", Subject: "notifications.x"}); err != nil {
+	if err := outbox.Add(ctx, tx, inbox.Intent{ID: "rolled-back", Subject: "notifications.x"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
@@ -421,9 +421,9 @@ func TestRelayWakesOnCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ins []outbox.Intent
+	var ins []inbox.Intent
 	for i := range 100 {
-		ins = append(ins, outbox.Intent{ID: fmt.Sprintf("copy-%d", i), Subject: "notifications.x"})
+		ins = append(ins, inbox.Intent{ID: fmt.Sprintf("copy-%d", i), Subject: "notifications.x"})
 	}
 	if err := outbox.AddFresh(ctx, tx, ins...); err != nil {
 		t.Fatal(err)
@@ -450,7 +450,7 @@ func TestRelayKeepsWhatDidNotGetThrough(t *testing.T) {
 	if _, err := jsinbox.EnsureStream(ctx, e.js, jsinbox.StreamConfig{Name: "OTHER", Subjects: []string{"other.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	for _, in := range []outbox.Intent{{ID: "late-1", Subject: "later.x"}, {ID: "wrong-1", Subject: "other.x"}, {ID: "ok-1", Subject: "notifications.x"}} {
+	for _, in := range []inbox.Intent{{ID: "late-1", Subject: "later.x"}, {ID: "wrong-1", Subject: "other.x"}, {ID: "ok-1", Subject: "notifications.x"}} {
 		if err := outbox.Add(ctx, e.pool, in); err != nil {
 			t.Fatal(err)
 		}
@@ -586,10 +586,10 @@ func TestAddFresh(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t)
-	batch := func(prefix string) []outbox.Intent {
-		var ins []outbox.Intent
+	batch := func(prefix string) []inbox.Intent {
+		var ins []inbox.Intent
 		for i := range 100 {
-			ins = append(ins, outbox.Intent{ID: fmt.Sprintf("%s-%d", prefix, i), Subject: "notifications.x", Payload: []byte{byte(i)}, Parent: fmt.Sprintf("m-%d", i)})
+			ins = append(ins, inbox.Intent{ID: fmt.Sprintf("%s-%d", prefix, i), Subject: "notifications.x", Payload: []byte{byte(i)}, Parent: fmt.Sprintf("m-%d", i)})
 		}
 		return ins
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/jitter"
@@ -324,9 +325,9 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 	}
 	defer taken.Abandon(context.WithoutCancel(ctx)) // after Finish this is a no-op
 	rows := taken.Rows()
-	batch := make([]jsinbox.Intent, len(rows))
+	batch := make([]inbox.Intent, len(rows))
 	for i, row := range rows {
-		batch[i] = jsinbox.Intent{ID: row.ID, Subject: row.Subject, Payload: row.Payload}
+		batch[i] = inbox.Intent{ID: row.ID, Subject: row.Subject, Payload: row.Payload}
 	}
 	if len(batch) == 0 {
 		return 0, nil
@@ -341,7 +342,7 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 	refused := map[string]string{}
 	for _, in := range batch {
 		if err := pub.Publish(ctx, in); err != nil {
-			if errors.Is(err, jsinbox.ErrBadIntent) {
+			if errors.Is(err, inbox.ErrBadIntent) {
 				refused[in.ID] = err.Error()
 				continue
 			}

@@ -60,7 +60,7 @@ func Prune(ctx context.Context, db PruneDB, opts PruneOptions) (int64, error) {
 		return 0, err
 	}
 	var cutoff time.Time
-	if err := db.QueryRow(ctx, `SELECT now() - $1::bigint * interval '1 microsecond'`, opts.OlderThan.Microseconds()).Scan(&cutoff); err != nil {
+	if err := queryRow(ctx, db, `SELECT now() - $1::bigint * interval '1 microsecond'`, []any{opts.OlderThan.Microseconds()}, &cutoff); err != nil {
 		return 0, fmt.Errorf("outbox: prune: cut-off: %w", err)
 	}
 	var total int64
@@ -85,8 +85,8 @@ func Prune(ctx context.Context, db PruneDB, opts PruneOptions) (int64, error) {
 func Backlog(ctx context.Context, db Querier) (int64, time.Duration, error) {
 	var n int64
 	var oldest float64
-	if err := db.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
-FROM outbox WHERE sent_at IS NULL AND failed IS NULL`).Scan(&n, &oldest); err != nil {
+	if err := queryRow(ctx, db, `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+FROM outbox WHERE sent_at IS NULL AND failed IS NULL`, nil, &n, &oldest); err != nil {
 		return 0, 0, fmt.Errorf("outbox: backlog: %w", err)
 	}
 	return n, time.Duration(oldest * float64(time.Second)), nil

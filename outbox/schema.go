@@ -59,7 +59,7 @@ func CheckSchema(ctx context.Context, db Querier) error {
 	ms := migrations()
 	want := ms[len(ms)-1].Version
 	var have int
-	err := db.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM jetinbox_migrations WHERE component = $1`, Component).Scan(&have)
+	err := queryRow(ctx, db, `SELECT coalesce(max(version), 0) FROM jetinbox_migrations WHERE component = $1`, []any{Component}, &have)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
 		return ErrNotMigrated
@@ -73,15 +73,30 @@ func CheckSchema(ctx context.Context, db Querier) error {
 	return nil
 }
 
-// Querier runs a query returning one row. *pgxpool.Pool, *pgx.Conn and
-// pgx.Tx satisfy it.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // PruneDB runs statements and queries. *pgxpool.Pool, *pgx.Conn and
 // pgx.Tx satisfy it.
 type PruneDB interface {
 	Querier
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// queryRow runs a query that returns one row through a [Querier] and
+// scans it into dest.
+func queryRow(ctx context.Context, db Querier, sql string, args []any, dest ...any) error {
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := rows.Scan(dest...); err != nil {
+		return err
+	}
+	rows.Close()
+	return rows.Err()
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/testenv"
@@ -37,7 +38,7 @@ func batchEnv(t *testing.T, atomicAllowed bool) jetstream.JetStream {
 
 // publishAll publishes intents and requires every one published; fps, if
 // given, arm the publisher's points.
-func publishAll(t *testing.T, ctx context.Context, js jetstream.JetStream, cfg jsinbox.PublisherConfig, intents []jsinbox.Intent, fps ...*failpoint.Set) jsinbox.PublisherStats {
+func publishAll(t *testing.T, ctx context.Context, js jetstream.JetStream, cfg jsinbox.PublisherConfig, intents []inbox.Intent, fps ...*failpoint.Set) jsinbox.PublisherStats {
 	t.Helper()
 	p, err := jsinbox.NewPublisher(js, cfg)
 	if err != nil {

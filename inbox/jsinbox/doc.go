@@ -9,7 +9,7 @@
 // beside it (see [AdvisoryStream]). It checks an existing stream and names
 // every unsafe setting rather than changing it.
 //
-// A [Publisher] publishes [Intent] values with Nats-Msg-Id set to the
+// A [Publisher] publishes [inbox.Intent] values with Nats-Msg-Id set to the
 // intent's ID and Nats-Expected-Stream set to its stream (an intent whose
 // subject another stream captures is refused, [ErrWrongStream]), keeps a
 // bounded window of publishes in flight, and retries a publish that timed

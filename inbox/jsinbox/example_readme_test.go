@@ -41,11 +41,13 @@ func shipOrders(ctx context.Context, js jetstream.JetStream, databaseURL string)
 		_, err := tx.Exec(ctx, `INSERT INTO shipments VALUES ($1, $2)`, order.Order, order.City)
 		return err
 	})
+	// One store value: the processor claims through it, and the consumer
+	// pings through the processor to pause while the database is down.
 	proc, err := inbox.NewProcessor(pginbox.New(pool), ship, inbox.Config{Scope: "shipping"})
 	if err != nil {
 		return err
 	}
-	consumer, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{}) // DB: pause in an outage
+	consumer, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{})
 	if err != nil {
 		return err
 	}
@@ -59,7 +61,7 @@ func shipOrders(ctx context.Context, js jetstream.JetStream, databaseURL string)
 // a retry of it, however late, is dropped and never ships twice.
 func placeOrder(ctx context.Context, pub *jsinbox.Publisher, order, city string) error {
 	body, _ := json.Marshal(map[string]string{"order": order, "city": city})
-	_, err := pub.PublishWait(ctx, jsinbox.Intent{ID: "ship-" + order, Subject: "intents.shipping", Payload: body})
+	_, err := pub.PublishWait(ctx, inbox.Intent{ID: "ship-" + order, Subject: "intents.shipping", Payload: body})
 	return err
 }
 

@@ -77,7 +77,7 @@ func ExampleConsumer() {
 	// The producer side. The second "ship-1" is a retry of the first.
 	pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
 	must(err)
-	for _, in := range []jsinbox.Intent{
+	for _, in := range []inbox.Intent{
 		{ID: "ship-1", Subject: "intents.shipping", Payload: []byte(`{"order":"o-1","city":"Lisbon"}`)},
 		{ID: "ship-2", Subject: "intents.shipping", Payload: []byte(`{"order":"o-2","city":"Oslo"}`)},
 		{ID: "ship-1", Subject: "intents.shipping", Payload: []byte(`{"order":"o-1","city":"Lisbon"}`)},

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/jitter"
@@ -43,7 +44,7 @@ func groupEnv(t *testing.T, opts testenv.NATSOptions, atomicAllowed bool) (*test
 
 // outcome is what PublishWait returned for one intent.
 type outcome struct {
-	in  jsinbox.Intent
+	in  inbox.Intent
 	ack *jetstream.PubAck
 	err error
 }
@@ -51,7 +52,7 @@ type outcome struct {
 // callers publishes intents with PublishWait from n goroutines, each taking
 // the next intent once its previous one is settled, and returns every
 // outcome by intent index.
-func callers(t *testing.T, p *jsinbox.Publisher, n int, intents []jsinbox.Intent) []outcome {
+func callers(t *testing.T, p *jsinbox.Publisher, n int, intents []inbox.Intent) []outcome {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -144,7 +145,7 @@ func TestGroupCommitStoredIDs(t *testing.T) {
 	_, js := groupEnv(t, testenv.NATSOptions{}, true)
 	intents := load(2000, "gs")
 	stored := func(i int) bool { return i%10 == 3 }
-	var first []jsinbox.Intent
+	var first []inbox.Intent
 	for i, in := range intents {
 		if stored(i) {
 			first = append(first, in)
@@ -233,7 +234,7 @@ func TestGroupCommitServerRestart(t *testing.T) {
 	if err := <-restarted; err != nil {
 		t.Fatal(err)
 	}
-	var again []jsinbox.Intent
+	var again []inbox.Intent
 	acked := 0
 	for _, o := range outs {
 		if o.err != nil {

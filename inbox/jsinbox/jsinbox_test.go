@@ -63,7 +63,7 @@ func newEnv(t *testing.T, dbURL string, stream jsinbox.StreamConfig) *env {
 	return e
 }
 
-func (e *env) publish(t *testing.T, intents []jsinbox.Intent) jsinbox.PublisherStats {
+func (e *env) publish(t *testing.T, intents []inbox.Intent) jsinbox.PublisherStats {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -169,7 +169,7 @@ func (e *env) assertClean(t *testing.T, wantApplied int) *verify.Report {
 	return r
 }
 
-func load(n int, prefix string) []jsinbox.Intent {
+func load(n int, prefix string) []inbox.Intent {
 	return pipeline.Generate(pipeline.Load{Count: n, Accounts: accounts, Prefix: prefix, Seed: 1})
 }
 

@@ -20,18 +20,6 @@ import (
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
-// Intent is one thing to happen once: its ID is chosen when the intent is
-// created and every publish retry carries it.
-type Intent struct {
-	ID      string
-	Subject string
-	Payload []byte
-	// Ref is the caller's own reference to the intent (the producer puts
-	// the input line number there). The publisher never sends it; it hands
-	// it back in the intent's [Failure].
-	Ref int
-}
-
 // PublisherConfig configures a [Publisher].
 type PublisherConfig struct {
 	// Stream is the stream every intent must be stored in: an intent whose
@@ -171,9 +159,7 @@ type PublisherStats struct {
 // ran out, the stream refused it for good, or its ID was reused (Err wraps
 // [ErrConflict] or [ErrWrongStream] for those two).
 type Failure struct {
-	ID string
-	// Ref is the intent's [Intent.Ref].
-	Ref      int
+	ID       string
 	Attempts int
 	Err      error
 }
@@ -273,10 +259,6 @@ func NewPublisher(js jetstream.JetStream, cfg PublisherConfig) (*Publisher, erro
 	return p, nil
 }
 
-// ErrBadIntent is returned by Publish for an intent without a valid ID or
-// subject. The publisher never invents an ID.
-var ErrBadIntent = errors.New("jsinbox: bad intent")
-
 // ErrClosed is returned for an intent handed to a closed [Publisher], and
 // is the error of every intent not settled yet when Close was called:
 // such an intent may or may not be stored.
@@ -284,7 +266,7 @@ var ErrClosed = errors.New("jsinbox: publisher closed")
 
 // Publish starts publishing in; it returns once the intent holds a slot of
 // the in-flight window. Its outcome shows in Stats and Failures after Flush.
-func (p *Publisher) Publish(ctx context.Context, in Intent) error {
+func (p *Publisher) Publish(ctx context.Context, in inbox.Intent) error {
 	_, err := p.start(ctx, in, false)
 	return err
 }
@@ -302,7 +284,7 @@ func (p *Publisher) Publish(ctx context.Context, in Intent) error {
 // If ctx ends first, PublishWait returns ctx's error; an intent already
 // handed over is still published (publishing it again with the same ID is
 // safe), and Flush waits for it.
-func (p *Publisher) PublishWait(ctx context.Context, in Intent) (*jetstream.PubAck, error) {
+func (p *Publisher) PublishWait(ctx context.Context, in inbox.Intent) (*jetstream.PubAck, error) {
 	t, err := p.start(ctx, in, true)
 	if err != nil {
 		return nil, err
@@ -320,16 +302,11 @@ func (p *Publisher) PublishWait(ctx context.Context, in Intent) (*jetstream.PubA
 }
 
 // start validates in, takes a slot of the window and hands the intent over.
-func (p *Publisher) start(ctx context.Context, in Intent, wait bool) (*tracker, error) {
-	if err := inbox.ValidateID(in.ID); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBadIntent, err)
-	}
-	if in.Subject == "" {
-		return nil, fmt.Errorf("%w: %s: empty subject", ErrBadIntent, in.ID)
-	}
-	if len(in.Subject) > inbox.MaxSubjectLen {
-		// Every inbox would reject it: say so now, not in a dead letter.
-		return nil, fmt.Errorf("%w: %s: subject of %d bytes, more than %d", ErrBadIntent, in.ID, len(in.Subject), inbox.MaxSubjectLen)
+func (p *Publisher) start(ctx context.Context, in inbox.Intent, wait bool) (*tracker, error) {
+	// The one validator the outbox and the relay use too; the publisher
+	// never invents an ID.
+	if err := in.Validate(); err != nil {
+		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -438,7 +415,7 @@ func (p *Publisher) Failures() []Failure {
 
 type tracker struct {
 	p        *Publisher
-	in       Intent
+	in       inbox.Intent
 	bo       interface{ NextBackOff() time.Duration }
 	attempts int
 	header   nats.Header
@@ -594,7 +571,7 @@ func (t *tracker) fail(err error) {
 	t.p.failed.Add(1)
 	if t.res == nil { // PublishWait returns it instead
 		t.p.mu.Lock()
-		t.p.failures = append(t.p.failures, Failure{ID: t.in.ID, Ref: t.in.Ref, Attempts: t.attempts, Err: err})
+		t.p.failures = append(t.p.failures, Failure{ID: t.in.ID, Attempts: t.attempts, Err: err})
 		t.p.mu.Unlock()
 	}
 	t.p.cfg.Logger.Warn("jsinbox: intent not published", "id", t.in.ID, "attempts", t.attempts, "err", err)

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
@@ -39,8 +40,8 @@ var benchRun atomic.Int64
 
 // benchIntent is the i-th intent of a benchmark run: IDs never repeat
 // across runs on the same stream.
-func benchIntent(run int64, i int64) jsinbox.Intent {
-	return jsinbox.Intent{ID: fmt.Sprintf("bench-%d-%d", run, i), Subject: "intents.bench", Payload: []byte(`{"account":1,"amount":1}`)}
+func benchIntent(run int64, i int64) inbox.Intent {
+	return inbox.Intent{ID: fmt.Sprintf("bench-%d-%d", run, i), Subject: "intents.bench", Payload: []byte(`{"account":1,"amount":1}`)}
 }
 
 // publishModes runs publish under group commit (the default) and one

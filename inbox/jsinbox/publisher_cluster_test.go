@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/jitter"
@@ -52,9 +53,9 @@ func publishThroughElections(t *testing.T, batch int) {
 	}
 	defer p.Close()
 
-	intents := make([]jsinbox.Intent, n)
+	intents := make([]inbox.Intent, n)
 	for i := range intents {
-		intents[i] = jsinbox.Intent{ID: fmt.Sprintf("e-%d-%d", batch, i), Subject: "intents.x", Payload: fmt.Appendf(nil, `{"n":%d}`, i)}
+		intents[i] = inbox.Intent{ID: fmt.Sprintf("e-%d-%d", batch, i), Subject: "intents.x", Payload: fmt.Appendf(nil, `{"n":%d}`, i)}
 	}
 	at := make(chan int, 4)
 	pubErr := make(chan error, 1)

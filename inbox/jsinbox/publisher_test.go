@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/jitter"
@@ -20,7 +21,7 @@ import (
 
 // publishOutcome publishes intents with a new Publisher and returns its
 // stats and failures, sorted by ID.
-func publishOutcome(t *testing.T, js jetstream.JetStream, cfg jsinbox.PublisherConfig, intents []jsinbox.Intent) (jsinbox.PublisherStats, []jsinbox.Failure) {
+func publishOutcome(t *testing.T, js jetstream.JetStream, cfg jsinbox.PublisherConfig, intents []inbox.Intent) (jsinbox.PublisherStats, []jsinbox.Failure) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -76,11 +77,10 @@ func TestDuplicatePubAckNamesOriginal(t *testing.T) {
 }
 
 // reuse returns copies of intents whose payload is changed for the IDs in
-// changed, with Ref set to their index + 1.
-func reuse(intents []jsinbox.Intent, changed ...int) []jsinbox.Intent {
+// changed.
+func reuse(intents []inbox.Intent, changed ...int) []inbox.Intent {
 	out := slices.Clone(intents)
 	for i := range out {
-		out[i].Ref = i + 1
 		if slices.Contains(changed, i) {
 			out[i].Payload = fmt.Appendf(nil, `{"account":1,"amount":%d}`, 900_000+i)
 		}
@@ -90,7 +90,7 @@ func reuse(intents []jsinbox.Intent, changed ...int) []jsinbox.Intent {
 
 // wantConflicts checks that exactly the intents at indexes idx of intents
 // failed as conflicts.
-func wantConflicts(t *testing.T, failures []jsinbox.Failure, intents []jsinbox.Intent, idx ...int) {
+func wantConflicts(t *testing.T, failures []jsinbox.Failure, intents []inbox.Intent, idx ...int) {
 	t.Helper()
 	var want []string
 	for _, i := range idx {
@@ -100,9 +100,9 @@ func wantConflicts(t *testing.T, failures []jsinbox.Failure, intents []jsinbox.I
 	var got []string
 	for _, f := range failures {
 		got = append(got, f.ID)
-		i := slices.IndexFunc(intents, func(in jsinbox.Intent) bool { return in.ID == f.ID })
-		if !errors.Is(f.Err, jsinbox.ErrConflict) || i < 0 || f.Ref != intents[i].Ref {
-			t.Errorf("failure %+v: want an ErrConflict with Ref %d", f, intents[max(i, 0)].Ref)
+		i := slices.IndexFunc(intents, func(in inbox.Intent) bool { return in.ID == f.ID })
+		if !errors.Is(f.Err, jsinbox.ErrConflict) || i < 0 {
+			t.Errorf("failure %+v: want an ErrConflict", f)
 		}
 	}
 	if !slices.Equal(got, want) {
@@ -177,11 +177,11 @@ func TestReusedIDWithDifferentPayloadInBatch(t *testing.T) {
 	}
 	again := reuse(intents, 42)
 	twin := again[250]
-	twin.Payload, twin.Ref = []byte(`{"account":2,"amount":1}`), 301
+	twin.Payload = []byte(`{"account":2,"amount":1}`)
 	again = slices.Insert(again, 251, twin) // in the same batch as its original
 	st, f := publishOutcome(t, js, jsinbox.PublisherConfig{Batch: 100, Linger: 50 * time.Millisecond}, again)
-	if len(f) != 2 || f[0].ID != intents[250].ID || f[0].Ref != 301 || !errors.Is(f[0].Err, jsinbox.ErrConflict) ||
-		f[1].ID != intents[42].ID || f[1].Ref != 43 || !errors.Is(f[1].Err, jsinbox.ErrConflict) {
+	if len(f) != 2 || f[0].ID != intents[250].ID || !errors.Is(f[0].Err, jsinbox.ErrConflict) ||
+		f[1].ID != intents[42].ID || !errors.Is(f[1].Err, jsinbox.ErrConflict) {
 		t.Fatalf("failures %+v, want conflicts for %s (the twin) and %s", f, intents[250].ID, intents[42].ID)
 	}
 	if st.Conflicts != 2 || st.Duplicates != 99 || st.Published != 299 || st.BatchFallbacks == 0 {
@@ -330,15 +330,44 @@ func TestPublisherRefusesWhatEveryInboxRejects(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	for _, in := range []jsinbox.Intent{
+	for _, in := range []inbox.Intent{
 		{Subject: "intents.a", Payload: []byte("{}")},
 		{ID: "x", Payload: []byte("{}")},
 		{ID: strings.Repeat("i", 201), Subject: "intents.a"},
 		{ID: "long", Subject: "intents." + strings.Repeat("s", 300)},
 	} {
-		if err := p.Publish(context.Background(), in); !errors.Is(err, jsinbox.ErrBadIntent) {
+		if err := p.Publish(context.Background(), in); !errors.Is(err, inbox.ErrBadIntent) {
 			t.Errorf("Publish(ID %.10q, subject %.20q): %v, want ErrBadIntent", in.ID, in.Subject, err)
 		}
+	}
+	if n := streamMsgs(t, js, jsinbox.DefaultStream); n != 0 {
+		t.Fatalf("the stream holds %d messages", n)
+	}
+}
+
+// TestPublisherRefusesWhatTheOutboxRefuses: a subject no relay could
+// publish to (a wildcard, an empty token, a space) is refused by the
+// publisher too, with the same ErrBadIntent, before anything is sent: one
+// validator for every way an intent is published.
+func TestPublisherRefusesWhatTheOutboxRefuses(t *testing.T) {
+	t.Parallel()
+	js := batchEnv(t, true)
+	p, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, subject := range []string{"intents.*", "intents.>", "intents..a", "intents.a.", ".intents.a", "intents.a b", "intents.a\tb"} {
+		in := inbox.Intent{ID: "x", Subject: subject, Payload: []byte("{}")}
+		if err := p.Publish(context.Background(), in); !errors.Is(err, inbox.ErrBadIntent) {
+			t.Errorf("Publish(subject %q): %v, want ErrBadIntent", subject, err)
+		}
+		if err := in.Validate(); !errors.Is(err, inbox.ErrBadIntent) {
+			t.Errorf("Validate(subject %q): %v, want ErrBadIntent", subject, err)
+		}
+	}
+	if err := p.Flush(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 	if n := streamMsgs(t, js, jsinbox.DefaultStream); n != 0 {
 		t.Fatalf("the stream holds %d messages", n)

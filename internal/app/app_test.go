@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
@@ -424,8 +425,8 @@ func TestReplayChangesNothingByDefault(t *testing.T) {
 	pub, _ := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
 	defer pub.Close()
 	intents := pipeline.Generate(pipeline.Load{Count: 100, Accounts: 16, Prefix: "rd"})
-	intents = append(intents, jsinbox.Intent{ID: "rd-bad-1", Subject: "intents.x", Payload: []byte(`{"account":1,`)},
-		jsinbox.Intent{ID: "rd-bad-2", Subject: "intents.x", Payload: []byte(`{"account":99999,"amount":5}`)})
+	intents = append(intents, inbox.Intent{ID: "rd-bad-1", Subject: "intents.x", Payload: []byte(`{"account":1,`)},
+		inbox.Intent{ID: "rd-bad-2", Subject: "intents.x", Payload: []byte(`{"account":99999,"amount":5}`)})
 	for _, in := range intents {
 		if err := pub.Publish(ctx, in); err != nil {
 			t.Fatal(err)

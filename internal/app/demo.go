@@ -370,7 +370,7 @@ func demoPool(ctx context.Context, dbURL, searchPath string) (*pgxpool.Pool, err
 
 // poisonIntents are intents no retry can apply: each must end dead-lettered
 // with its reason, without stalling its neighbours.
-func poisonIntents(subject, run string) []jsinbox.Intent {
+func poisonIntents(subject, run string) []inbox.Intent {
 	bad := []string{
 		`{"account":1,`,                        // malformed JSON
 		`{"account":1,"amount":"5"}`,           // wrong type
@@ -379,9 +379,9 @@ func poisonIntents(subject, run string) []jsinbox.Intent {
 		`{"account":1,"amount":-40}`,           // negative amount
 		`{"account":1,"amount":5,"memo":"hi"}`, // unknown field
 	}
-	out := make([]jsinbox.Intent, len(bad))
+	out := make([]inbox.Intent, len(bad))
 	for i, p := range bad {
-		out[i] = jsinbox.Intent{ID: "poison-" + run + "-" + strconv.Itoa(i), Subject: subject + ".poison", Payload: []byte(p)}
+		out[i] = inbox.Intent{ID: "poison-" + run + "-" + strconv.Itoa(i), Subject: subject + ".poison", Payload: []byte(p)}
 	}
 	return out
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
@@ -116,7 +117,7 @@ func TestTwoHopCommands(t *testing.T) {
 	}
 
 	// A service's own row, sent by jetinbox relay on its own.
-	if err := outbox.Add(ctx, pool, outbox.Intent{ID: "order-1", Subject: "notifications.orders", Payload: []byte(`{"account":1,"amount":1}`)}); err != nil {
+	if err := outbox.Add(ctx, pool, inbox.Intent{ID: "order-1", Subject: "notifications.orders", Payload: []byte(`{"account":1,"amount":1}`)}); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -199,7 +200,7 @@ func TestRelayOnSQLite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sqliteoutbox.Add(ctx, tx, outbox.Intent{ID: "charge-o-1", Subject: "orders.charge", Payload: []byte(`{"cents":1250}`)}); err != nil {
+	if err := sqliteoutbox.Add(ctx, tx, inbox.Intent{ID: "charge-o-1", Subject: "orders.charge", Payload: []byte(`{"cents":1250}`)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {

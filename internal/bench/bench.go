@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/effects"
@@ -563,7 +564,7 @@ const (
 
 // sumsOf returns the prefix sums of the intents' amounts: sums[n] is what
 // the first n credit in all.
-func sumsOf(intents []jsinbox.Intent) ([]int64, error) {
+func sumsOf(intents []inbox.Intent) ([]int64, error) {
 	sums := make([]int64, len(intents)+1)
 	for i, in := range intents {
 		p, err := effects.ParseIntent(in.Payload)

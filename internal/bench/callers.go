@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
@@ -76,8 +77,8 @@ func (m *callersMode) run(ctx context.Context, o Options, n int) error {
 		return err
 	}
 	defer pub.Close()
-	intent := func(prefix string, i int64) jsinbox.Intent {
-		return jsinbox.Intent{ID: prefix + strconv.FormatInt(i, 10), Subject: "intents.callers", Payload: []byte(`{"account":1,"amount":1}`)}
+	intent := func(prefix string, i int64) inbox.Intent {
+		return inbox.Intent{ID: prefix + strconv.FormatInt(i, 10), Subject: "intents.callers", Payload: []byte(`{"account":1,"amount":1}`)}
 	}
 
 	// Throughput: every caller takes the next intent once its own is

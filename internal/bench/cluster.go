@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/effects"
@@ -361,7 +362,7 @@ func consumersOnR3(ctx context.Context, o ClusterOptions, res *ClusterResult, sa
 	return nil
 }
 
-func amountOf(in jsinbox.Intent) int64 {
+func amountOf(in inbox.Intent) int64 {
 	p, err := effects.ParseIntent(in.Payload)
 	if err != nil {
 		return 0 // generated payloads are valid; checkLedger would fail

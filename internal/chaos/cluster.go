@@ -268,7 +268,7 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 
 	type phase struct {
 		fault   string
-		intents []jsinbox.Intent
+		intents []inbox.Intent
 		row     ClusterRow
 	}
 	var phases []*phase
@@ -393,7 +393,7 @@ func setupR3(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool) er
 
 // phase publishes intents and, once a third of them is out, applies the
 // fault; it returns when both are done and the cluster is whole again.
-func (r *clusterRun) phase(ctx context.Context, fault string, intents []jsinbox.Intent) (string, error) {
+func (r *clusterRun) phase(ctx context.Context, fault string, intents []inbox.Intent) (string, error) {
 	r.say("phase %s: publishing %d intents", fault, len(intents))
 	third := make(chan struct{})
 	pubErr := make(chan error, 1)

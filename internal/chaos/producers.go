@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/jitter"
@@ -20,7 +21,7 @@ import (
 // produce publishes intents by the producer strategy, under dropped
 // publishes and lost PubAcks. Publishes are synchronous, but for the batch
 // strategy: the point is the protocol, not speed.
-func (r *run) produce(ctx context.Context, strategy string, intents []jsinbox.Intent, each func(i int)) error {
+func (r *run) produce(ctx context.Context, strategy string, intents []inbox.Intent, each func(i int)) error {
 	if strategy == "stable-id-batch" {
 		return r.produceBatches(ctx, intents, each)
 	}
@@ -65,7 +66,7 @@ func (r *run) produce(ctx context.Context, strategy string, intents []jsinbox.In
 // whose messages the stream stores with their Nats-Batch-* headers. Lost
 // PubAcks come from its failpoint: the whole batch is published again, one
 // intent at a time, with the same IDs.
-func (r *run) produceBatches(ctx context.Context, intents []jsinbox.Intent, each func(i int)) error {
+func (r *run) produceBatches(ctx context.Context, intents []inbox.Intent, each func(i int)) error {
 	fp := failpoint.New()
 	if r.o.LosePubAck > 0 {
 		fp.EnableEvery(failpoint.LosePubAck, max(2, int(1/r.o.LosePubAck)), -1)

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/effects"
@@ -36,7 +37,7 @@ type run struct {
 	// is nil then); store is the two-hop run's store either way.
 	sqlite  *sql.DB
 	store   *cli.Store
-	intents []jsinbox.Intent
+	intents []inbox.Intent
 	dice    *rand.Rand
 	diceMu  sync.Mutex
 	faults  map[string]*atomic.Int64

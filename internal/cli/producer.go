@@ -180,6 +180,9 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		summary("interrupted: ")
 		return fmt.Errorf("interrupted before every intent was published and acknowledged (counts so far above): %w", err)
 	}
+	// lineOf maps an intent's ID to the input line that first gave it, so
+	// that failures are reported by line.
+	lineOf := map[string]int{}
 	if *input != "" {
 		r := stdin
 		if *input != "-" {
@@ -190,7 +193,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 			defer f.Close()
 			r = f
 		}
-		badLines, err = publishJSONL(ctx, pub, r, *subject, stderr)
+		badLines, err = publishJSONL(ctx, pub, r, *subject, stderr, lineOf)
 		if err != nil {
 			return interrupted(err)
 		}
@@ -210,7 +213,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	s := pub.Stats()
 	var problems []string
 	if f := pub.Failures(); len(f) > 0 {
-		reportFailures(stderr, f)
+		reportFailures(stderr, f, lineOf)
 		p := fmt.Sprintf("%d intents not published", len(f))
 		if s.Conflicts > 0 {
 			p += fmt.Sprintf(" (%d reused an ID the stream holds with a different payload)", s.Conflicts)
@@ -227,24 +230,24 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 }
 
 // reportFailures lists the intents not published, JSONL ones by input line
-// (their Ref) like rejected lines.
-func reportFailures(w io.Writer, f []jsinbox.Failure) {
-	slices.SortStableFunc(f, func(a, b jsinbox.Failure) int { return cmp.Compare(a.Ref, b.Ref) })
+// (lineOf) like rejected lines.
+func reportFailures(w io.Writer, f []jsinbox.Failure, lineOf map[string]int) {
+	slices.SortStableFunc(f, func(a, b jsinbox.Failure) int { return cmp.Compare(lineOf[a.ID], lineOf[b.ID]) })
 	fmt.Fprintf(w, "not published (%d):\n", len(f))
 	for _, x := range f {
 		what := "not published"
 		if errors.Is(x.Err, jsinbox.ErrConflict) {
 			what = "conflict"
 		}
-		if x.Ref > 0 {
-			fmt.Fprintf(w, "line %d: %s: id %s after %d attempts: %v\n", x.Ref, what, x.ID, x.Attempts, x.Err)
+		if line := lineOf[x.ID]; line > 0 {
+			fmt.Fprintf(w, "line %d: %s: id %s after %d attempts: %v\n", line, what, x.ID, x.Attempts, x.Err)
 		} else {
 			fmt.Fprintf(w, "  %s: id %s after %d attempts: %v\n", what, x.ID, x.Attempts, x.Err)
 		}
 	}
 }
 
-func publishGenerated(ctx context.Context, pub *jsinbox.Publisher, intents []jsinbox.Intent, rate int, dupFrac float64) error {
+func publishGenerated(ctx context.Context, pub *jsinbox.Publisher, intents []inbox.Intent, rate int, dupFrac float64) error {
 	var tick *time.Ticker
 	per := 1
 	if rate > 0 {
@@ -289,7 +292,7 @@ const maxLine = 1 << 20
 // utf8BOM may start a file saved by some editors; it is skipped.
 var utf8BOM = []byte{0xEF, 0xBB, 0xBF}
 
-func publishJSONL(ctx context.Context, pub *jsinbox.Publisher, r io.Reader, subject string, stderr io.Writer) (bad int, err error) {
+func publishJSONL(ctx context.Context, pub *jsinbox.Publisher, r io.Reader, subject string, stderr io.Writer, lineOf map[string]int) (bad int, err error) {
 	// Lines are read in a goroutine, so that a signal ends a run waiting
 	// on a quiet stdin.
 	type read struct {
@@ -336,7 +339,9 @@ func publishJSONL(ctx context.Context, pub *jsinbox.Publisher, r io.Reader, subj
 					bad++
 					fmt.Fprintf(stderr, "line %d: %v\n", n, err)
 				} else {
-					in.Ref = n // failures are reported by line
+					if _, seen := lineOf[in.ID]; !seen {
+						lineOf[in.ID] = n // failures are reported by line
+					}
 					if err := pub.Publish(ctx, in); err != nil {
 						return bad, err
 					}
@@ -373,40 +378,40 @@ func readLine(br *bufio.Reader, max int) (line []byte, tooLong bool, err error) 
 	}
 }
 
-func parseLine(line []byte, subject string) (jsinbox.Intent, error) {
+func parseLine(line []byte, subject string) (inbox.Intent, error) {
 	// JSON decoding would turn invalid UTF-8, and escapes of lone
 	// surrogates, into U+FFFD: an ID other than the one the line holds.
 	if !utf8.Valid(line) {
-		return jsinbox.Intent{}, errors.New("not valid UTF-8")
+		return inbox.Intent{}, errors.New("not valid UTF-8")
 	}
 	var l jsonlLine
 	dec := json.NewDecoder(bytes.NewReader(line))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&l); err != nil {
-		return jsinbox.Intent{}, fmt.Errorf("not a JSON object with id and payload: %w", err)
+		return inbox.Intent{}, fmt.Errorf("not a JSON object with id and payload: %w", err)
 	}
 	if dec.More() {
-		return jsinbox.Intent{}, errors.New("trailing data after the JSON object")
+		return inbox.Intent{}, errors.New("trailing data after the JSON object")
 	}
 	if strings.ContainsRune(l.ID, utf8.RuneError) && !bytes.Contains(line, []byte("\uFFFD")) && !bytes.Contains(bytes.ToLower(line), []byte(`\ufffd`)) {
-		return jsinbox.Intent{}, errors.New("id: an escape that is not a valid UTF-16 character (the producer never rewrites IDs)")
+		return inbox.Intent{}, errors.New("id: an escape that is not a valid UTF-16 character (the producer never rewrites IDs)")
 	}
 	if err := inbox.ValidateID(l.ID); err != nil {
-		return jsinbox.Intent{}, fmt.Errorf("id: %w (the producer never invents IDs)", err)
+		return inbox.Intent{}, fmt.Errorf("id: %w (the producer never invents IDs)", err)
 	}
 	if len(l.Payload) == 0 || string(l.Payload) == "null" {
-		return jsinbox.Intent{}, errors.New("payload is missing")
+		return inbox.Intent{}, errors.New("payload is missing")
 	}
 	var compact bytes.Buffer
 	if err := json.Compact(&compact, l.Payload); err != nil {
-		return jsinbox.Intent{}, fmt.Errorf("payload: %w", err)
+		return inbox.Intent{}, fmt.Errorf("payload: %w", err)
 	}
 	if l.Subject == "" {
 		l.Subject = subject + ".jsonl"
 	} else if !strings.HasPrefix(l.Subject, subject+".") || strings.ContainsAny(l.Subject, " \t\r\n*>") {
-		return jsinbox.Intent{}, fmt.Errorf("subject %q is not a literal subject under %s.", l.Subject, subject)
+		return inbox.Intent{}, fmt.Errorf("subject %q is not a literal subject under %s.", l.Subject, subject)
 	}
-	return jsinbox.Intent{ID: l.ID, Subject: l.Subject, Payload: compact.Bytes()}, nil
+	return inbox.Intent{ID: l.ID, Subject: l.Subject, Payload: compact.Bytes()}, nil
 }
 
 func ptr[T any](v T) *T { return &v }

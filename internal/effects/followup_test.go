@@ -52,7 +52,7 @@ func TestLedgerFollowUps(t *testing.T) {
 	msgs[7].Payload = []byte(`{"account":99,"amount":1}`) // unknown account: rejected
 	msgs[9].Payload = []byte(`{"account":1`)              // bad input: rejected
 	// Somebody emitted m-11's follow-up ID already, with other contents.
-	if err := outbox.Add(ctx, conn, outbox.Intent{ID: "notify:m-11", Subject: "notifications.4", Payload: []byte("other")}); err != nil {
+	if err := outbox.Add(ctx, conn, inbox.Intent{ID: "notify:m-11", Subject: "notifications.4", Payload: []byte("other")}); err != nil {
 		t.Fatal(err)
 	}
 	// The batch without m-11 first, so that no isolation of single messages

@@ -46,6 +46,12 @@ func MigrationStatus(ctx context.Context, db interface {
 	return pgmigrate.Status(ctx, db, "ledger", migrations())
 }
 
+// RowQuerier runs a query returning one row: *pgxpool.Pool, *pgx.Conn,
+// pgx.Tx.
+type RowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
 // SeedAccounts makes sure accounts 1..n exist (new ones with balance 0).
 func SeedAccounts(ctx context.Context, db outbox.PruneDB, n int) error {
 	_, err := db.Exec(ctx, `INSERT INTO accounts (id) SELECT generate_series(1, $1::bigint) ON CONFLICT DO NOTHING`, n)
@@ -59,7 +65,7 @@ func SeedAccounts(ctx context.Context, db outbox.PruneDB, n int) error {
 // returns how many were new: an account that exists is left as it is. The
 // ledger credits only existing accounts; a credit to another is rejected as
 // "unknown account".
-func OpenAccounts(ctx context.Context, db outbox.Querier, ids []int64) (int, error) {
+func OpenAccounts(ctx context.Context, db RowQuerier, ids []int64) (int, error) {
 	var n int
 	err := db.QueryRow(ctx, `WITH ins AS (
 	INSERT INTO accounts (id) SELECT * FROM unnest($1::bigint[]) ON CONFLICT DO NOTHING RETURNING 1
@@ -365,7 +371,7 @@ func (l *Ledger) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, er
 // follow-up ID the outbox holds with other contents is rejected.
 func (l *Ledger) emit(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, errs []error) error {
 	f := l.follow
-	out := make([]outbox.Intent, 0, len(msgs))
+	out := make([]inbox.Intent, 0, len(msgs))
 	for i := range msgs {
 		if errs[i] != nil {
 			continue
@@ -375,7 +381,7 @@ func (l *Ledger) emit(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, errs
 		if err != nil {
 			return inbox.Permanent(fmt.Errorf("effects: follow-up of %s: %w", msgs[i].ID, err))
 		}
-		out = append(out, outbox.Intent{ID: id, Subject: f.Subject + "." + strconv.FormatInt(in.Account%16, 10),
+		out = append(out, inbox.Intent{ID: id, Subject: f.Subject + "." + strconv.FormatInt(in.Account%16, 10),
 			Payload: in.AppendJSON(make([]byte, 0, 48)), Parent: msgs[i].ID})
 	}
 	// The parents were claimed fresh in tx, so their follow-ups are new:
@@ -383,7 +389,7 @@ func (l *Ledger) emit(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, errs
 	// fails and the processor applies its messages one at a time, where
 	// Add tells a repeat from a conflict.
 	if err := outbox.AddFresh(ctx, tx, out...); err != nil {
-		if errors.Is(err, outbox.ErrConflict) || errors.Is(err, outbox.ErrBadIntent) {
+		if errors.Is(err, outbox.ErrConflict) || errors.Is(err, inbox.ErrBadIntent) {
 			return inbox.Permanent(fmt.Errorf("effects: follow-ups: %w", err))
 		}
 		return fmt.Errorf("effects: follow-ups: %w", err)

@@ -219,7 +219,7 @@ func (s *SQLiteLedger) Handle(ctx context.Context, tx *sql.Tx, msgs []inbox.Mess
 // applies its messages one at a time and rejects that one.
 func (s *SQLiteLedger) emit(ctx context.Context, tx *sql.Tx, msgs []inbox.Message, intents []Intent, errs []error) error {
 	f := s.l.follow
-	out := make([]outbox.Intent, 0, len(msgs))
+	out := make([]inbox.Intent, 0, len(msgs))
 	for i := range msgs {
 		if errs[i] != nil {
 			continue
@@ -229,11 +229,11 @@ func (s *SQLiteLedger) emit(ctx context.Context, tx *sql.Tx, msgs []inbox.Messag
 			return inbox.Permanent(fmt.Errorf("effects: follow-up of %s: %w", msgs[i].ID, err))
 		}
 		in := intents[i]
-		out = append(out, outbox.Intent{ID: id, Subject: f.Subject + "." + strconv.FormatInt(in.Account%16, 10),
+		out = append(out, inbox.Intent{ID: id, Subject: f.Subject + "." + strconv.FormatInt(in.Account%16, 10),
 			Payload: in.AppendJSON(make([]byte, 0, 48)), Parent: msgs[i].ID})
 	}
 	if err := sqliteoutbox.Add(ctx, tx, out...); err != nil {
-		if errors.Is(err, outbox.ErrConflict) || errors.Is(err, outbox.ErrBadIntent) {
+		if errors.Is(err, outbox.ErrConflict) || errors.Is(err, inbox.ErrBadIntent) {
 			return inbox.Permanent(fmt.Errorf("effects: follow-ups: %w", err))
 		}
 		return fmt.Errorf("effects: follow-ups: %w", err)

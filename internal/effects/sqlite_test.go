@@ -11,7 +11,6 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
-	"github.com/jetinbox/jetinbox/outbox"
 	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
 
@@ -190,7 +189,7 @@ func TestSQLiteLedgerFollowUps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sqliteoutbox.Add(ctx, tx, outbox.Intent{ID: "notify:m-11", Subject: "notifications.4", Payload: []byte("other")}); err != nil {
+	if err := sqliteoutbox.Add(ctx, tx, inbox.Intent{ID: "notify:m-11", Subject: "notifications.4", Payload: []byte("other")}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/effects"
@@ -57,7 +58,7 @@ type Load struct {
 
 // Generate returns the intents of a load. IDs are chosen here, once, so that
 // every publish retry carries the same one.
-func Generate(l Load) []jsinbox.Intent {
+func Generate(l Load) []inbox.Intent {
 	if l.Accounts <= 0 {
 		l.Accounts = 1
 	}
@@ -65,7 +66,7 @@ func Generate(l Load) []jsinbox.Intent {
 		l.Subject = "intents"
 	}
 	r := rand.New(rand.NewPCG(l.Seed, 0x6a6574696e626f78))
-	out := make([]jsinbox.Intent, l.Count)
+	out := make([]inbox.Intent, l.Count)
 	for i := range out {
 		acct := int64(1)
 		if !l.HotAccount {
@@ -76,7 +77,7 @@ func Generate(l Load) []jsinbox.Intent {
 		for range l.PayloadPad {
 			p = append(p, ' ')
 		}
-		out[i] = jsinbox.Intent{
+		out[i] = inbox.Intent{
 			ID:      l.Prefix + "-" + strconv.Itoa(i),
 			Subject: l.Subject + "." + strconv.FormatInt(acct%16, 10),
 			Payload: p,

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
@@ -28,7 +29,7 @@ func TestVerifyChunksGiveTheSameReport(t *testing.T) {
 	js, pool := e.JS, e.Pool
 	pub, _ := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
 	defer pub.Close()
-	publish := func(ins ...jsinbox.Intent) {
+	publish := func(ins ...inbox.Intent) {
 		t.Helper()
 		for _, in := range ins {
 			if err := pub.Publish(ctx, in); err != nil {
@@ -40,7 +41,7 @@ func TestVerifyChunksGiveTheSameReport(t *testing.T) {
 		}
 	}
 	load := pipeline.Generate(pipeline.Load{Count: n, Accounts: 16, Prefix: "c"})
-	poison := jsinbox.Intent{ID: "bad-1", Subject: "intents.poison", Payload: []byte(`{"account":1,`)}
+	poison := inbox.Intent{ID: "bad-1", Subject: "intents.poison", Payload: []byte(`{"account":1,`)}
 	publish(append(load, poison)...) // poison is seq n+1
 	time.Sleep(window + 200*time.Millisecond)
 	// Copies after the window: they land in other chunks than the first.

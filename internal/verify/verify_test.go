@@ -168,7 +168,7 @@ func TestVerifyTrustsDeadLettersByHeader(t *testing.T) {
 	js, pool := e.JS, e.Pool
 	pub, _ := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
 	defer pub.Close()
-	publish := func(ins ...jsinbox.Intent) {
+	publish := func(ins ...inbox.Intent) {
 		t.Helper()
 		for _, in := range ins {
 			if err := pub.Publish(ctx, in); err != nil {
@@ -179,7 +179,7 @@ func TestVerifyTrustsDeadLettersByHeader(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	poison := jsinbox.Intent{ID: "bad-1", Subject: "intents.poison", Payload: []byte(`{"account":1,`)}
+	poison := inbox.Intent{ID: "bad-1", Subject: "intents.poison", Payload: []byte(`{"account":1,`)}
 	publish(append(pipeline.Generate(pipeline.Load{Count: 20, Accounts: 16, Prefix: "d"}), poison)...) // poison is seq 21
 	consumeSettled(t, js, pool)
 	check := func(what string, ok func(r *verify.Report) bool) {
@@ -208,7 +208,7 @@ func TestVerifyTrustsDeadLettersByHeader(t *testing.T) {
 
 	// seq 23 was never consumed; a dead letter naming seq 23 with another
 	// message's ID must not settle it.
-	publish(jsinbox.Intent{ID: "orphan", Subject: "intents.1", Payload: effects.Intent{Account: 1, Amount: 5}.AppendJSON(nil)})
+	publish(inbox.Intent{ID: "orphan", Subject: "intents.1", Payload: effects.Intent{Account: 1, Amount: 5}.AppendJSON(nil)})
 	forged := nats.NewMsg(jsinbox.DeadLetterPrefix + "intents.1")
 	forged.Data = []byte(`{"account":1,"amount":5}`)
 	for k, v := range map[string]string{jsinbox.HeaderStream: jsinbox.DefaultStream, jsinbox.HeaderScope: "ledger",

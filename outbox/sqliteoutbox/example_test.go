@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
@@ -61,7 +62,7 @@ func Example() {
 		defer tx.Rollback() //nolint:errcheck // after Commit a no-op
 		_, err = tx.ExecContext(ctx, `INSERT INTO orders VALUES (?, ?) ON CONFLICT (id) DO NOTHING`, order, cents)
 		must(err)
-		must(sqliteoutbox.Add(ctx, tx, outbox.Intent{
+		must(sqliteoutbox.Add(ctx, tx, inbox.Intent{
 			ID:      "charge-" + order,
 			Subject: "intents.charge",
 			Payload: fmt.Appendf(nil, `{"order":%q,"cents":%d}`, order, cents),

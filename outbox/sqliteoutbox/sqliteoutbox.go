@@ -77,8 +77,8 @@ func CheckSchema(ctx context.Context, db *sql.DB) error {
 // Add writes intents to the outbox in tx, as outbox.Add does on PostgreSQL:
 // an ID already there with the same subject and payload is left alone, with
 // another one the error wraps outbox.ErrConflict (roll tx back), bad input
-// wraps outbox.ErrBadIntent.
-func Add(ctx context.Context, tx *sql.Tx, intents ...outbox.Intent) error {
+// wraps inbox.ErrBadIntent.
+func Add(ctx context.Context, tx *sql.Tx, intents ...inbox.Intent) error {
 	now := time.Now().UnixMicro()
 	for i := range intents {
 		in := &intents[i]

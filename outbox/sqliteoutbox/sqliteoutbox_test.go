@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
@@ -67,7 +68,7 @@ func newEnv(t *testing.T) *env {
 	return &env{db: db, js: js}
 }
 
-func (e *env) add(t *testing.T, ins ...outbox.Intent) error {
+func (e *env) add(t *testing.T, ins ...inbox.Intent) error {
 	t.Helper()
 	tx, err := e.db.BeginTx(context.Background(), nil)
 	if err != nil {
@@ -107,10 +108,10 @@ func (e *env) pending(t *testing.T) int {
 	return n
 }
 
-func intents(prefix string, n int) []outbox.Intent {
-	out := make([]outbox.Intent, n)
+func intents(prefix string, n int) []inbox.Intent {
+	out := make([]inbox.Intent, n)
 	for i := range out {
-		out[i] = outbox.Intent{ID: fmt.Sprintf("%s-%d", prefix, i), Subject: "notifications.x", Payload: fmt.Appendf(nil, `{"n":%d}`, i)}
+		out[i] = inbox.Intent{ID: fmt.Sprintf("%s-%d", prefix, i), Subject: "notifications.x", Payload: fmt.Appendf(nil, `{"n":%d}`, i)}
 	}
 	return out
 }
@@ -133,11 +134,11 @@ func TestSQLiteAddAndRelay(t *testing.T) {
 	if err := e.add(t, other); !errors.Is(err, outbox.ErrConflict) {
 		t.Fatalf("another payload: %v", err)
 	}
-	if err := e.add(t, outbox.Intent{ID: "x", Subject: "a.>"}); !errors.Is(err, outbox.ErrBadIntent) {
+	if err := e.add(t, inbox.Intent{ID: "x", Subject: "a.>"}); !errors.Is(err, inbox.ErrBadIntent) {
 		t.Fatalf("a wildcard subject: %v", err)
 	}
 	tx, _ := e.db.BeginTx(context.Background(), nil)
-	if err := sqliteoutbox.Add(context.Background(), tx, outbox.Intent{ID: "rolled-back", Subject: "notifications.x"}); err != nil {
+	if err := sqliteoutbox.Add(context.Background(), tx, inbox.Intent{ID: "rolled-back", Subject: "notifications.x"}); err != nil {
 		t.Fatal(err)
 	}
 	_ = tx.Rollback()
