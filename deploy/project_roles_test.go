@@ -343,7 +343,7 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 		if _, err := js.Stream(ctx, defs.notifications.Name); err != nil {
 			t.Fatalf("looking %s up as the relay: %v", defs.notifications.Name, err)
 		}
-		r, err := outbox.NewRelay(pool, js, outbox.RelayConfig{Stream: defs.notifications.Name, Logger: log,
+		r, err := outbox.NewRelay(outbox.Postgres(pool), js, outbox.RelayConfig{Stream: defs.notifications.Name, Logger: log,
 			Idle: jitter.Policy{Kind: jitter.Decorrelated, Base: 50 * time.Millisecond, Cap: 200 * time.Millisecond}})
 		if err != nil {
 			t.Fatal(err)

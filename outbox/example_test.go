@@ -72,7 +72,7 @@ func Example_producer() {
 
 	// The relay, normally running in the background (Run, or `jetinbox
 	// relay`); here one round drains the outbox.
-	relay, err := outbox.NewRelay(pool, js, outbox.RelayConfig{Stream: jsinbox.DefaultStream})
+	relay, err := outbox.NewRelay(outbox.Postgres(pool), js, outbox.RelayConfig{Stream: jsinbox.DefaultStream})
 	must(err)
 	defer relay.Close()
 	n, err := relay.Round(ctx)

@@ -117,7 +117,7 @@ func quickRelay(t *testing.T, e *env, cfg outbox.RelayConfig) *outbox.Relay {
 		cfg.Idle = jitter.Policy{Kind: jitter.Full, Base: 20 * time.Millisecond, Cap: 50 * time.Millisecond}
 	}
 	cfg.Retry = jitter.Policy{Kind: jitter.Full, Base: 10 * time.Millisecond, Cap: 50 * time.Millisecond}
-	r, err := outbox.NewRelay(e.pool, e.js, cfg)
+	r, err := outbox.NewRelay(outbox.Postgres(e.pool), e.js, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox"
@@ -160,18 +159,10 @@ func init() {
 
 func (r *Relay) fires(pt hook.Point) bool { return r.hook != nil && r.hook(pt) }
 
-// NewRelay returns a relay that reads the outbox in PostgreSQL through pool
-// and publishes through js. [Relay.Run] runs it.
-func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg RelayConfig) (*Relay, error) {
-	if pool == nil {
-		return nil, errors.New("outbox: relay: a pool is required")
-	}
-	return NewRelayOn(Postgres(pool), js, cfg)
-}
-
-// NewRelayOn returns a relay that takes the outbox's rows from src and
-// publishes through js.
-func NewRelayOn(src Source, js jetstream.JetStream, cfg RelayConfig) (*Relay, error) {
+// NewRelay returns a relay that takes the outbox's rows from src
+// ([Postgres] or sqliteoutbox.Source) and publishes through js.
+// [Relay.Run] runs it.
+func NewRelay(src Source, js jetstream.JetStream, cfg RelayConfig) (*Relay, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err

@@ -16,7 +16,7 @@ type Row struct {
 }
 
 // Source is the database a [Relay] takes pending rows from. [Postgres] is
-// PostgreSQL's; [NewRelayOn] takes any.
+// PostgreSQL's; [NewRelay] takes any.
 type Source interface {
 	// Take takes up to n pending rows, oldest first, that no other relay
 	// holds, and holds them until Finish or Abandon.

@@ -64,7 +64,7 @@ func newRelay(store *cli.Store, js jetstream.JetStream, o Options, lags *lagColl
 	if lags != nil {
 		cfg.OnSent = lags.add
 	}
-	return outbox.NewRelay(store.PG, js, cfg)
+	return outbox.NewRelay(outbox.Postgres(store.PG), js, cfg)
 }
 
 // runOutbox runs the jetinbox consumer with follow-ups (its rate is the

@@ -487,7 +487,7 @@ func (r *run) superviseRelay(ctx context.Context, planned *failpoint.Set) {
 		if r.sqlite != nil {
 			src = sqliteoutbox.Source(r.sqlite, sqliteLease)
 		}
-		rl, err := outbox.NewRelayOn(src, r.js, outbox.RelayConfig{Stream: nextStream, Batch: 50,
+		rl, err := outbox.NewRelay(src, r.js, outbox.RelayConfig{Stream: nextStream, Batch: 50,
 			Publisher: jsinbox.PublisherConfig{AckTimeout: 2 * time.Second,
 				Retry: jitter.Policy{Kind: jitter.Full, Base: 5 * time.Millisecond, Cap: 100 * time.Millisecond, MaxAttempts: 20}},
 			Idle:  jitter.Policy{Kind: jitter.Decorrelated, Base: 50 * time.Millisecond, Cap: 500 * time.Millisecond},

@@ -114,7 +114,7 @@ func StartRelay(ctx context.Context, store *Store, js jetstream.JetStream, cfg o
 	if err := CheckRelayStream(ctx, js, cfg.Stream); err != nil {
 		return nil, nil, err
 	}
-	r, err := outbox.NewRelayOn(src, js, cfg)
+	r, err := outbox.NewRelay(src, js, cfg)
 	if err != nil {
 		return nil, nil, UsageError{Err: err}
 	}

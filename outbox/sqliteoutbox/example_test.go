@@ -75,7 +75,7 @@ func Example() {
 
 	// The relay, normally running in the background (Run, or `jetinbox
 	// relay` with DATABASE_URL=sqlite:///path); here one round.
-	relay, err := outbox.NewRelayOn(sqliteoutbox.Source(db, 0), js, outbox.RelayConfig{Stream: jsinbox.DefaultStream})
+	relay, err := outbox.NewRelay(sqliteoutbox.Source(db, 0), js, outbox.RelayConfig{Stream: jsinbox.DefaultStream})
 	must(err)
 	defer relay.Close()
 	n, err := relay.Round(ctx)

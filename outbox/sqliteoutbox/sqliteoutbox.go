@@ -1,6 +1,6 @@
 // Package sqliteoutbox keeps the outbox in a SQLite file, next to an inbox
 // of package sqliteinbox: [Add] in the batch's (or the service's own)
-// *sql.Tx, and a [Source] a relay (outbox.NewRelayOn) takes rows from.
+// *sql.Tx, and a [Source] a relay (outbox.NewRelay) takes rows from.
 //
 // SQLite has one writer and no row locks a relay could hold while it
 // publishes, so a relay leases a batch instead: one short transaction sets

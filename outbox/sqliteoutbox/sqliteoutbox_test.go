@@ -83,7 +83,7 @@ func (e *env) add(t *testing.T, ins ...inbox.Intent) error {
 
 func (e *env) relay(t *testing.T, lease time.Duration) *outbox.Relay {
 	t.Helper()
-	r, err := outbox.NewRelayOn(sqliteoutbox.Source(e.db, lease), e.js, outbox.RelayConfig{Stream: "NOTIFICATIONS", Batch: 100,
+	r, err := outbox.NewRelay(sqliteoutbox.Source(e.db, lease), e.js, outbox.RelayConfig{Stream: "NOTIFICATIONS", Batch: 100,
 		Idle:  jitter.Policy{Kind: jitter.Full, Base: 10 * time.Millisecond, Cap: 50 * time.Millisecond},
 		Retry: jitter.Policy{Kind: jitter.Full, Base: 10 * time.Millisecond, Cap: 50 * time.Millisecond}})
 	if err != nil {
