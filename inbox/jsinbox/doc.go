@@ -1,5 +1,21 @@
 // Package jsinbox wires the inbox to NATS JetStream.
 //
+//	proc, err := inbox.NewProcessor(pginbox.New(pool), handler, inbox.Config{Scope: "shipping"})
+//	if err != nil {
+//		return err
+//	}
+//	consumer, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{})
+//	if err != nil {
+//		return err
+//	}
+//	go consumer.Run(ctx) // acks after COMMIT; pauses while the database is down
+//
+//	pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
+//	_, err = pub.PublishWait(ctx, inbox.Intent{ID: "ship-42", Subject: "intents.shipping", Payload: body})
+//
+// Runnable examples: Example_readme (the README's worker and publisher,
+// run against a real nats-server and PostgreSQL) and [ExampleConsumer].
+//
 // # Producing
 //
 // [EnsureStream] creates the intents stream with explicit limits and
@@ -36,7 +52,7 @@
 // A [Consumer] runs a durable pull consumer with explicit acks, a finite
 // MaxDeliver and a bounded MaxAckPending. It forms batches from whatever has
 // arrived (it never waits to fill one), runs several batches at once through
-// an [inbox.Processor[pgx.Tx]], and then, per message:
+// an [inbox.Processor] on either store, and then, per message:
 //
 //   - applied or duplicate: Ack;
 //   - rejected or conflict: publish a copy to the dead-letter stream (pinned
@@ -59,8 +75,9 @@
 // A consumer stopping while the database is down lets go of messages on
 // their last delivery, for the next consumer to rescue.
 //
-// A batch that outlives half of AckWait sends InProgress. When PostgreSQL is
-// unreachable the consumer stops fetching and pings it with jittered backoff,
+// A batch that outlives half of AckWait sends InProgress. When the database is
+// unreachable the consumer stops fetching and pings it, through the
+// processor's store, with jittered backoff,
 // so an outage does not become a redelivery storm. Several Consumer
 // processes may share one durable: the inbox settles concurrent duplicates.
 //

@@ -14,7 +14,7 @@ import (
 // A worker that keeps its inbox in a local file: the effect (here, a row
 // in a table of its own) commits in the same transaction as the inbox row,
 // and a redelivery changes nothing.
-func ExampleNewProcessor() {
+func ExampleNew() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "example")
 	defer os.RemoveAll(dir)
