@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/jscheck"
 )
 
 type jsDefs struct {
@@ -92,7 +93,7 @@ func validateJetStream(fsys files) error {
 	if d.intents.MaxMsgSize != jsinbox.DefaultMaxMsgSize {
 		errs = append(errs, fmt.Errorf("intents-stream.json: max_msg_size %d, want jsinbox's %d", d.intents.MaxMsgSize, jsinbox.DefaultMaxMsgSize))
 	}
-	for _, p := range jsinbox.CheckDeadLetterFit(d.intents, d.dlq, 0) {
+	for _, p := range jscheck.CheckDeadLetterFit(d.intents, d.dlq, 0) {
 		errs = append(errs, fmt.Errorf("dlq-stream.json: %s", p))
 	}
 	c := d.ledger

@@ -30,8 +30,8 @@
 //	msg.NakWithDelay(policy.Delay(int(meta.NumDelivered)))
 //
 // A bare Nak redelivers at once, and a consumer's BackOff list is the same fixed schedule for
-// every client and does not apply to naks at all; package jsinbox's LintConsumer says so, along
-// with the other hazards of a consumer's retry settings, and LintPublisher those of a producer's.
+// every client and does not apply to naks at all; jetinbox's consumer warns so at start, along
+// with the other hazards of a consumer's retry settings, and the producer of a producer's.
 // LintPolicy checks a policy on its own: invalid, or without jitter.
 //
 // # Randomness

@@ -12,7 +12,7 @@ import (
 //
 // The hazards of a policy together with what it retries against (a JetStream durable's
 // AckWait, MaxDeliver and BackOff, a stream's duplicate window) are checked where those are
-// known: package jsinbox's LintConsumer and LintPublisher.
+// known: the consumer's and the producer's lints (internal/jscheck).
 func LintPolicy(name string, p Policy) []string {
 	var w []string
 	if err := p.Validate(); err != nil {

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/jetinbox/jetinbox/internal/hook"
+	"github.com/jetinbox/jetinbox/internal/jscheck"
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
@@ -503,7 +504,7 @@ func (c *Consumer) bind(ctx context.Context) (jetstream.Consumer, error) {
 		c.cfg.AckWait = info.AckWait
 	}
 	c.cfg.MaxDeliver = info.MaxDeliver
-	for _, w := range LintConsumer(ConsumerTiming{AckWait: info.AckWait, MaxDeliver: info.MaxDeliver, BackOff: info.BackOff, NakDelay: &c.cfg.Nak}) {
+	for _, w := range jscheck.LintConsumer(jscheck.ConsumerTiming{AckWait: info.AckWait, MaxDeliver: info.MaxDeliver, BackOff: info.BackOff, NakDelay: &c.cfg.Nak}) {
 		c.cfg.logger.Warn("jsinbox: config: "+w, "durable", c.cfg.Durable)
 	}
 	return cons, nil
@@ -540,7 +541,7 @@ func (c *Consumer) held(m jetstream.Msg) int64 {
 // checkSizes looks at the intents stream and its dead-letter stream before
 // the first message: the largest intent with its dead-letter headers must
 // fit the dead-letter stream and the server's max_payload
-// ([CheckDeadLetterFit]), and MaxBytes must hold [MinBytesPerMsgSize] of
+// (the dead-letter fit check), and MaxBytes must hold [MinBytesPerMsgSize] of
 // the largest messages. Either failing is a [SetupError]. A missing
 // dead-letter stream is only a warning: dead letters wait for it.
 func (c *Consumer) checkSizes(ctx context.Context) error {
@@ -558,13 +559,13 @@ func (c *Consumer) checkSizes(ctx context.Context) error {
 		// until the stream exists (see [ConsumerConfig.DeadLetterRetry]).
 		c.cfg.logger.Warn("jsinbox: the dead-letter stream does not exist; messages to dead-letter are held until it does",
 			"dead_letter_stream", dlqName)
-		if problems := CheckDeadLetterFit(intents, jetstream.StreamConfig{Name: dlqName}, maxPayload); len(problems) > 0 {
+		if problems := jscheck.CheckDeadLetterFit(intents, jetstream.StreamConfig{Name: dlqName}, maxPayload); len(problems) > 0 {
 			return &SetupError{Err: fmt.Errorf("jsinbox: stream %s: %s", c.cfg.Stream, strings.Join(problems, "; "))}
 		}
 	case err != nil:
 		return setupError(fmt.Errorf("jsinbox: dead-letter stream %s: %w", dlqName, err))
 	default:
-		if problems := CheckDeadLetterFit(intents, dlq.CachedInfo().Config, maxPayload); len(problems) > 0 {
+		if problems := jscheck.CheckDeadLetterFit(intents, dlq.CachedInfo().Config, maxPayload); len(problems) > 0 {
 			return &SetupError{Err: fmt.Errorf("jsinbox: streams %s and %s: %s", c.cfg.Stream, dlqName, strings.Join(problems, "; "))}
 		}
 	}

@@ -83,14 +83,12 @@
 //
 // # Checks
 //
-// Every check of a JetStream configuration lives here. [EnsureStream] and a
-// Consumer refuse a stream or a durable under which an intent could be lost,
-// mangled or applied twice, naming each unsafe setting ([CheckStream],
-// [CheckConsumer]). [LintConsumer] and [LintPublisher] warn about retry
-// timing that works against the durable (MaxDeliver, BackOff, bare naks) or
-// against the stream's duplicate window. [ComputeHorizon] computes how long
-// after an inbox row was written its message ID can still reach the inbox,
-// which the inbox's retention must exceed; `jetinbox prune` refuses to prune
-// inside it, and [CheckHorizons], for `jetinbox verify`, names the settings
-// that break it.
+// [EnsureStream] and a Consumer refuse a stream or a durable under which
+// an intent could be lost, mangled or applied twice, naming each unsafe
+// setting ([CheckStream], [CheckConsumer]). A Consumer also warns at start
+// about retry timing that works against its durable (MaxDeliver, BackOff,
+// bare naks) and holds no intent its dead-letter stream could not take.
+// The operator's checks (retry-timing lints, the horizon over which a
+// message can come back, which `jetinbox prune` and `verify` hold the
+// inbox's retention to) are the CLI's, not part of this API.
 package jsinbox

@@ -8,13 +8,15 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/internal/jscheck"
 )
 
 // Stream defaults.
 const (
 	DefaultStream          = "INTENTS"
 	DefaultSubject         = "intents.>"
-	DefaultDuplicateWindow = 2 * time.Minute
+	DefaultDuplicateWindow = jscheck.DefaultDuplicateWindow
 	DefaultMaxAge          = 7 * 24 * time.Hour
 	DefaultMaxMsgs         = 50_000_000
 	DefaultMaxBytes        = 16 << 30
@@ -28,7 +30,7 @@ const (
 	// included: room for a 4 KiB intent (the ledger's limit,
 	// effects.MaxIntentSize) with its ID, trace and batch headers. The
 	// server refuses a bigger publish, so no consumer ever holds one.
-	DefaultMaxMsgSize = 8 << 10
+	DefaultMaxMsgSize = jscheck.DefaultMaxMsgSize
 	// DeadLetterHeadroom is what a dead-letter copy may add to an intent:
 	// jetinbox's headers (reason at most [inbox.MaxReasonLen] bytes, status,
 	// scope, stream, sequence, deliveries, subject cut at
@@ -37,7 +39,7 @@ const (
 	// Nats-Msg-Id and Nats-Expected-Stream. The dead-letter stream's
 	// max_msg_size must be at least the intents stream's plus this, or the
 	// largest intent could not be dead-lettered.
-	DeadLetterHeadroom = 4 << 10
+	DeadLetterHeadroom = jscheck.DeadLetterHeadroom
 )
 
 // StreamConfig describes the intents stream. Every limit is explicit: the
@@ -173,7 +175,7 @@ const DeadLetterPrefix = "dlq."
 // storage, DiscardNew, deny delete and purge, no rollup or per-message TTL
 // headers, a duplicate window at least as long as asked, and a dead-letter
 // stream that takes the largest intent with its dead-letter headers
-// ([CheckDeadLetterFit]). It never
+// (the dead-letter fit check). It never
 // changes an existing stream; it returns an error naming every unsafe
 // setting instead. Creation is all or nothing: if one stream cannot be
 // created (no room on the servers, say), the ones this call created are
@@ -212,7 +214,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, o StreamConfig) (
 			dlq = s.CachedInfo().Config
 		}
 	}
-	if problems := CheckDeadLetterFit(s.CachedInfo().Config, dlq, js.Conn().MaxPayload()); len(problems) > 0 {
+	if problems := jscheck.CheckDeadLetterFit(s.CachedInfo().Config, dlq, js.Conn().MaxPayload()); len(problems) > 0 {
 		return nil, fmt.Errorf("jsinbox: streams %s and %s: %s", o.Name, dlq.Name, strings.Join(problems, "; "))
 	}
 	return s, nil

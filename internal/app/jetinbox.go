@@ -30,6 +30,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/jittersim"
+	"github.com/jetinbox/jetinbox/internal/jscheck"
 	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/outbox"
 	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
@@ -236,7 +237,7 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	defer nc.Close()
 	if *watch {
 		return watchVerify(ctx, js, verifyDB(store), verify.Options{Stream: *stream, Scope: *scope, Durable: *durable, Ledger: true,
-			Horizon: jsinbox.HorizonOptions{Retention: *retention, NakCap: *nakCap, Redrive: *redrive}}, *checkpoint, *httpAddr, *interval, log)
+			Horizon: jscheck.HorizonOptions{Retention: *retention, NakCap: *nakCap, Redrive: *redrive}}, *checkpoint, *httpAddr, *interval, log)
 	}
 	var progress func(read, total uint64)
 	if f, ok := stderr.(*os.File); ok && cli.IsTerminal(f) {
@@ -250,7 +251,7 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 		}
 	}
 	r, err := verify.RunOn(ctx, js, verifyDB(store), verify.Options{Stream: *stream, Scope: *scope, Durable: *durable, Ledger: true,
-		Range: rg, Horizon: jsinbox.HorizonOptions{Retention: *retention, NakCap: *nakCap, Redrive: *redrive}, Progress: progress})
+		Range: rg, Horizon: jscheck.HorizonOptions{Retention: *retention, NakCap: *nakCap, Redrive: *redrive}, Progress: progress})
 	if err != nil {
 		return cli.UsageError{Err: streamMissing("verify", *stream, err)}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/jscheck"
 	"github.com/jetinbox/jetinbox/outbox"
 	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
@@ -19,7 +20,7 @@ import (
 // Prune deletes old inbox rows. The horizon it must respect is read from
 // the servers, not taken on trust: the stream's MaxAge and duplicate window,
 // the durable's AckWait, BackOff and MaxDeliver, and the dead-letter
-// stream's MaxAge (re-drives); see jsinbox.ComputeHorizon for the arithmetic.
+// stream's MaxAge (re-drives); see jscheck.ComputeHorizon for the arithmetic.
 func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 	fs := cli.NewFlagSet("jetinbox prune", "Delete inbox rows of one scope older than -older-than, in batches, by PostgreSQL's clock.\n"+
 		"-older-than must be longer than the horizon over which a message can come back, read from the\n"+
@@ -34,7 +35,7 @@ func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout,
 		durable   = cli.DurableFlag(fs, env)
 		olderThan = fs.Duration("older-than", 0, "delete rows received longer ago than this; required")
 		nakCap    = fs.Duration("nak-cap", jsinbox.DefaultNakCap, "the consumer's longest nak delay")
-		pubRetry  = fs.Duration("publish-retry", jsinbox.DefaultPublishRetryHorizon(), "the producers' retry horizon: how long after its first publish an intent may be published again")
+		pubRetry  = fs.Duration("publish-retry", jscheck.DefaultPublishRetryHorizon(), "the producers' retry horizon: how long after its first publish an intent may be published again")
 		redrive   = fs.Bool("dlq-redrive", true, "dead letters may be re-published into the stream with their message ID while the dead-letter stream keeps them; false leaves its MaxAge out")
 		margin    = fs.Duration("margin", inbox.DefaultPruneMargin, "how much longer than the horizon -older-than must be (clock skew between NATS and PostgreSQL, batches in flight)")
 		batch     = fs.Int("batch", 10000, "rows per DELETE")
@@ -62,8 +63,8 @@ func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout,
 		return cli.UsageError{Err: err}
 	}
 	defer nc.Close()
-	span, err := readHorizon(ctx, js, *stream, *durable, jsinbox.HorizonInputs{NakCap: *nakCap, PublishRetry: *pubRetry}, *redrive)
-	if errors.Is(err, jsinbox.ErrUnboundedHorizon) {
+	span, err := readHorizon(ctx, js, *stream, *durable, jscheck.HorizonInputs{NakCap: *nakCap, PublishRetry: *pubRetry}, *redrive)
+	if errors.Is(err, jscheck.ErrUnboundedHorizon) {
 		return cli.UsageError{Err: fmt.Errorf("prune: %w", err)}
 	}
 	if err != nil {
@@ -102,10 +103,10 @@ func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout,
 // readHorizon reads the settings the horizon depends on from the servers:
 // the stream, the durable (its defaults if it does not exist, as the
 // consumer would create it) and, if re-drives count, the dead-letter stream.
-func readHorizon(ctx context.Context, js jetstream.JetStream, stream, durable string, in jsinbox.HorizonInputs, redrive bool) (jsinbox.HorizonSpan, error) {
+func readHorizon(ctx context.Context, js jetstream.JetStream, stream, durable string, in jscheck.HorizonInputs, redrive bool) (jscheck.HorizonSpan, error) {
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
-		return jsinbox.HorizonSpan{}, fmt.Errorf("prune: stream %s: %w", stream, err)
+		return jscheck.HorizonSpan{}, fmt.Errorf("prune: stream %s: %w", stream, err)
 	}
 	in.Stream = s.CachedInfo().Config
 	if redrive {
@@ -115,7 +116,7 @@ func readHorizon(ctx context.Context, js jetstream.JetStream, stream, durable st
 			cfg := dlq.CachedInfo().Config
 			in.DeadLetters = &cfg
 		case !errors.Is(err, jetstream.ErrStreamNotFound):
-			return jsinbox.HorizonSpan{}, fmt.Errorf("prune: dead-letter stream %s_DLQ: %w", stream, err)
+			return jscheck.HorizonSpan{}, fmt.Errorf("prune: dead-letter stream %s_DLQ: %w", stream, err)
 		}
 	}
 	c, err := js.Consumer(ctx, stream, durable)
@@ -124,9 +125,9 @@ func readHorizon(ctx context.Context, js jetstream.JetStream, stream, durable st
 		cfg := c.CachedInfo().Config
 		in.Consumer = &cfg
 	case !errors.Is(err, jetstream.ErrConsumerNotFound):
-		return jsinbox.HorizonSpan{}, fmt.Errorf("prune: durable %s: %w", durable, err)
+		return jscheck.HorizonSpan{}, fmt.Errorf("prune: durable %s: %w", durable, err)
 	}
-	return jsinbox.ComputeHorizon(in)
+	return jscheck.ComputeHorizon(in)
 }
 
 // streamMissing turns a stream the server does not have into an error that

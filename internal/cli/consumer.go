@@ -14,6 +14,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/jscheck"
 	"github.com/jetinbox/jetinbox/metrics"
 )
 
@@ -143,7 +144,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		return UsageError{Err: err}
 	}
 	m.Attach(c)
-	for _, w := range jsinbox.LintConsumer(jsinbox.ConsumerTiming{AckWait: *ackWait, MaxDeliver: *maxDeliver, NakDelay: &nak}) {
+	for _, w := range jscheck.LintConsumer(jscheck.ConsumerTiming{AckWait: *ackWait, MaxDeliver: *maxDeliver, NakDelay: &nak}) {
 		log.Warn("config: " + w)
 	}
 

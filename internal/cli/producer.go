@@ -23,6 +23,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/jscheck"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/metrics"
 )
@@ -134,7 +135,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	// Only what applies to a producer: its retries against the duplicate
 	// window of the stream as it is (an existing one may keep a longer
 	// window than -duplicate-window asks for).
-	for _, w := range jsinbox.LintPublisher(jsinbox.PublisherTiming{PublishRetry: &retry, PublishTimeout: *ackTO, DuplicateWindow: st.CachedInfo().Config.Duplicates}) {
+	for _, w := range jscheck.LintPublisher(jscheck.PublisherTiming{PublishRetry: &retry, PublishTimeout: *ackTO, DuplicateWindow: st.CachedInfo().Config.Duplicates}) {
 		log.Warn("config: " + w)
 	}
 	tp, stopTracing, err := tracing(ctx, env, "jetinbox-producer", stderr)

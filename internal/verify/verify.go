@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/jscheck"
 )
 
 // Options says what to check.
@@ -35,7 +36,7 @@ type Options struct {
 	// balances are not checked.
 	Range Range
 	// Horizon settings to check against the stream and the durable.
-	Horizon jsinbox.HorizonOptions
+	Horizon jscheck.HorizonOptions
 	// Progress, if set, is called as the stream is read.
 	Progress func(read, total uint64)
 
@@ -136,7 +137,7 @@ func RunOn(ctx context.Context, js jetstream.JetStream, db DB, o Options) (*Repo
 		}
 	}
 	if s, err := js.Stream(ctx, o.Stream); err == nil {
-		r.Horizons = jsinbox.CheckHorizons(s.CachedInfo().Config, consumerCfg, o.Horizon)
+		r.Horizons = jscheck.CheckHorizons(s.CachedInfo().Config, consumerCfg, o.Horizon)
 	}
 	sort.Strings(r.Examples)
 	return r, nil

@@ -1,4 +1,4 @@
-package jsinbox_test
+package jscheck_test
 
 import (
 	"errors"
@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/jscheck"
 )
 
 func TestComputeHorizon(t *testing.T) {
@@ -19,38 +20,38 @@ func TestComputeHorizon(t *testing.T) {
 	dlq := &jetstream.StreamConfig{Name: "INTENTS_DLQ", MaxAge: 30 * d}
 	cases := []struct {
 		name string
-		in   jsinbox.HorizonInputs
+		in   jscheck.HorizonInputs
 		want time.Duration
 	}{
 		// R = 20 × (30s + 30s) = 20m < MaxAge: life is MaxAge.
-		{"deploy defaults", jsinbox.HorizonInputs{Stream: stream, PublishRetry: m}, 2*m + 7*d},
-		{"deploy defaults with re-drives", jsinbox.HorizonInputs{Stream: stream, DeadLetters: dlq, PublishRetry: m}, 2*m + 7*d + 30*d + 7*d},
+		{"deploy defaults", jscheck.HorizonInputs{Stream: stream, PublishRetry: m}, 2*m + 7*d},
+		{"deploy defaults with re-drives", jscheck.HorizonInputs{Stream: stream, DeadLetters: dlq, PublishRetry: m}, 2*m + 7*d + 30*d + 7*d},
 		// A producer retrying past the duplicate window lands late copies.
-		{"long producer retries", jsinbox.HorizonInputs{Stream: stream, PublishRetry: 10 * m}, 10*m + 7*d},
+		{"long producer retries", jscheck.HorizonInputs{Stream: stream, PublishRetry: 10 * m}, 10*m + 7*d},
 		// R = 200 × (30s + 30s) = 3h20m > MaxAge 1h.
-		{"redeliveries outlast MaxAge", jsinbox.HorizonInputs{Stream: jetstream.StreamConfig{MaxAge: h, Duplicates: 2 * m},
+		{"redeliveries outlast MaxAge", jscheck.HorizonInputs{Stream: jetstream.StreamConfig{MaxAge: h, Duplicates: 2 * m},
 			Consumer: &jetstream.ConsumerConfig{AckWait: 30 * s, MaxDeliver: 200}, PublishRetry: m}, 2*m + 3*h + 20*m},
 		// The last BackOff step replaces AckWait when longer; the nak cap adds.
-		{"backoff and nak cap", jsinbox.HorizonInputs{Stream: jetstream.StreamConfig{MaxAge: m, Duplicates: 2 * m},
+		{"backoff and nak cap", jscheck.HorizonInputs{Stream: jetstream.StreamConfig{MaxAge: m, Duplicates: 2 * m},
 			Consumer: &jetstream.ConsumerConfig{AckWait: 30 * s, MaxDeliver: 10, BackOff: []time.Duration{s, 5 * m}}, NakCap: m, PublishRetry: m}, 2*m + 10*(5*m+m)},
-		{"saturates", jsinbox.HorizonInputs{Stream: jetstream.StreamConfig{MaxAge: math.MaxInt64 / 2, Duplicates: m}, DeadLetters: &jetstream.StreamConfig{MaxAge: math.MaxInt64 / 2}}, math.MaxInt64},
+		{"saturates", jscheck.HorizonInputs{Stream: jetstream.StreamConfig{MaxAge: math.MaxInt64 / 2, Duplicates: m}, DeadLetters: &jetstream.StreamConfig{MaxAge: math.MaxInt64 / 2}}, math.MaxInt64},
 	}
 	for _, c := range cases {
-		got, err := jsinbox.ComputeHorizon(c.in)
+		got, err := jscheck.ComputeHorizon(c.in)
 		if err != nil || got.Total != c.want {
 			t.Errorf("%s: %v (%s), %v; want %v", c.name, got.Total, got.Why, err, c.want)
 		}
 	}
-	for name, in := range map[string]jsinbox.HorizonInputs{
+	for name, in := range map[string]jscheck.HorizonInputs{
 		"stream forever":       {Stream: jetstream.StreamConfig{Duplicates: m}},
 		"dead letters forever": {Stream: stream, DeadLetters: &jetstream.StreamConfig{Name: "INTENTS_DLQ"}},
 		"unlimited deliveries": {Stream: stream, Consumer: &jetstream.ConsumerConfig{Durable: "ledger", MaxDeliver: -1}},
 	} {
-		if _, err := jsinbox.ComputeHorizon(in); !errors.Is(err, jsinbox.ErrUnboundedHorizon) {
+		if _, err := jscheck.ComputeHorizon(in); !errors.Is(err, jscheck.ErrUnboundedHorizon) {
 			t.Errorf("%s: %v, want ErrUnboundedHorizon", name, err)
 		}
 	}
-	got, _ := jsinbox.ComputeHorizon(jsinbox.HorizonInputs{Stream: stream, DeadLetters: dlq})
+	got, _ := jscheck.ComputeHorizon(jscheck.HorizonInputs{Stream: stream, DeadLetters: dlq})
 	for _, want := range []string{"duplicate window 2m0s", "MaxAge 168h0m0s", "the consumer's defaults MaxDeliver 20", "INTENTS_DLQ MaxAge 720h0m0s"} {
 		if !strings.Contains(got.Why, want) {
 			t.Errorf("Why lacks %q: %s", want, got.Why)
@@ -68,8 +69,8 @@ func TestHorizonDefaultsAreTheConsumers(t *testing.T) {
 			c.AckWait, c.MaxDeliver, c.Nak.Cap, jsinbox.DefaultAckWait, jsinbox.DefaultMaxDeliver, jsinbox.DefaultNakCap)
 	}
 	p := jsinbox.PublisherConfig{}.WithDefaults()
-	if h, _ := p.Retry.Horizon(); h != jsinbox.DefaultPublishRetryHorizon() {
-		t.Errorf("the publisher's default retry horizon is %v; the horizon assumes %v", h, jsinbox.DefaultPublishRetryHorizon())
+	if h, _ := p.Retry.Horizon(); h != jscheck.DefaultPublishRetryHorizon() {
+		t.Errorf("the publisher's default retry horizon is %v; the horizon assumes %v", h, jscheck.DefaultPublishRetryHorizon())
 	}
 }
 
@@ -81,23 +82,23 @@ func TestCheckHorizons(t *testing.T) {
 		name   string
 		stream jetstream.StreamConfig
 		cons   *jetstream.ConsumerConfig
-		h      jsinbox.HorizonOptions
+		h      jscheck.HorizonOptions
 		want   string
 	}{
-		{"safe", stream, cons, jsinbox.HorizonOptions{Retention: 30 * 24 * time.Hour}, ""},
-		{"never pruned", stream, cons, jsinbox.HorizonOptions{}, ""},
-		{"retention below MaxAge", stream, cons, jsinbox.HorizonOptions{Retention: 24 * time.Hour}, "MaxAge 168h0m0s is longer than the inbox retention"},
-		{"unlimited MaxAge", jetstream.StreamConfig{Duplicates: 2 * time.Minute}, cons, jsinbox.HorizonOptions{Retention: time.Hour}, "keeps messages forever"},
-		{"unlimited MaxDeliver", stream, &jetstream.ConsumerConfig{Durable: "x", MaxDeliver: -1}, jsinbox.HorizonOptions{}, "unlimited MaxDeliver"},
-		{"redelivery past retention", jetstream.StreamConfig{MaxAge: time.Minute, Duplicates: 2 * time.Minute}, &jetstream.ConsumerConfig{MaxDeliver: 100, AckWait: time.Minute}, jsinbox.HorizonOptions{Retention: time.Hour}, "longer than the inbox retention 1h0m0s"},
-		{"short duplicate window", jetstream.StreamConfig{MaxAge: time.Hour, Duplicates: 10 * time.Second}, cons, jsinbox.HorizonOptions{}, "duplicate window 10s is shorter"},
+		{"safe", stream, cons, jscheck.HorizonOptions{Retention: 30 * 24 * time.Hour}, ""},
+		{"never pruned", stream, cons, jscheck.HorizonOptions{}, ""},
+		{"retention below MaxAge", stream, cons, jscheck.HorizonOptions{Retention: 24 * time.Hour}, "MaxAge 168h0m0s is longer than the inbox retention"},
+		{"unlimited MaxAge", jetstream.StreamConfig{Duplicates: 2 * time.Minute}, cons, jscheck.HorizonOptions{Retention: time.Hour}, "keeps messages forever"},
+		{"unlimited MaxDeliver", stream, &jetstream.ConsumerConfig{Durable: "x", MaxDeliver: -1}, jscheck.HorizonOptions{}, "unlimited MaxDeliver"},
+		{"redelivery past retention", jetstream.StreamConfig{MaxAge: time.Minute, Duplicates: 2 * time.Minute}, &jetstream.ConsumerConfig{MaxDeliver: 100, AckWait: time.Minute}, jscheck.HorizonOptions{Retention: time.Hour}, "longer than the inbox retention 1h0m0s"},
+		{"short duplicate window", jetstream.StreamConfig{MaxAge: time.Hour, Duplicates: 10 * time.Second}, cons, jscheck.HorizonOptions{}, "duplicate window 10s is shorter"},
 		// The horizon prune computes: 2m late copies + 7d, plus a 1h margin.
-		{"retention at the horizon", stream, cons, jsinbox.HorizonOptions{Retention: 7*24*time.Hour + 2*time.Minute + time.Hour}, "is not longer than the horizon 168h2m0s + margin 1h0m0s"},
-		{"retention past the horizon", stream, cons, jsinbox.HorizonOptions{Retention: 7*24*time.Hour + 2*time.Minute + time.Hour + time.Second}, ""},
-		{"re-drives count", stream, cons, jsinbox.HorizonOptions{Retention: 30 * 24 * time.Hour, DeadLetters: &jetstream.StreamConfig{Name: "INTENTS_DLQ", MaxAge: 30 * 24 * time.Hour}}, "re-drives"},
+		{"retention at the horizon", stream, cons, jscheck.HorizonOptions{Retention: 7*24*time.Hour + 2*time.Minute + time.Hour}, "is not longer than the horizon 168h2m0s + margin 1h0m0s"},
+		{"retention past the horizon", stream, cons, jscheck.HorizonOptions{Retention: 7*24*time.Hour + 2*time.Minute + time.Hour + time.Second}, ""},
+		{"re-drives count", stream, cons, jscheck.HorizonOptions{Retention: 30 * 24 * time.Hour, DeadLetters: &jetstream.StreamConfig{Name: "INTENTS_DLQ", MaxAge: 30 * 24 * time.Hour}}, "re-drives"},
 	}
 	for _, c := range cases {
-		got := strings.Join(jsinbox.CheckHorizons(c.stream, c.cons, c.h), "\n")
+		got := strings.Join(jscheck.CheckHorizons(c.stream, c.cons, c.h), "\n")
 		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
 			t.Errorf("%s: got %q, want %q", c.name, got, c.want)
 		}

@@ -4,7 +4,7 @@
 // (CheckHorizons) when the retention in use is not longer. Both compute it
 // here, with ComputeHorizon, whose doc gives the derivation.
 
-package jsinbox
+package jscheck
 
 import (
 	"errors"
