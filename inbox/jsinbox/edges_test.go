@@ -3,6 +3,7 @@ package jsinbox_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -329,6 +330,7 @@ func TestDurableDeletedUnderTheConsumer(t *testing.T) {
 	intents := load(400, "deleted")
 	e.publish(t, intents[:200])
 	var logs testenv.SyncBuffer
+	e.logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{BatchSize: 50, AckWait: 3 * time.Second})
 	defer func() {
 		if t.Failed() {

@@ -3,6 +3,7 @@ package jsinbox_test
 import (
 	"context"
 	"github.com/jackc/pgx/v5"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,9 @@ type env struct {
 	nc   *nats.Conn
 	js   jetstream.JetStream
 	pool *pgxpool.Pool
+	// logger, when set, is the processor's, and so the consumer's, logger
+	// in startConsumer.
+	logger *slog.Logger
 }
 
 func newEnv(t *testing.T, dbURL string, stream jsinbox.StreamConfig) *env {
@@ -111,7 +115,7 @@ func (e *env) startConsumer(t *testing.T, fp *failpoint.Set, handler inbox.Handl
 	if handler == nil {
 		handler = effects.NewLedger()
 	}
-	proc, err := inbox.NewProcessor(pginbox.New(e.pool), handler, inbox.Config{Scope: "ledger"})
+	proc, err := inbox.NewProcessor(pginbox.New(e.pool), handler, inbox.Config{Scope: "ledger", Logger: e.logger})
 	if err != nil {
 		t.Fatal(err)
 	}
