@@ -1,0 +1,183 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/pipeline"
+	"github.com/jetinbox/jetinbox/internal/testenv"
+)
+
+// TestCommandsThroughPgBouncer: a real pgbouncer in transaction pooling
+// mode, with two server connections for a consumer pool of six and four
+// batches in flight, so that every client's transactions run on whichever
+// server connection is free. With default_query_exec_mode=exec in the URL
+// (no named prepared statements) migrate, accounts, the consumer, verify,
+// replay, dlq and prune work through it: every intent applied once,
+// verify clean.
+func TestCommandsThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const n, window = 3000, 500 * time.Millisecond
+	direct := testenv.NewDatabase(t)
+	u, err := url.Parse(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bouncer := testenv.NewPgBouncer(t, testenv.PgBouncerOptions{PoolSize: 2})
+	dbURL := testenv.WithQueryExecMode(bouncer.URL(strings.TrimPrefix(u.Path, "/")), "exec")
+	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL})
+	// The checks read the database directly, past the pooler.
+	pool, err := pgxpool.New(ctx, direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	count := func(q string) int {
+		t.Helper()
+		var c int
+		if err := pool.QueryRow(ctx, q).Scan(&c); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		return c
+	}
+
+	var out bytes.Buffer
+	if err := Migrate(ctx, nil, env, nil, &out, io.Discard); err != nil {
+		t.Fatalf("migrate through pgbouncer: %v\n%s", err, out.String())
+	}
+	if err := Accounts(ctx, []string{"-open", "1-1024"}, env, nil, io.Discard, io.Discard); err != nil {
+		t.Fatalf("accounts through pgbouncer: %v", err)
+	}
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{DuplicateWindow: window}); err != nil {
+		t.Fatal(err)
+	}
+	// Published here rather than by the producer, which refuses a stream
+	// whose duplicate window is as short as the re-drive below needs.
+	for i := 1; i <= n; i++ {
+		m := &nats.Msg{Subject: "intents.1", Data: fmt.Appendf(nil, `{"account":%d,"amount":%d}`, 1+i%1024, i%97+1),
+			Header: nats.Header{jetstream.MsgIDHeader: {"pb-" + strconv.Itoa(i)}}}
+		if _, err := js.PublishMsgAsync(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		t.Fatal("publishing timed out")
+	}
+	// Two intents the consumer dead-letters (no such account; not JSON).
+	for id, payload := range map[string]string{"to-2000": `{"account":2000,"amount":7}`, "bad-json": `{"account":1,`} {
+		m := &nats.Msg{Subject: "intents.1", Data: []byte(payload), Header: nats.Header{jetstream.MsgIDHeader: {id}}}
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Small batches, four in flight on six client connections over two
+	// server connections.
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	var logs bytes.Buffer
+	go func() {
+		done <- cli.Consumer(cctx, []string{"-http", "", "-batch", "50", "-inflight", "4", "-db-conns", "6", "-log-format", "text"}, env, io.Discard, &syncWriter{w: &logs})
+	}()
+	wctx, wcancel := context.WithTimeout(ctx, 2*time.Minute)
+	err = pipeline.WaitSettled(wctx, js, jsinbox.DefaultStream, "ledger", nil)
+	wcancel()
+	cancel()
+	if cerr := <-done; cerr != nil || err != nil {
+		t.Fatalf("consumer through pgbouncer: %v; settled: %v\n%s", cerr, err, tail(logs.String(), 3000))
+	}
+	// Nothing here fails a batch: one that failed met the pooler (a
+	// prepared statement another client's transaction made or lost) and
+	// only succeeded on a retry.
+	if strings.Contains(logs.String(), "batch failed") {
+		t.Fatalf("the consumer retried batches through pgbouncer:\n%s", tail(logs.String(), 3000))
+	}
+	if got := count(`SELECT count(*) FROM ledger_entries WHERE message_id LIKE 'pb-%'`); got != n {
+		t.Fatalf("%d ledger entries, want %d\n%s", got, n, tail(logs.String(), 3000))
+	}
+
+	out.Reset()
+	if err := Verify(ctx, []string{"-json"}, env, nil, &out, io.Discard); err != nil || !strings.Contains(out.String(), `"applied_once": `+strconv.Itoa(n)) {
+		t.Fatalf("verify through pgbouncer: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	if err := Replay(ctx, nil, env, nil, &out, io.Discard); err != nil || !regexp.MustCompile(`duplicates \(no effect\) +`+strconv.Itoa(n)).MatchString(out.String()) {
+		t.Fatalf("replay through pgbouncer: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	if err := Jetinbox(ctx, []string{"dlq"}, env, nil, &out, io.Discard); err != nil || !strings.Contains(out.String(), "2 dead letters") {
+		t.Fatalf("dlq through pgbouncer: %v\n%s", err, out.String())
+	}
+	if err := Accounts(ctx, []string{"-open", "2000"}, env, nil, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(window + 200*time.Millisecond) // the dead letter's ID is forgotten
+	out.Reset()
+	if err := Jetinbox(ctx, []string{"dlq", "-redrive", "-id", "to-2000"}, env, nil, &out, io.Discard); err != nil || !strings.Contains(out.String(), "re-driven 1,") {
+		t.Fatalf("dlq -redrive through pgbouncer: %v\n%s", err, out.String())
+	}
+	consumeSettled(t, env, js)
+	if got := count(`SELECT count(*) FROM ledger_entries WHERE message_id = 'to-2000'`); got != 1 {
+		t.Fatalf("re-driven intent: %d ledger entries, want 1", got)
+	}
+	out.Reset()
+	if err := Verify(ctx, nil, env, nil, &out, io.Discard); err != nil {
+		t.Fatalf("verify after the re-drive: %v\n%s", err, out.String())
+	}
+
+	if _, err := pool.Exec(ctx, `UPDATE inbox SET received_at = now() - interval '40 days' WHERE message_id LIKE 'pb-1%'`); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := Prune(ctx, []string{"-older-than", "800h", "-dlq-redrive=false"}, env, nil, &out, io.Discard); err != nil || !strings.Contains(out.String(), "pruned 1111 inbox rows") {
+		t.Fatalf("prune through pgbouncer: %v\n%s", err, out.String())
+	}
+}
+
+// tail is the end of s, for a failure message.
+func tail(s string, max int) string {
+	if len(s) > max {
+		return "…" + s[len(s)-max:]
+	}
+	return s
+}
+
+// syncWriter serialises writes from the consumer's goroutines.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
