@@ -204,6 +204,13 @@ func (b *PgBouncer) URL(db string) string {
 	return fmt.Sprintf("postgres://postgres@/%s?host=%s&port=%d&sslmode=disable", url.PathEscape(db), url.QueryEscape(b.root), b.port)
 }
 
+// SocketDir is the directory holding the pooler's Unix socket.
+func (b *PgBouncer) SocketDir() string { return b.root }
+
+// Port is the port number in the Unix socket's name (.s.PGSQL.PORT in
+// [PgBouncer.SocketDir]); the pooler listens on no TCP port.
+func (b *PgBouncer) Port() int { return b.port }
+
 // WithQueryExecMode returns dbURL with pgx's default_query_exec_mode
 // parameter set to mode (exec, cache_describe, ...).
 func WithQueryExecMode(dbURL, mode string) string {
