@@ -20,16 +20,19 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
+	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/outbox"
 )
 
 // TestCommandsThroughPgBouncer: a real pgbouncer in transaction pooling
 // mode, with two server connections for a consumer pool of six and four
 // batches in flight, so that every client's transactions run on whichever
-// server connection is free. With default_query_exec_mode=exec in the URL
-// (no named prepared statements) migrate, accounts, the consumer, verify,
-// replay, dlq and prune work through it: every intent applied once,
-// verify clean.
+// server connection is free. The commands find the pooler and run without
+// named prepared statements: migrate, accounts, the consumer, verify,
+// replay, dlq and prune work through it, every intent applied once, verify
+// clean. The relay, whose LISTEN a pooler cannot carry, refuses to start
+// without a direct URL for it or -no-listen, and works with either.
 func TestCommandsThroughPgBouncer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -40,7 +43,7 @@ func TestCommandsThroughPgBouncer(t *testing.T) {
 		t.Fatal(err)
 	}
 	bouncer := testenv.NewPgBouncer(t, testenv.PgBouncerOptions{PoolSize: 2})
-	dbURL := testenv.WithQueryExecMode(bouncer.URL(strings.TrimPrefix(u.Path, "/")), "exec")
+	dbURL := bouncer.URL(strings.TrimPrefix(u.Path, "/")) // as an operator writes it: no statement mode
 	srv := testenv.NewNATS(t, testenv.NATSOptions{})
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL})
 	// The checks read the database directly, past the pooler.
@@ -159,6 +162,75 @@ func TestCommandsThroughPgBouncer(t *testing.T) {
 	out.Reset()
 	if err := Prune(ctx, []string{"-older-than", "800h", "-dlq-redrive=false"}, env, nil, &out, io.Discard); err != nil || !strings.Contains(out.String(), "pruned 1111 inbox rows") {
 		t.Fatalf("prune through pgbouncer: %v\n%s", err, out.String())
+	}
+}
+
+// TestRelayThroughPgBouncer: jetinbox relay on a database URL that reaches
+// a pgbouncer in transaction mode exits 2 at start, saying what to set;
+// with -listen-database (a direct URL) it LISTENs there and takes its rows
+// through the pooler, and with -no-listen it polls.
+func TestRelayThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	direct := testenv.NewDatabase(t)
+	u, err := url.Parse(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bouncer := testenv.NewPgBouncer(t, testenv.PgBouncerOptions{})
+	dbURL := bouncer.URL(strings.TrimPrefix(u.Path, "/"))
+	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL})
+	if err := Migrate(ctx, nil, env, nil, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.EnsureRelayStream(ctx, js, cli.DefaultRelayStream, cli.DefaultFollowUpPrefix); err != nil {
+		t.Fatal(err)
+	}
+	// A service writes its rows through the pooler, as the relay reads them.
+	pool, err := pgxpool.New(ctx, testenv.WithQueryExecMode(dbURL, "exec"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	add := func(id string) {
+		t.Helper()
+		if err := outbox.Add(ctx, pool, outbox.Intent{ID: id, Subject: "notifications.1", Payload: []byte(`{"account":1,"amount":1}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	relay := func(ctx context.Context, stderr io.Writer, args ...string) error {
+		return Jetinbox(ctx, append([]string{"relay", "-http", ""}, args...), env, nil, io.Discard, stderr)
+	}
+
+	var stderr bytes.Buffer
+	err = relay(ctx, &stderr)
+	if cli.ExitCode(err) != 2 || !strings.Contains(err.Error(), "JETINBOX_LISTEN_DATABASE_URL") || !strings.Contains(err.Error(), "-no-listen") {
+		t.Fatalf("relay with LISTEN through pgbouncer: %v (exit %d), want exit 2 naming JETINBOX_LISTEN_DATABASE_URL and -no-listen\n%s", err, cli.ExitCode(err), stderr.String())
+	}
+	if err := relay(ctx, io.Discard, "-listen-database", dbURL); cli.ExitCode(err) != 2 || !strings.Contains(err.Error(), "direct connection") {
+		t.Fatalf("relay -listen-database through pgbouncer: %v (exit %d), want exit 2", err, cli.ExitCode(err))
+	}
+
+	add("o-1")
+	runUntil(t, "relay -listen-database", func(ctx context.Context, stderr io.Writer) error {
+		return relay(ctx, stderr, "-listen-database", direct)
+	}, func() bool { return pendingRows(t, pool) == 0 })
+	add("o-2")
+	runUntil(t, "relay -no-listen", func(ctx context.Context, stderr io.Writer) error {
+		return relay(ctx, stderr, "-no-listen")
+	}, func() bool { return pendingRows(t, pool) == 0 })
+	if got := pipelinetest.CopiesByID(t, js, cli.DefaultRelayStream); len(got) != 2 || got["o-1"] != 1 || got["o-2"] != 1 {
+		t.Fatalf("relayed %v, want o-1 and o-2 once each", got)
 	}
 }
 
