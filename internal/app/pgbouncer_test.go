@@ -212,12 +212,16 @@ func TestRelayThroughPgBouncer(t *testing.T) {
 		return Jetinbox(ctx, append([]string{"relay", "-http", ""}, args...), env, nil, io.Discard, stderr)
 	}
 
+	// A relay that starts runs until its context ends: 30 s is past any
+	// start-up check.
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	var stderr bytes.Buffer
-	err = relay(ctx, &stderr)
+	err = relay(sctx, &stderr)
 	if cli.ExitCode(err) != 2 || !strings.Contains(err.Error(), "JETINBOX_LISTEN_DATABASE_URL") || !strings.Contains(err.Error(), "-no-listen") {
 		t.Fatalf("relay with LISTEN through pgbouncer: %v (exit %d), want exit 2 naming JETINBOX_LISTEN_DATABASE_URL and -no-listen\n%s", err, cli.ExitCode(err), stderr.String())
 	}
-	if err := relay(ctx, io.Discard, "-listen-database", dbURL); cli.ExitCode(err) != 2 || !strings.Contains(err.Error(), "direct connection") {
+	if err := relay(sctx, io.Discard, "-listen-database", dbURL); cli.ExitCode(err) != 2 || !strings.Contains(err.Error(), "direct connection") {
 		t.Fatalf("relay -listen-database through pgbouncer: %v (exit %d), want exit 2", err, cli.ExitCode(err))
 	}
 
