@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"strings"
 	"testing"
@@ -41,5 +42,15 @@ func TestPgBouncerSharesServerConnections(t *testing.T) {
 	var db string
 	if err := conns[0].QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil || "/"+db != u.Path {
 		t.Fatalf("through the pooler: database %q (%v), want %s", db, err, u.Path)
+	}
+}
+
+// TestPgBouncerMissing: without the binary StartPgBouncer says what to
+// install (and NewPgBouncer fails the test with it; it never skips).
+func TestPgBouncerMissing(t *testing.T) {
+	t.Setenv("JETINBOX_PGBOUNCER", "/nonexistent/pgbouncer")
+	_, err := StartPgBouncer(context.Background(), SharedPostgres(t), PgBouncerOptions{})
+	if !errors.Is(err, ErrNoPgBouncer) || !strings.Contains(err.Error(), "apt-get install -y pgbouncer") {
+		t.Fatalf("StartPgBouncer without the binary: %v", err)
 	}
 }
