@@ -165,8 +165,9 @@ func TestCommandsThroughPgBouncer(t *testing.T) {
 	}
 }
 
-// TestRelayThroughPgBouncer: jetinbox relay on a database URL that reaches
-// a pgbouncer in transaction mode exits 2 at start, saying what to set;
+// TestRelayThroughPgBouncer: jetinbox relay (and consumer -relay) on a
+// database URL that reaches a pgbouncer in transaction mode exits 2 at
+// start, saying what to set;
 // with -listen-database (a direct URL) it LISTENs there and takes its rows
 // through the pooler, and with -no-listen it polls.
 func TestRelayThroughPgBouncer(t *testing.T) {
@@ -220,6 +221,14 @@ func TestRelayThroughPgBouncer(t *testing.T) {
 	err = relay(sctx, &stderr)
 	if cli.ExitCode(err) != 2 || !strings.Contains(err.Error(), "JETINBOX_LISTEN_DATABASE_URL") || !strings.Contains(err.Error(), "-no-listen") {
 		t.Fatalf("relay with LISTEN through pgbouncer: %v (exit %d), want exit 2 naming JETINBOX_LISTEN_DATABASE_URL and -no-listen\n%s", err, cli.ExitCode(err), stderr.String())
+	}
+	// The consumer's own relay likewise, by its own flags' names.
+	if _, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	err = cli.Consumer(sctx, []string{"-http", "", "-relay"}, env, io.Discard, io.Discard)
+	if cli.ExitCode(err) != 2 || !strings.Contains(err.Error(), "-relay-listen-database") || !strings.Contains(err.Error(), "-relay-no-listen") {
+		t.Fatalf("consumer -relay through pgbouncer: %v (exit %d), want exit 2 naming -relay-listen-database and -relay-no-listen", err, cli.ExitCode(err))
 	}
 	if err := relay(sctx, io.Discard, "-listen-database", dbURL); cli.ExitCode(err) != 2 || !strings.Contains(err.Error(), "direct connection") {
 		t.Fatalf("relay -listen-database through pgbouncer: %v (exit %d), want exit 2", err, cli.ExitCode(err))
