@@ -167,9 +167,10 @@ func TestCommandsThroughPgBouncer(t *testing.T) {
 
 // TestRelayThroughPgBouncer: jetinbox relay (and consumer -relay) on a
 // database URL that reaches a pgbouncer in transaction mode exits 2 at
-// start, saying what to set;
-// with -listen-database (a direct URL) it LISTENs there and takes its rows
-// through the pooler, and with -no-listen it polls.
+// start, saying what to set; with a direct URL for the LISTEN
+// (JETINBOX_LISTEN_DATABASE_URL; -listen-database through the pooler is
+// refused) it takes its rows through the pooler, and with -no-listen it
+// polls.
 func TestRelayThroughPgBouncer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -235,8 +236,9 @@ func TestRelayThroughPgBouncer(t *testing.T) {
 	}
 
 	add("o-1")
-	runUntil(t, "relay -listen-database", func(ctx context.Context, stderr io.Writer) error {
-		return relay(ctx, stderr, "-listen-database", direct)
+	withListen := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL, "JETINBOX_LISTEN_DATABASE_URL": direct})
+	runUntil(t, "relay with JETINBOX_LISTEN_DATABASE_URL", func(ctx context.Context, stderr io.Writer) error {
+		return Jetinbox(ctx, []string{"relay", "-http", ""}, withListen, nil, io.Discard, stderr)
 	}, func() bool { return pendingRows(t, pool) == 0 })
 	add("o-2")
 	runUntil(t, "relay -no-listen", func(ctx context.Context, stderr io.Writer) error {

@@ -34,6 +34,7 @@ type consumerRelay struct {
 	followUps string
 	noListen  bool
 	listenURL string
+	env       Env
 }
 
 func (r *consumerRelay) register(fs FlagSet, env Env) {
@@ -41,7 +42,10 @@ func (r *consumerRelay) register(fs FlagSet, env Env) {
 	fs.StringVar(&r.stream, "relay-stream", env.Or("JETINBOX_RELAY_STREAM", DefaultRelayStream), "-relay: the stream every outbox row must land in (env JETINBOX_RELAY_STREAM)")
 	fs.IntVar(&r.batch, "relay-batch", 500, "-relay: most outbox rows per relay transaction")
 	fs.BoolVar(&r.noListen, "relay-no-listen", false, "-relay: poll only, without LISTEN/NOTIFY")
-	fs.StringVar(&r.listenURL, "relay-listen-database", env("JETINBOX_LISTEN_DATABASE_URL"), "-relay: "+ListenDatabaseUsage)
+	// The environment's URL is read after parsing (see listenDatabase), so
+	// that -h shows no password.
+	r.env = env
+	fs.StringVar(&r.listenURL, "relay-listen-database", "", "-relay: "+ListenDatabaseUsage)
 	fs.StringVar(&r.followUps, "follow-ups", "", "the ledger adds a follow-up intent per applied credit to the outbox, in the inbox transaction, on subject PREFIX.<account mod 16> "+
 		"with ID notify:<message ID> (e.g. -follow-ups "+DefaultFollowUpPrefix+"); empty: none. Needs the outbox schema (jetinbox migrate)")
 }
@@ -56,6 +60,14 @@ func (r *consumerRelay) check(c *checks) {
 			c.add(fmt.Errorf("-follow-ups: %w", err))
 		}
 	}
+}
+
+// listenDatabase is -relay-listen-database, else JETINBOX_LISTEN_DATABASE_URL.
+func (r *consumerRelay) listenDatabase() string {
+	if r.listenURL == "" && r.env != nil {
+		return r.env("JETINBOX_LISTEN_DATABASE_URL")
+	}
+	return r.listenURL
 }
 
 // RelayConfigFor returns the relay's configuration with every wait of the
