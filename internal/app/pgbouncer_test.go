@@ -235,17 +235,44 @@ func TestRelayThroughPgBouncer(t *testing.T) {
 		t.Fatalf("relay -listen-database through pgbouncer: %v (exit %d), want exit 2", err, cli.ExitCode(err))
 	}
 
+	// With the LISTEN on a direct connection a row is sent when its
+	// transaction commits. Without jitter the relay, idle since it sent
+	// o-1 at t0, polls at t0+1s, 3s, 7s and 15s: o-3, added at t0+8s and
+	// sent by t0+11s, was sent on its notification.
 	add("o-1")
 	withListen := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL, "JETINBOX_LISTEN_DATABASE_URL": direct})
-	runUntil(t, "relay with JETINBOX_LISTEN_DATABASE_URL", func(ctx context.Context, stderr io.Writer) error {
-		return Jetinbox(ctx, []string{"relay", "-http", ""}, withListen, nil, io.Discard, stderr)
-	}, func() bool { return pendingRows(t, pool) == 0 })
+	rctx, rcancel := context.WithCancel(ctx)
+	defer rcancel()
+	errc := make(chan error, 1)
+	var logs bytes.Buffer
+	go func() {
+		errc <- Jetinbox(rctx, []string{"relay", "-http", "", "-jitter", "none"}, withListen, nil, io.Discard, &syncWriter{w: &logs})
+	}()
+	waitSent := func(within time.Duration) bool {
+		for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if pendingRows(t, pool) == 0 {
+				return true
+			}
+		}
+		return false
+	}
+	if !waitSent(30 * time.Second) {
+		t.Fatal("relay with JETINBOX_LISTEN_DATABASE_URL sent nothing in 30s")
+	}
+	t0 := time.Now()
+	time.Sleep(time.Until(t0.Add(8 * time.Second)))
+	add("o-3")
+	sent := waitSent(3 * time.Second)
+	rcancel()
+	if err := <-errc; err != nil || !sent {
+		t.Fatalf("relay with JETINBOX_LISTEN_DATABASE_URL: %v; o-3 sent on its notification: %v\n%s", err, sent, logs.String())
+	}
 	add("o-2")
 	runUntil(t, "relay -no-listen", func(ctx context.Context, stderr io.Writer) error {
 		return relay(ctx, stderr, "-no-listen")
 	}, func() bool { return pendingRows(t, pool) == 0 })
-	if got := pipelinetest.CopiesByID(t, js, cli.DefaultRelayStream); len(got) != 2 || got["o-1"] != 1 || got["o-2"] != 1 {
-		t.Fatalf("relayed %v, want o-1 and o-2 once each", got)
+	if got := pipelinetest.CopiesByID(t, js, cli.DefaultRelayStream); len(got) != 3 || got["o-1"] != 1 || got["o-2"] != 1 || got["o-3"] != 1 {
+		t.Fatalf("relayed %v, want o-1, o-2 and o-3 once each", got)
 	}
 }
 
