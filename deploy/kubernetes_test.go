@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -443,19 +444,12 @@ func checkNATSNetworkPolicy(fsys files, k *k8sSet) error {
 		}
 	}
 	bad := func(format string, args ...any) { check(false, format, args...) }
-	b, err := fsys.get("kubernetes/nats-networkpolicy.yaml")
+	pols, err := networkPolicies(fsys, "kubernetes/nats-networkpolicy.yaml", check)
 	if err != nil {
 		return err
 	}
-	var pols []networkingv1.NetworkPolicy
-	for i, doc := range splitYAML(b) {
-		var p networkingv1.NetworkPolicy
-		if err := yaml.UnmarshalStrict(doc, &p); err != nil {
-			return fmt.Errorf("nats-networkpolicy.yaml document %d: %w", i+1, err)
-		}
-		check(p.APIVersion == "networking.k8s.io/v1" && p.Kind == "NetworkPolicy", "document %d is %s %s", i+1, p.APIVersion, p.Kind)
+	for _, p := range pols {
 		check(p.Namespace == "nats", "%s is in namespace %q, want nats (the release's)", p.Name, p.Namespace)
-		pols = append(pols, p)
 	}
 	check(len(pols) == 1, "%d policies, want 1", len(pols))
 	if len(pols) != 1 {
@@ -558,18 +552,9 @@ func checkNetworkPolicies(fsys files, k *k8sSet) error {
 			errs = append(errs, fmt.Errorf("networkpolicy.yaml: "+format, args...))
 		}
 	}
-	b, err := fsys.get("kubernetes/networkpolicy.yaml")
+	pols, err := networkPolicies(fsys, "kubernetes/networkpolicy.yaml", check)
 	if err != nil {
 		return err
-	}
-	var pols []networkingv1.NetworkPolicy
-	for i, doc := range splitYAML(b) {
-		var p networkingv1.NetworkPolicy
-		if err := yaml.UnmarshalStrict(doc, &p); err != nil {
-			return fmt.Errorf("networkpolicy.yaml document %d: %w", i+1, err)
-		}
-		check(p.APIVersion == "networking.k8s.io/v1" && p.Kind == "NetworkPolicy", "document %d is %s %s", i+1, p.APIVersion, p.Kind)
-		pols = append(pols, p)
 	}
 	allowedOut := map[string]bool{"TCP/4222": true, "TCP/5432": true, "UDP/53": true, "TCP/53": true}
 	for _, pod := range []struct {
@@ -639,4 +624,23 @@ func TestKubernetesManifests(t *testing.T) {
 	if err := validateK8s(loadFiles(t)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// networkPolicies decodes the NetworkPolicy documents of file strictly;
+// check hears a document of another kind.
+func networkPolicies(fsys files, file string, check func(bool, string, ...any)) ([]networkingv1.NetworkPolicy, error) {
+	b, err := fsys.get(file)
+	if err != nil {
+		return nil, err
+	}
+	var pols []networkingv1.NetworkPolicy
+	for i, doc := range splitYAML(b) {
+		var p networkingv1.NetworkPolicy
+		if err := yaml.UnmarshalStrict(doc, &p); err != nil {
+			return nil, fmt.Errorf("%s document %d: %w", filepath.Base(file), i+1, err)
+		}
+		check(p.APIVersion == "networking.k8s.io/v1" && p.Kind == "NetworkPolicy", "document %d is %s %s", i+1, p.APIVersion, p.Kind)
+		pols = append(pols, p)
+	}
+	return pols, nil
 }

@@ -28,25 +28,9 @@ import (
 // subjects, and requires every stream to store nothing.
 func TestStolenKeyReplySubjects(t *testing.T) {
 	t.Parallel()
-	fsys := loadFiles(t)
-	fx := fixture(t)
-	defs, err := loadJetStream(fsys)
-	if err != nil {
-		t.Fatal(err)
-	}
-	urls := startNATSCluster(t, fsys, fx)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	admin := connectAs(t, urls, fx, "admin")
-	adminJS, err := jetstream.New(admin.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	applyJetStream(t, ctx, adminJS, defs)
-	// Something to read, so that message gets have an answer.
-	if _, err := adminJS.Publish(ctx, "intents.ledger", []byte(`{"account":1,"amount":1}`), jetstream.WithMsgID("stored")); err != nil {
-		t.Fatal(err)
-	}
+	fx, defs, urls, adminJS := shippedStreams(t, ctx)
 	if _, err := adminJS.Publish(ctx, "notifications.1", []byte(`{"account":1,"amount":1}`), jetstream.WithMsgID("notify:stored")); err != nil {
 		t.Fatal(err)
 	}
@@ -141,24 +125,9 @@ func streamCounts(t *testing.T, ctx context.Context, js jetstream.JetStream, nam
 // anywhere.
 func TestStolenVerifierKey(t *testing.T) {
 	t.Parallel()
-	fsys := loadFiles(t)
-	fx := fixture(t)
-	defs, err := loadJetStream(fsys)
-	if err != nil {
-		t.Fatal(err)
-	}
-	urls := startNATSCluster(t, fsys, fx)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	admin := connectAs(t, urls, fx, "admin")
-	adminJS, err := jetstream.New(admin.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	applyJetStream(t, ctx, adminJS, defs)
-	if _, err := adminJS.Publish(ctx, "intents.ledger", []byte(`{"account":1,"amount":1}`), jetstream.WithMsgID("stored")); err != nil {
-		t.Fatal(err)
-	}
+	fx, defs, urls, adminJS := shippedStreams(t, ctx)
 	ledger, err := adminJS.Consumer(ctx, defs.intents.Name, defs.ledger.Durable)
 	if err != nil {
 		t.Fatal(err)
@@ -226,4 +195,28 @@ func TestStolenVerifierKey(t *testing.T) {
 	if after := streamCounts(t, ctx, adminJS, []string{defs.dlq.Name}); !reflect.DeepEqual(after, dlqBefore) {
 		t.Errorf("%s holds %v, %v before", defs.dlq.Name, after, dlqBefore)
 	}
+}
+
+// shippedStreams starts the shipped R3 cluster, creates the shipped streams
+// and consumers as the admin, and stores one intent, so that reads have an
+// answer.
+func shippedStreams(t *testing.T, ctx context.Context) (*secretsFixture, *jsDefs, string, jetstream.JetStream) {
+	t.Helper()
+	fsys := loadFiles(t)
+	fx := fixture(t)
+	defs, err := loadJetStream(fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	urls := startNATSCluster(t, fsys, fx)
+	admin := connectAs(t, urls, fx, "admin")
+	adminJS, err := jetstream.New(admin.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyJetStream(t, ctx, adminJS, defs)
+	if _, err := adminJS.Publish(ctx, "intents.ledger", []byte(`{"account":1,"amount":1}`), jetstream.WithMsgID("stored")); err != nil {
+		t.Fatal(err)
+	}
+	return fx, defs, urls, adminJS
 }

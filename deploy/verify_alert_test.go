@@ -136,23 +136,28 @@ func scrapeJob(t *testing.T, fsys files, target string) string {
 	return ""
 }
 
-// evalScraped scrapes url as Prometheus would (adding job and instance
-// target),
-// stores the samples and evaluates expr over them.
+// evalScraped scrapes url once as Prometheus would (adding job and
+// instance target), stores the samples and evaluates expr over them.
 func evalScraped(t *testing.T, ctx context.Context, url, job, target, expr string) promql.Vector {
+	t.Helper()
+	return evalScrapes(t, ctx, expr, scrapeSeries(t, url, job, target))
+}
+
+// scrapeSeries reads a /metrics page's counters and gauges as series
+// selectors labelled with the job and instance Prometheus would add.
+func scrapeSeries(t *testing.T, url, job, target string) map[string]float64 {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	p := expfmt.NewTextParser(prommodel.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
+	parser := expfmt.NewTextParser(prommodel.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var load strings.Builder
-	load.WriteString("load 1m\n")
+	out := map[string]float64{}
 	for name, f := range fams {
 		for _, m := range f.GetMetric() {
 			var v float64
@@ -168,13 +173,33 @@ func evalScraped(t *testing.T, ctx context.Context, url, job, target, expr strin
 			for _, l := range m.GetLabel() {
 				ls = append(ls, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
 			}
-			fmt.Fprintf(&load, "  %s{%s} %v\n", name, strings.Join(ls, ","), v)
+			out[fmt.Sprintf("%s{%s}", name, strings.Join(ls, ","))] = v
 		}
+	}
+	return out
+}
+
+// evalScrapes stores scrapes a minute apart and evaluates expr at the
+// last: one scrape for a gauge's value, two for what an increase() or
+// rate() sees between them. A series missing from an earlier scrape
+// starts at 0 there.
+func evalScrapes(t *testing.T, ctx context.Context, expr string, scrapes ...map[string]float64) promql.Vector {
+	t.Helper()
+	last := scrapes[len(scrapes)-1]
+	var load strings.Builder
+	load.WriteString("load 1m\n")
+	for s := range last {
+		fmt.Fprintf(&load, "  %s", s)
+		for _, sc := range scrapes {
+			fmt.Fprintf(&load, " %v", sc[s])
+		}
+		load.WriteString("\n")
 	}
 	storage := promqltest.LoadedStorage(t, load.String())
 	defer storage.Close()
 	engine := promqltest.NewTestEngine(t, false, 0, promqltest.DefaultMaxSamplesPerQuery)
-	q, err := engine.NewInstantQuery(ctx, storage, nil, expr, time.Unix(0, 0))
+	at := time.Unix(int64(60*(len(scrapes)-1)), 0)
+	q, err := engine.NewInstantQuery(ctx, storage, nil, expr, at)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -159,9 +159,13 @@ type PublisherStats struct {
 // ran out, the stream refused it for good, or its ID was reused (Err wraps
 // [ErrConflict] or [ErrWrongStream] for those two).
 type Failure struct {
-	ID       string
-	Attempts int
-	Err      error
+	ID string
+	// Fingerprint is the intent's [inbox.Fingerprint]: it tells apart two
+	// intents handed over under one ID with different payloads, the
+	// second of which is the conflict.
+	Fingerprint [32]byte
+	Attempts    int
+	Err         error
 }
 
 // ErrConflict reports an intent whose ID the stream already holds, inside
@@ -571,7 +575,7 @@ func (t *tracker) fail(err error) {
 	t.p.failed.Add(1)
 	if t.res == nil { // PublishWait returns it instead
 		t.p.mu.Lock()
-		t.p.failures = append(t.p.failures, Failure{ID: t.in.ID, Attempts: t.attempts, Err: err})
+		t.p.failures = append(t.p.failures, Failure{ID: t.in.ID, Fingerprint: inbox.Fingerprint(t.in.Payload), Attempts: t.attempts, Err: err})
 		t.p.mu.Unlock()
 	}
 	t.p.cfg.Logger.Warn("jsinbox: intent not published", "id", t.in.ID, "attempts", t.attempts, "err", err)

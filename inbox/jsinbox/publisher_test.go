@@ -180,7 +180,7 @@ func TestReusedIDWithDifferentPayloadInBatch(t *testing.T) {
 	twin.Payload = []byte(`{"account":2,"amount":1}`)
 	again = slices.Insert(again, 251, twin) // in the same batch as its original
 	st, f := publishOutcome(t, js, jsinbox.PublisherConfig{Batch: 100, Linger: 50 * time.Millisecond}, again)
-	if len(f) != 2 || f[0].ID != intents[250].ID || !errors.Is(f[0].Err, jsinbox.ErrConflict) ||
+	if len(f) != 2 || f[0].ID != intents[250].ID || f[0].Fingerprint != inbox.Fingerprint(twin.Payload) || !errors.Is(f[0].Err, jsinbox.ErrConflict) ||
 		f[1].ID != intents[42].ID || !errors.Is(f[1].Err, jsinbox.ErrConflict) {
 		t.Fatalf("failures %+v, want conflicts for %s (the twin) and %s", f, intents[250].ID, intents[42].ID)
 	}

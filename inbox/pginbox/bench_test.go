@@ -3,12 +3,17 @@ package pginbox_test
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/effects"
+	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
 // BenchmarkClaimTx measures the claim path alone: one transaction per batch,
@@ -81,5 +86,58 @@ func BenchmarkProcessLedger(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.N*c.size)/b.Elapsed().Seconds(), "msgs/s")
 		})
+	}
+}
+
+// BenchmarkProcessLedgerExecModes is BenchmarkProcessLedger's batch path
+// in each of pgx's statement modes, on a direct connection and through a
+// pgbouncer in transaction pooling mode (where only the modes without named
+// prepared statements work): the measurement behind the mode the consumer
+// takes behind a pooler.
+func BenchmarkProcessLedgerExecModes(b *testing.B) {
+	ctx := context.Background()
+	direct := testenv.NewDatabase(b)
+	newDBAt(b, direct) // migrated, accounts seeded
+	u, err := url.Parse(direct)
+	if err != nil {
+		b.Fatal(err)
+	}
+	bouncer := testenv.NewPgBouncer(b, testenv.PgBouncerOptions{PoolSize: 4})
+	pooled := bouncer.URL(strings.TrimPrefix(u.Path, "/"))
+	seq := 0
+	for _, path := range []struct{ name, url string }{{"direct", direct}, {"pgbouncer", pooled}} {
+		for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec"} {
+			if path.name == "pgbouncer" && mode == "cache_statement" {
+				continue // named prepared statements do not survive transaction pooling
+			}
+			for _, size := range []int{1, 100, 6000} {
+				b.Run(fmt.Sprintf("%s/%s/batch=%d", path.name, mode, size), func(b *testing.B) {
+					pool, err := pgxpool.New(ctx, testenv.WithQueryExecMode(path.url, mode))
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer pool.Close()
+					p, err := inbox.NewProcessor(pginbox.New(pool), effects.NewLedger(), inbox.Config{Scope: "bench"})
+					if err != nil {
+						b.Fatal(err)
+					}
+					msgs := make([]inbox.Message, size)
+					b.ReportAllocs()
+					b.ResetTimer()
+					for b.Loop() {
+						for i := range msgs {
+							seq++
+							msgs[i] = inbox.Message{ID: "m-" + strconv.Itoa(seq), Deliveries: 1,
+								Payload: effects.Intent{Account: int64(1 + seq%1024), Amount: 5}.AppendJSON(nil), StreamSeq: uint64(seq)}
+						}
+						out, err := p.Process(ctx, msgs)
+						if err != nil || out[0].Status != inbox.StatusApplied {
+							b.Fatal(fmt.Sprint(err, out[0]))
+						}
+					}
+					b.ReportMetric(float64(b.N*size)/b.Elapsed().Seconds(), "msgs/s")
+				})
+			}
+		}
 	}
 }

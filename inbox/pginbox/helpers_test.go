@@ -23,8 +23,14 @@ const accounts = 1024
 // newDB returns a pool on a fresh, migrated database with seeded accounts.
 func newDB(t testing.TB) *pgxpool.Pool {
 	t.Helper()
+	return newDBAt(t, testenv.NewDatabase(t))
+}
+
+// newDBAt is newDB on the database at dbURL.
+func newDBAt(t testing.TB, dbURL string) *pgxpool.Pool {
+	t.Helper()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.NewDatabase(t))
+	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}

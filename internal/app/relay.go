@@ -39,7 +39,8 @@ func Relay(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, stde
 		publishBatch = fs.Int("publish-batch", 0, "publish in JetStream atomic batches of this many rows (0: one publish per row)")
 		create       = fs.String("create-stream", "", "create -stream, capturing SUBJECT.>, if it does not exist (e.g. -create-stream "+cli.DefaultFollowUpPrefix+")")
 		httpAddr     = fs.String("http", env.Or("JETINBOX_RELAY_HTTP_ADDR", "127.0.0.1:9092"), "address for /metrics (jetinbox_outbox_*) and /healthz (env JETINBOX_RELAY_HTTP_ADDR); loopback only by default: set 0.0.0.0:9092 where scrapes come from elsewhere; empty disables")
-		noListen     = fs.Bool("no-listen", false, "poll only, without LISTEN/NOTIFY (for a connection pooler in transaction mode)")
+		noListen     = fs.Bool("no-listen", false, "poll only, without LISTEN/NOTIFY (for a connection pooler in transaction mode, without -listen-database)")
+		listenURL    = fs.String("listen-database", "", cli.ListenDatabaseUsage) // the environment's after parsing: -h shows no password
 		logFormat    = fs.String("log-format", env.Or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto (text on a terminal)")
 	)
 	kind := jitter.Decorrelated
@@ -78,6 +79,14 @@ func Relay(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, stde
 	defer store.Close()
 	if store.SQLite != nil && !*noListen {
 		*noListen = true // SQLite has no notifications: the relay polls with jittered waits
+	}
+	if *listenURL == "" {
+		*listenURL = env("JETINBOX_LISTEN_DATABASE_URL")
+	}
+	if *listenURL != "" && !*noListen {
+		if err := store.OpenListen(ctx, *listenURL, log); err != nil {
+			return err
+		}
 	}
 	nc, js, err := nf.Connect("jetinbox-relay", reconnect(kind), log)
 	if err != nil {

@@ -96,7 +96,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.MemProfile, "memprofile", "", "write a Go allocation profile of the consuming phases (NATS server included) to this file, and the allocations before them to <file>.base (go tool pprof -diff_base <file>.base <file>)")
 	fs.BoolVar(&o.ChildRSS, "child", true, "also run the consumer as its own process over the same messages and report its peak RSS (memory is bounded by batch × in-flight, not by the stream)")
 	fs.StringVar(&o.Only, "only", "", "run only these approaches, comma separated: raw,naive,jetinbox,jetinbox-hot (jetinbox on the hot stream, see -hot-too),outbox (jetinbox whose ledger emits a follow-up per credit through the outbox, then the relay draining it)")
-	fs.StringVar(&o.Store, "store", cli.StorePostgres, "the inbox store: postgres (a throwaway server, fsync on) or sqlite (files in a temporary directory, WAL, synchronous=FULL)")
+	fs.StringVar(&o.Store, "store", cli.StorePostgres, "the inbox store: postgres (a throwaway server, fsync on), pgbouncer (the same server behind a pgbouncer in transaction mode) or sqlite (files in a temporary directory, WAL, synchronous=FULL)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage of jetinbox bench: raw pipe vs naive vs jetinbox on the same messages, embedded NATS and a throwaway PostgreSQL (fsync on) or SQLite files (-store sqlite).")
 		fs.PrintDefaults()
@@ -133,8 +133,8 @@ func (o Options) validate(extra int) error {
 			errs = append(errs, fmt.Errorf("-only %q: want raw, naive, jetinbox, jetinbox-hot or outbox", a))
 		}
 	}
-	if o.Store != cli.StorePostgres && o.Store != cli.StoreSQLite {
-		errs = append(errs, fmt.Errorf("-store %q: want postgres or sqlite", o.Store))
+	if o.Store != cli.StorePostgres && o.Store != cli.StoreSQLite && o.Store != storePgBouncer {
+		errs = append(errs, fmt.Errorf("-store %q: want postgres, pgbouncer or sqlite", o.Store))
 	}
 	if extra > 0 {
 		errs = append(errs, fmt.Errorf("unexpected arguments"))

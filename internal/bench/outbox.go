@@ -64,6 +64,8 @@ func newRelay(store *cli.Store, js jetstream.JetStream, o Options, lags *lagColl
 	if lags != nil {
 		cfg.OnSent = lags.add
 	}
+	// A LISTEN through a pooler in transaction mode hears nothing: poll.
+	cfg.NoListen = store.Pooled
 	return outbox.NewRelay(outbox.Postgres(store.PG), js, cfg)
 }
 

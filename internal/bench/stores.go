@@ -47,9 +47,25 @@ func openDatabases(ctx context.Context, store string) (databases, error) {
 			return nil, err
 		}
 		return pgDatabases{pg}, nil
+	case storePgBouncer:
+		pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{Durable: true})
+		if err != nil {
+			return nil, err
+		}
+		// Server connections enough for every transaction the approaches
+		// run at once: the pooler's own cost is measured, not a queue.
+		b, err := testenv.StartPgBouncer(ctx, pg, testenv.PgBouncerOptions{PoolSize: 16})
+		if err != nil {
+			pg.Close()
+			return nil, err
+		}
+		return bouncerDatabases{pgDatabases{pg}, b}, nil
 	}
-	return nil, fmt.Errorf("-store %q: want postgres or sqlite", store)
+	return nil, fmt.Errorf("-store %q: want postgres, pgbouncer or sqlite", store)
 }
+
+// storePgBouncer is bench's -store for PostgreSQL behind a pgbouncer.
+const storePgBouncer = "pgbouncer"
 
 // benchDB is a migrated database with accounts 1..accounts on the
 // throwaway server, as a pool: the cluster measurements also read
@@ -89,6 +105,35 @@ func (d pgDatabases) drop(ctx context.Context, name string) error {
 func (d pgDatabases) settle(ctx context.Context) error { return d.pg.Settle(ctx, 30*time.Second) }
 func (d pgDatabases) String() string                   { return "PostgreSQL (fsync on)" }
 func (d pgDatabases) close()                           { d.pg.Close() }
+
+// bouncerDatabases are databases of a throwaway PostgreSQL server (fsync
+// on) reached through a pgbouncer in transaction pooling mode, as the
+// commands reach it: cli.OpenStore finds the pooler and picks the
+// statement mode.
+type bouncerDatabases struct {
+	pgDatabases
+	b *testenv.PgBouncer
+}
+
+func (d bouncerDatabases) create(ctx context.Context, name string, accounts int) (*cli.Store, error) {
+	if _, err := d.pg.CreateDatabase(ctx, name); err != nil {
+		return nil, err
+	}
+	s, err := cli.OpenStore(ctx, d.url(name), 32, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return nil, err
+	}
+	return prepare(ctx, s, accounts)
+}
+
+func (d bouncerDatabases) url(name string) string { return d.b.URL(name) }
+func (d bouncerDatabases) String() string {
+	return "PostgreSQL (fsync on) through pgbouncer (transaction mode)"
+}
+func (d bouncerDatabases) close() {
+	_ = d.b.Close()
+	d.pg.Close()
+}
 
 // sqliteDatabases are SQLite files in a temporary directory (WAL,
 // synchronous=FULL).

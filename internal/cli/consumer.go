@@ -167,6 +167,12 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		}
 		cfg := RelayConfigFor(relay.stream, relay.batch, 0, w.kind, log)
 		cfg.OnSent = rm.ObserveSent
+		cfg.NoListen = relay.noListen
+		if u := relay.listenDatabase(); u != "" && !relay.noListen && store.PG != nil {
+			if err := store.OpenListen(ctx, u, log); err != nil {
+				return err
+			}
+		}
 		r, relayDone, err := StartRelay(runCtx, store, js, cfg)
 		if err != nil {
 			return err

@@ -181,9 +181,9 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		summary("interrupted: ")
 		return fmt.Errorf("interrupted before every intent was published and acknowledged (counts so far above): %w", err)
 	}
-	// lineOf maps an intent's ID to the input line that first gave it, so
-	// that failures are reported by line.
-	lineOf := map[string]int{}
+	// lineOf maps an intent (its ID and payload) to the input line that
+	// first gave it, so that failures are reported by line.
+	lineOf := map[lineKey]int{}
 	if *input != "" {
 		r := stdin
 		if *input != "-" {
@@ -230,17 +230,25 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	return nil
 }
 
+// lineKey is an intent as the publisher's failures name it.
+type lineKey struct {
+	id string
+	fp [32]byte
+}
+
 // reportFailures lists the intents not published, JSONL ones by input line
 // (lineOf) like rejected lines.
-func reportFailures(w io.Writer, f []jsinbox.Failure, lineOf map[string]int) {
-	slices.SortStableFunc(f, func(a, b jsinbox.Failure) int { return cmp.Compare(lineOf[a.ID], lineOf[b.ID]) })
+func reportFailures(w io.Writer, f []jsinbox.Failure, lineOf map[lineKey]int) {
+	slices.SortStableFunc(f, func(a, b jsinbox.Failure) int {
+		return cmp.Compare(lineOf[lineKey{a.ID, a.Fingerprint}], lineOf[lineKey{b.ID, b.Fingerprint}])
+	})
 	fmt.Fprintf(w, "not published (%d):\n", len(f))
 	for _, x := range f {
 		what := "not published"
 		if errors.Is(x.Err, jsinbox.ErrConflict) {
 			what = "conflict"
 		}
-		if line := lineOf[x.ID]; line > 0 {
+		if line := lineOf[lineKey{x.ID, x.Fingerprint}]; line > 0 {
 			fmt.Fprintf(w, "line %d: %s: id %s after %d attempts: %v\n", line, what, x.ID, x.Attempts, x.Err)
 		} else {
 			fmt.Fprintf(w, "  %s: id %s after %d attempts: %v\n", what, x.ID, x.Attempts, x.Err)
@@ -293,7 +301,7 @@ const maxLine = 1 << 20
 // utf8BOM may start a file saved by some editors; it is skipped.
 var utf8BOM = []byte{0xEF, 0xBB, 0xBF}
 
-func publishJSONL(ctx context.Context, pub *jsinbox.Publisher, r io.Reader, subject string, stderr io.Writer, lineOf map[string]int) (bad int, err error) {
+func publishJSONL(ctx context.Context, pub *jsinbox.Publisher, r io.Reader, subject string, stderr io.Writer, lineOf map[lineKey]int) (bad int, err error) {
 	// Lines are read in a goroutine, so that a signal ends a run waiting
 	// on a quiet stdin.
 	type read struct {
@@ -340,8 +348,9 @@ func publishJSONL(ctx context.Context, pub *jsinbox.Publisher, r io.Reader, subj
 					bad++
 					fmt.Fprintf(stderr, "line %d: %v\n", n, err)
 				} else {
-					if _, seen := lineOf[in.ID]; !seen {
-						lineOf[in.ID] = n // failures are reported by line
+					k := lineKey{in.ID, inbox.Fingerprint(in.Payload)}
+					if _, seen := lineOf[k]; !seen {
+						lineOf[k] = n // failures are reported by line
 					}
 					if err := pub.Publish(ctx, in); err != nil {
 						return bad, err

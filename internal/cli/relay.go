@@ -32,12 +32,20 @@ type consumerRelay struct {
 	stream    string
 	batch     int
 	followUps string
+	noListen  bool
+	listenURL string
+	env       Env
 }
 
 func (r *consumerRelay) register(fs FlagSet, env Env) {
 	fs.BoolVar(&r.run, "relay", false, "also run the outbox relay in this process: publish the outbox's pending rows (follow-ups, a service's own intents) to -relay-stream and mark them sent; any number of relays may run")
 	fs.StringVar(&r.stream, "relay-stream", env.Or("JETINBOX_RELAY_STREAM", DefaultRelayStream), "-relay: the stream every outbox row must land in (env JETINBOX_RELAY_STREAM)")
 	fs.IntVar(&r.batch, "relay-batch", 500, "-relay: most outbox rows per relay transaction")
+	fs.BoolVar(&r.noListen, "relay-no-listen", false, "-relay: poll only, without LISTEN/NOTIFY")
+	// The environment's URL is read after parsing (see listenDatabase), so
+	// that -h shows no password.
+	r.env = env
+	fs.StringVar(&r.listenURL, "relay-listen-database", "", "-relay: "+ListenDatabaseUsage)
 	fs.StringVar(&r.followUps, "follow-ups", "", "the ledger adds a follow-up intent per applied credit to the outbox, in the inbox transaction, on subject PREFIX.<account mod 16> "+
 		"with ID notify:<message ID> (e.g. -follow-ups "+DefaultFollowUpPrefix+"); empty: none. Needs the outbox schema (jetinbox migrate)")
 }
@@ -52,6 +60,14 @@ func (r *consumerRelay) check(c *checks) {
 			c.add(fmt.Errorf("-follow-ups: %w", err))
 		}
 	}
+}
+
+// listenDatabase is -relay-listen-database, else JETINBOX_LISTEN_DATABASE_URL.
+func (r *consumerRelay) listenDatabase() string {
+	if r.listenURL == "" && r.env != nil {
+		return r.env("JETINBOX_LISTEN_DATABASE_URL")
+	}
+	return r.listenURL
 }
 
 // RelayConfigFor returns the relay's configuration with every wait of the
@@ -108,8 +124,19 @@ func StartRelay(ctx context.Context, store *Store, js jetstream.JetStream, cfg o
 		return nil, nil, UsageError{Err: err}
 	}
 	src := outbox.Postgres(store.PG)
-	if store.SQLite != nil {
+	switch {
+	case store.SQLite != nil:
 		src = sqliteoutbox.Source(store.SQLite, 0)
+	case cfg.NoListen:
+	case store.listen != nil:
+		src = listenElsewhere{Source: src, Listener: outbox.Postgres(store.listen).(outbox.Listener)}
+	case store.Pooled:
+		// A LISTEN through a pooler in transaction mode is run on
+		// whichever server connection is free and forgotten with it: the
+		// relay would seem to listen and never hear a notification.
+		return nil, nil, UsageError{Err: errors.New("relay: a connection pooler answers at the database URL, and LISTEN does not work through a pooler in transaction mode: " +
+			"give the relay a direct URL to the server for LISTEN (JETINBOX_LISTEN_DATABASE_URL; jetinbox relay -listen-database, consumer -relay-listen-database), " +
+			"or let it poll only (jetinbox relay -no-listen, consumer -relay-no-listen)")}
 	}
 	if err := CheckRelayStream(ctx, js, cfg.Stream); err != nil {
 		return nil, nil, err
@@ -121,6 +148,13 @@ func StartRelay(ctx context.Context, store *Store, js jetstream.JetStream, cfg o
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	return r, done, nil
+}
+
+// listenElsewhere is an outbox source that LISTENs on another pool than
+// the one it takes rows on.
+type listenElsewhere struct {
+	outbox.Source
+	outbox.Listener
 }
 
 // RelayBacklog returns how the relay metrics count the outbox's pending

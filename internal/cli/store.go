@@ -67,6 +67,14 @@ type Store struct {
 	SQLite *sql.DB
 	// Path is the SQLite file.
 	Path string
+	// Pooled reports that a connection pooler answers for the PostgreSQL
+	// server ([BehindPooler]): the pool runs without named prepared
+	// statements, and a relay cannot LISTEN on it.
+	Pooled bool
+
+	// listen is the pool a relay LISTENs on, when not PG (see
+	// [Store.OpenListen]).
+	listen *pgxpool.Pool
 }
 
 // OpenStore opens the database dbURL names: a SQLite file for
@@ -84,11 +92,38 @@ func OpenStore(ctx context.Context, dbURL string, maxConns int32, log *slog.Logg
 		}
 		return &Store{SQLite: db, Path: path}, nil
 	}
-	pool, err := OpenDB(ctx, dbURL, maxConns, log)
+	pool, pooled, err := openDB(ctx, dbURL, maxConns, log)
 	if err != nil {
 		return nil, err
 	}
-	return &Store{PG: pool}, nil
+	return &Store{PG: pool, Pooled: pooled}, nil
+}
+
+// ListenDatabaseUsage is the help text of the flags that take a relay's
+// direct URL for LISTEN.
+const ListenDatabaseUsage = "a direct PostgreSQL URL (same database, no connection pooler) for the relay's LISTEN, when the database URL reaches the server " +
+	"through a pooler in transaction mode, which cannot carry notifications (env JETINBOX_LISTEN_DATABASE_URL)"
+
+// OpenListen opens a pool of one connection on dbURL for a relay on this
+// PostgreSQL store to LISTEN on, in place of the store's own pool. dbURL
+// must reach the same database without a connection pooler.
+func (s *Store) OpenListen(ctx context.Context, dbURL string, log *slog.Logger) error {
+	if s.PG == nil {
+		return UsageError{Err: errors.New("a LISTEN database URL is for a PostgreSQL store: SQLite has no notifications")}
+	}
+	if _, ok, _ := SQLitePath(dbURL); ok {
+		return UsageError{Err: fmt.Errorf("JETINBOX_LISTEN_DATABASE_URL: %s is not a PostgreSQL URL", dbURL)}
+	}
+	pool, pooled, err := openDB(ctx, dbURL, 1, log)
+	if err != nil {
+		return fmt.Errorf("JETINBOX_LISTEN_DATABASE_URL: %w", err)
+	}
+	if pooled {
+		pool.Close()
+		return UsageError{Err: errors.New("JETINBOX_LISTEN_DATABASE_URL: a connection pooler answers there too; LISTEN needs a direct connection to the server")}
+	}
+	s.listen = pool
+	return nil
 }
 
 // ReleaseRejected deletes the inbox row of id in scope if it records a
@@ -146,6 +181,9 @@ func (s *Store) Close() {
 		return
 	}
 	s.PG.Close()
+	if s.listen != nil {
+		s.listen.Close()
+	}
 }
 
 // Ping checks the database answers.
