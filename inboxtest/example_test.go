@@ -28,7 +28,7 @@ func Example() {
 		}
 		return nil
 	})
-	kit, err := inboxtest.NewSQLite(send, inbox.Config{Scope: "emails"})
+	kit, err := inboxtest.SQLite(send, inbox.Config{Scope: "emails"})
 	if err != nil {
 		panic(err)
 	}

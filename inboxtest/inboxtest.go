@@ -4,7 +4,7 @@
 // with each message (applied, duplicate, conflict, rejected, retry) and
 // that a failing effect leaves nothing behind.
 //
-//	kit, err := inboxtest.NewSQLite(myHandler, inbox.Config{Scope: "emails"})
+//	kit, err := inboxtest.SQLite(myHandler, inbox.Config{Scope: "emails"})
 //	if err != nil {
 //		t.Fatal(err)
 //	}
@@ -102,9 +102,9 @@ func Statuses(out []inbox.Outcome) string {
 	return strings.Join(s, " ")
 }
 
-// SQLiteKit is a [Kit] on a SQLite file in a temporary directory, which
-// Close removes.
-type SQLiteKit struct {
+// Temp is a [Kit] on a SQLite file in a temporary directory, which
+// Close removes. [SQLite] makes one.
+type Temp struct {
 	*Kit[*sql.Tx]
 	// DB is the store's database: create the handler's tables in it, and
 	// read what the handler wrote. Do not use it while Deliver runs.
@@ -112,9 +112,9 @@ type SQLiteKit struct {
 	dir string
 }
 
-// NewSQLite returns a kit running handler on a new, migrated SQLite
+// SQLite returns a kit running handler on a new, migrated SQLite
 // inbox in a temporary directory. Close it when done.
-func NewSQLite(handler inbox.Handler[*sql.Tx], cfg inbox.Config) (*SQLiteKit, error) {
+func SQLite(handler inbox.Handler[*sql.Tx], cfg inbox.Config) (*Temp, error) {
 	dir, err := os.MkdirTemp("", "inboxtest-")
 	if err != nil {
 		return nil, fmt.Errorf("inboxtest: %w", err)
@@ -130,10 +130,10 @@ func NewSQLite(handler inbox.Handler[*sql.Tx], cfg inbox.Config) (*SQLiteKit, er
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	return &SQLiteKit{Kit: k, DB: db, dir: dir}, nil
+	return &Temp{Kit: k, DB: db, dir: dir}, nil
 }
 
 // Close closes the database and removes its directory.
-func (k *SQLiteKit) Close() error {
+func (k *Temp) Close() error {
 	return errors.Join(k.DB.Close(), os.RemoveAll(k.dir))
 }

@@ -76,7 +76,7 @@ func TestSQLiteOutcomes(t *testing.T) {
 			return err
 		})
 	})
-	kit, err := inboxtest.NewSQLite(h, inbox.Config{Scope: "test"})
+	kit, err := inboxtest.SQLite(h, inbox.Config{Scope: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
