@@ -78,7 +78,7 @@ func (p *Processor[TX]) processOnce(ctx context.Context, msgs []Message, valid [
 }
 
 // claim claims the batch's valid messages: with COPY when fast (every
-// claim is then fresh and res is nil), else with [ClaimTx]; in isolation
+// claim is then fresh and res is nil), else with the store's Claim; in isolation
 // one message at a time, so that a claim the database refuses rejects only
 // its own message. A claim refused outside isolation fails the batch with
 // errIsolate.

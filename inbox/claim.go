@@ -98,7 +98,7 @@ type ClaimResult struct {
 // claim the database refuses (a data error the checks before the claim did
 // not catch) rolls back alone: refused[i] is its permanent error, and the
 // other claims stand. Copies of an ID earlier in the slice are resolved
-// the way [ClaimTx] does.
+// the way pginbox.ClaimTx does.
 func (p *Processor[TX]) claimEach(ctx context.Context, tx TX, claims []Claim) (res []ClaimResult, refused []error, err error) {
 	st := p.store
 	res = make([]ClaimResult, len(claims))

@@ -37,7 +37,7 @@ var (
 	// with a data error (a constraint, an encoding) that the checks before
 	// the claim did not catch; its neighbours are claimed without it.
 	ErrClaimRefused = errors.New("inbox: the database refused the claim")
-	// ErrUnsafeHorizon is returned by [Prune] for a retention horizon shorter
+	// ErrUnsafeHorizon is returned by a store's Prune for a retention horizon shorter
 	// than the horizon over which messages can come back.
 	ErrUnsafeHorizon = errors.New("inbox: retention horizon shorter than the redelivery/replay horizon")
 )

@@ -319,7 +319,7 @@ const copyCooldownBatches = 32
 // copyClaimable reports whether a batch may be claimed with COPY: it is big
 // enough for COPY to pay, every message is on its first delivery (a
 // redelivery may well be claimed already), and no recent copy claim hit an
-// existing row. Everything else takes [ClaimTx]. COPY is an optimisation
+// existing row. Everything else takes the store's Claim. COPY is an optimisation
 // only: when it meets a claimed ID the transaction is rolled back and the
 // batch claimed again with ClaimTx, so both paths give the same outcomes.
 func (p *Processor[TX]) copyClaimable(msgs []Message, valid []int) bool {

@@ -42,7 +42,7 @@ type Store[TX any] interface {
 
 	// Claim claims every claim for scope, in order, reporting each as
 	// fresh, duplicate or conflict; copies of an ID earlier in the slice
-	// are resolved as [ClaimTx] does. Claims have valid IDs.
+	// are resolved as pginbox.ClaimTx does. Claims have valid IDs.
 	Claim(ctx context.Context, tx TX, scope string, claims []Claim) ([]ClaimResult, error)
 	// ClaimNewThreshold is the smallest batch of first deliveries the
 	// store claims with ClaimNew; 0 if it has no such fast path.
