@@ -159,13 +159,15 @@ func StartAutoFailover(ctx context.Context, opts AutoFailoverOptions) (_ *AutoFa
 		return nil, err
 	}
 	// Fail over in seconds, not the default half minute: the monitor
-	// checks each node every second and calls one unhealthy after 3s.
+	// checks each node every second, calls one unhealthy after 3s and
+	// gives a lost primary 3s to demote itself.
 	if err := f.monitorExec(ctx,
 		`ALTER SYSTEM SET pgautofailover.health_check_period = 1000`,
 		`ALTER SYSTEM SET pgautofailover.health_check_timeout = 1000`,
 		`ALTER SYSTEM SET pgautofailover.health_check_max_retries = 1`,
 		`ALTER SYSTEM SET pgautofailover.health_check_retry_delay = 500`,
 		`ALTER SYSTEM SET pgautofailover.node_considered_unhealthy_timeout = 3000`,
+		`ALTER SYSTEM SET pgautofailover.primary_demote_timeout = 3000`,
 		`SELECT pg_reload_conf()`); err != nil {
 		return nil, err
 	}
@@ -414,7 +416,9 @@ func (f *AutoFailover) Primary(ctx context.Context) (int, error) {
 		return -1, err
 	}
 	for _, s := range st {
-		if s.Reported == "primary" || s.Reported == "wait_primary" {
+		// A dead primary still reports "primary": the goal says what the
+		// monitor made of it.
+		if s.Reported == s.Goal && (s.Reported == "primary" || s.Reported == "wait_primary") {
 			for i, n := range f.nodes {
 				if n.port == s.Port {
 					return i, nil
