@@ -136,7 +136,7 @@ func TestClusterChaosFlags(t *testing.T) {
 func TestPGFailoverSmoke(t *testing.T) {
 	var progress bytes.Buffer
 	logs := testenv.NewLogTail(300)
-	rows, err := RunPGFailover(context.Background(), PGFailoverOptions{Intents: 300, Rate: 150, Faults: 1, Kinds: []string{"kill-primary"},
+	rows, err := RunPGFailover(context.Background(), PGFailoverOptions{Intents: 300, Rate: 150, Faults: 1, Kinds: []string{"lag-then-kill"},
 		Modes: []string{ModeSync}, Seed: 3, Progress: &progress,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	t.Logf("\n%s", progress.String())

@@ -38,6 +38,7 @@ import (
 // PGFaults are the faults of a failover run.
 var PGFaults = []string{
 	"kill-primary",  // SIGKILL of the primary's pg_autoctl and postgres: the monitor fails over; the old primary rejoins as secondary
+	"lag-then-kill", // the standby's WAL receiver stalled for a second, then the primary killed with the WAL on the wire: the standby is behind when promoted
 	"failover",      // pg_autoctl perform failover: a planned switchover
 	"kill-postgres", // SIGKILL of the primary's postmaster: its keeper restarts it (crash recovery, no failover)
 	"cut",           // every client connection to the primary cut for two seconds (the nodes still see each other)
@@ -288,30 +289,40 @@ func runPGMode(ctx context.Context, o PGFailoverOptions, mode string, round uint
 	for range o.Faults {
 		schedule = append(schedule, o.Kinds[dice.IntN(len(o.Kinds))])
 	}
-	// Fault k goes in once (k+1)/(faults+1) of the intents are out.
-	at := map[int]string{}
-	for k, kind := range schedule {
-		at[len(intents)*(k+1)/(len(schedule)+1)] = kind
-	}
-	tick := time.NewTicker(time.Second / time.Duration(o.Rate))
-	defer tick.Stop()
+	// Fault k goes in once (k+1)/(faults+1) of the intents are out, while
+	// the producer goes on publishing and the consumers on committing.
+	var published atomic.Int64
 	var notes []string
-	for i, in := range intents {
-		if kind, ok := at[i]; ok {
+	faultErr := make(chan error, 1)
+	go func() {
+		for k, kind := range schedule {
+			for published.Load() < int64(len(intents)*(k+1)/(len(schedule)+1)) && ctx.Err() == nil {
+				time.Sleep(5 * time.Millisecond)
+			}
 			fctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 			note, err := r.fault(fctx, kind)
 			cancel()
 			if err != nil {
 				r.say("pg_autoctl's last lines:\n%s", logs)
-				return PGFailoverRow{}, fmt.Errorf("%s: %w", kind, err)
+				faultErr <- fmt.Errorf("%s: %w", kind, err)
+				return
 			}
 			notes = append(notes, note)
 			r.say("%s", note)
 		}
+		faultErr <- nil
+	}()
+	tick := time.NewTicker(time.Second / time.Duration(o.Rate))
+	defer tick.Stop()
+	for _, in := range intents {
 		<-tick.C
 		if err := pub.Publish(ctx, in); err != nil {
 			return PGFailoverRow{}, err
 		}
+		published.Add(1)
+	}
+	if err := <-faultErr; err != nil {
+		return PGFailoverRow{}, err
 	}
 	if err := pub.Flush(ctx); err != nil {
 		return PGFailoverRow{}, err
@@ -382,6 +393,25 @@ func (r *pgRun) fault(ctx context.Context, kind string) (string, error) {
 			return "", err
 		}
 		return fmt.Sprintf("%s killed, %s promoted in %.1fs, %s rejoined as secondary", r.f.Name(p), r.f.Name(1-p), promoted.Seconds(), r.f.Name(p)), nil
+	case "lag-then-kill":
+		release, err := r.f.PauseWALReceiver(ctx, 1-p)
+		if err != nil {
+			return "", err
+		}
+		time.Sleep(time.Second)
+		r.f.KillNode(p)
+		release(true) // what was on the wire to the standby dies with the primary
+		if err := r.waitPrimary(ctx, 1-p); err != nil {
+			return "", err
+		}
+		promoted := time.Since(t0)
+		if err := r.f.StartNode(p); err != nil {
+			return "", err
+		}
+		if err := r.f.WaitStates(ctx, 2*time.Minute, "primary", "secondary"); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("%s's WAL receiver stalled 1s, %s killed with it, %s promoted after %.1fs, %s rejoined as secondary", r.f.Name(1-p), r.f.Name(p), r.f.Name(1-p), promoted.Seconds(), r.f.Name(p)), nil
 	case "failover":
 		if err := r.f.PerformFailover(ctx); err != nil {
 			return "", err

@@ -537,3 +537,32 @@ func (f *AutoFailover) Close() error {
 	}
 	return nil
 }
+
+// PauseWALReceiver stops node i's WAL receiver (SIGSTOP), as a standby
+// whose link stalls: it reads no WAL until release is called. A primary
+// with this node as synchronous standby holds its commits meanwhile; one
+// replicating asynchronously goes on committing what the standby does not
+// have. release(true) kills the receiver (SIGKILL) instead of letting it
+// go on, dropping the WAL still unread in its socket, as a network that
+// fails with the primary loses what was on the wire; the standby restarts
+// its processes and recovers what it had.
+func (f *AutoFailover) PauseWALReceiver(ctx context.Context, i int) (release func(drop bool), err error) {
+	c, err := pgx.Connect(ctx, f.NodeURL(i, "postgres"))
+	if err != nil {
+		return nil, fmt.Errorf("testenv: %w", err)
+	}
+	defer c.Close(ctx)
+	var pid int
+	if err := c.QueryRow(ctx, "SELECT pid FROM pg_stat_wal_receiver").Scan(&pid); err != nil {
+		return nil, fmt.Errorf("testenv: %s's WAL receiver: %w", f.nodes[i].name, err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return nil, fmt.Errorf("testenv: stop %s's WAL receiver: %w", f.nodes[i].name, err)
+	}
+	return func(drop bool) {
+		if drop {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+	}, nil
+}
