@@ -160,3 +160,21 @@ func TestPGFailoverSmoke(t *testing.T) {
 		t.Errorf("no failover happened: %s", r.Faults)
 	}
 }
+
+// TestPGFailoverFlags: bad flags and a missing pg_auto_failover are usage
+// errors (exit 2), the latter naming the Debian packages to install.
+func TestPGFailoverFlags(t *testing.T) {
+	for _, args := range [][]string{{"-kinds", "kill-primary,meteor"}, {"-modes", "semi"}, {"-intents", "0"}, {"-rate", "0"}, {"extra"}} {
+		var out, errOut bytes.Buffer
+		err := Main(context.Background(), append([]string{"-pg-failover"}, args...), &out, &errOut)
+		if cli.ExitCode(err) != 2 {
+			t.Errorf("%q: %v (exit %d, want 2)", args, err, cli.ExitCode(err))
+		}
+	}
+	t.Setenv("JETINBOX_PG_AUTOCTL", "/nonexistent/pg_autoctl")
+	var out, errOut bytes.Buffer
+	err := Main(context.Background(), []string{"-pg-failover", "-intents", "10"}, &out, &errOut)
+	if cli.ExitCode(err) != 2 || !strings.Contains(err.Error(), "postgresql-15-auto-failover") || !strings.Contains(err.Error(), "pg-auto-failover-cli") {
+		t.Errorf("without pg_autoctl: %v (exit %d), want exit 2 naming the packages", err, cli.ExitCode(err))
+	}
+}

@@ -34,7 +34,11 @@ const AutoFailoverPackages = "postgresql-15-auto-failover pg-auto-failover-cli"
 // version: Debian's postgresql-15-auto-failover for 15).
 func FindAutoFailover() (autoctl, pgBin string, err error) {
 	autoctl = os.Getenv("JETINBOX_PG_AUTOCTL")
-	if autoctl == "" {
+	if autoctl != "" {
+		if _, err := os.Stat(autoctl); err != nil {
+			return "", "", fmt.Errorf("%w (JETINBOX_PG_AUTOCTL=%s does not exist)", ErrNoAutoFailover, autoctl)
+		}
+	} else {
 		if autoctl, err = exec.LookPath("pg_autoctl"); err != nil {
 			return "", "", ErrNoAutoFailover
 		}
