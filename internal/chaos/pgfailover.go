@@ -57,8 +57,9 @@ type PGFailoverOptions struct {
 	// Rate paces the producer (intents per second), so that faults meet
 	// batches in flight.
 	Rate int
-	// Faults is how many faults each mode meets, drawn with Seed from
-	// Kinds.
+	// Faults is how many faults each mode meets: every one of Kinds once
+	// per len(Kinds) faults, in an order drawn with Seed, the same for
+	// every mode.
 	Faults int
 	Kinds  []string
 	Seed   uint64
@@ -97,7 +98,7 @@ func PGFailoverMain(ctx context.Context, args []string, stdout, stderr io.Writer
 	var kinds, modes string
 	fs.IntVar(&o.Intents, "intents", 2000, "intents published per replication mode")
 	fs.IntVar(&o.Rate, "rate", 200, "intents per second the producer publishes")
-	fs.IntVar(&o.Faults, "faults", 4, "faults per replication mode, drawn from -kinds by -seed")
+	fs.IntVar(&o.Faults, "faults", len(PGFaults), "faults per replication mode: every one of -kinds once per that many faults, in an order drawn by -seed, the same for every mode")
 	fs.StringVar(&kinds, "kinds", strings.Join(PGFaults, ","), "fault kinds: "+strings.Join(PGFaults, ", "))
 	fs.StringVar(&modes, "modes", ModeSync+","+ModeAsync, "replication modes, one row each: synchronous (pg_auto_failover's synchronous standby), asynchronous (the consumer commits with synchronous_commit=local)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the fault schedule")
@@ -284,11 +285,7 @@ func runPGMode(ctx context.Context, o PGFailoverOptions, mode string, round uint
 	}
 	defer pub.Close()
 	intents := pipeline.Generate(pipeline.Load{Count: o.Intents, Accounts: 64, Prefix: "pgf-" + mode, Seed: o.Seed + round})
-	dice := rand.New(rand.NewPCG(o.Seed, round))
-	var schedule []string
-	for range o.Faults {
-		schedule = append(schedule, o.Kinds[dice.IntN(len(o.Kinds))])
-	}
+	schedule := pgSchedule(o)
 	// Fault k goes in once (k+1)/(faults+1) of the intents are out, while
 	// the producer goes on publishing and the consumers on committing.
 	var published atomic.Int64
@@ -508,4 +505,18 @@ func countPG(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, in
 		}
 	}
 	return nil
+}
+
+// pgSchedule is the faults of a mode, in order: every kind once per
+// len(Kinds) faults, shuffled by the seed alone, so that every mode meets
+// the same schedule and the rows compare replication, not luck.
+func pgSchedule(o PGFailoverOptions) []string {
+	dice := rand.New(rand.NewPCG(o.Seed, 0))
+	var schedule []string
+	for len(schedule) < o.Faults {
+		kinds := slices.Clone(o.Kinds)
+		dice.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
+		schedule = append(schedule, kinds[:min(len(kinds), o.Faults-len(schedule))]...)
+	}
+	return schedule
 }
