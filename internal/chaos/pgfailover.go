@@ -287,13 +287,20 @@ func runPGMode(ctx context.Context, o PGFailoverOptions, mode string, round uint
 	intents := pipeline.Generate(pipeline.Load{Count: o.Intents, Accounts: 64, Prefix: "pgf-" + mode, Seed: o.Seed + round})
 	schedule := pgSchedule(o)
 	// Fault k goes in once (k+1)/(faults+1) of the intents are out, while
-	// the producer goes on publishing and the consumers on committing.
+	// the producer goes on publishing and the consumers on committing; the
+	// producer waits at the next fault's mark until this one is over, so
+	// that every fault meets intents in flight.
 	var published atomic.Int64
 	var notes []string
+	mark := func(k int) int { return len(intents) * (k + 1) / (len(schedule) + 1) }
+	faultDone := make([]chan struct{}, len(schedule))
+	for k := range faultDone {
+		faultDone[k] = make(chan struct{})
+	}
 	faultErr := make(chan error, 1)
 	go func() {
 		for k, kind := range schedule {
-			for published.Load() < int64(len(intents)*(k+1)/(len(schedule)+1)) && ctx.Err() == nil {
+			for published.Load() < int64(mark(k)) && ctx.Err() == nil {
 				time.Sleep(5 * time.Millisecond)
 			}
 			fctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
@@ -306,12 +313,25 @@ func runPGMode(ctx context.Context, o PGFailoverOptions, mode string, round uint
 			}
 			notes = append(notes, note)
 			r.say("%s", note)
+			close(faultDone[k])
 		}
 		faultErr <- nil
 	}()
 	tick := time.NewTicker(time.Second / time.Duration(o.Rate))
 	defer tick.Stop()
-	for _, in := range intents {
+	next := 1 // the next fault whose mark makes the producer wait for the one before
+	for i, in := range intents {
+		if next < len(schedule) && i == mark(next) {
+			select {
+			case <-faultDone[next-1]:
+			case err := <-faultErr:
+				if err == nil {
+					err = errors.New("the faults ended early")
+				}
+				return PGFailoverRow{}, err
+			}
+			next++
+		}
 		<-tick.C
 		if err := pub.Publish(ctx, in); err != nil {
 			return PGFailoverRow{}, err
