@@ -59,11 +59,6 @@ func FindAutoFailover() (autoctl, pgBin string, err error) {
 
 // AutoFailoverOptions configures a formation.
 type AutoFailoverOptions struct {
-	// Async turns synchronous replication off: the secondary takes no part
-	// in the write quorum (replication-quorum false), so the primary's
-	// synchronous_standby_names is empty and a COMMIT returns before the
-	// standby has its WAL.
-	Async bool
 	// Logf, if set, receives pg_autoctl's output lines.
 	Logf func(format string, args ...any)
 }
@@ -184,13 +179,9 @@ func StartAutoFailover(ctx context.Context, opts AutoFailoverOptions) (_ *AutoFa
 			return nil, err
 		}
 		f.nodes[i] = n
-		quorum := "true"
-		if opts.Async {
-			quorum = "false"
-		}
 		if err := f.start(n, "create", "postgres", "--pgdata", n.dir, "--pgport", strconv.Itoa(n.port),
 			"--listen", "127.0.0.1", "--hostname", "127.0.0.1", "--name", n.name, "--auth", "trust", "--no-ssl",
-			"--replication-quorum", quorum, "--monitor", f.MonitorURL(), "--run"); err != nil {
+			"--replication-quorum", "true", "--monitor", f.MonitorURL(), "--run"); err != nil {
 			return nil, err
 		}
 		want := []string{"single"}
