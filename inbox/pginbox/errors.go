@@ -25,12 +25,15 @@ func isDataError(err error) bool {
 
 // isConnError reports errors that say the connection or the server is gone,
 // not that one message failed: connection exceptions (class 08), the
-// server shutting down (57P01-57P05), network errors. A statement timeout
-// (57014) is the message's own problem and is retried for that message.
+// server shutting down (57P01-57P05), network errors, and a write refused
+// by a read-only node (25006): after a failover the old primary is a
+// standby, and the connection, not the message, points at the wrong node.
+// A statement timeout (57014) is the message's own problem and is retried
+// for that message.
 func isConnError(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return pgErr.Code[:2] == "08" || strings.HasPrefix(pgErr.Code, "57P")
+		return pgErr.Code[:2] == "08" || strings.HasPrefix(pgErr.Code, "57P") || pgErr.Code == "25006"
 	}
 	var netErr net.Error
 	return pgconn.SafeToRetry(err) || errors.As(err, &netErr) || errors.Is(err, pgx.ErrTxClosed)

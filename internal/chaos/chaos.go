@@ -72,6 +72,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if a == "-cluster" || a == "--cluster" {
 			return ClusterMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
 		}
+		if a == "-pg-failover" || a == "--pg-failover" {
+			return PGFailoverMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
+		}
 	}
 	fs := flag.NewFlagSet("jetinbox chaos", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -94,7 +97,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage of jetinbox chaos: producer strategies × consumer strategies under lost publishes, lost PubAcks,\ncrashes at each crash point, lost acks, poison intents, give-ups after MaxDeliver while no worker\nlistens, two workers, a NATS and a PostgreSQL restart.\n"+
 			"jetinbox chaos -cluster [flags]: the jetinbox row on three nodes with R3 streams under leader kills,\n"+
-			"step-downs, a rolling restart, a partition and a client whose server dies (see jetinbox chaos -cluster -h).")
+			"step-downs, a rolling restart, a partition and a client whose server dies (see jetinbox chaos -cluster -h).\n"+
+			"jetinbox chaos -pg-failover [flags]: the jetinbox row on a pg_auto_failover primary and standby under\n"+
+			"kills, failovers and cuts, synchronous and asynchronous (see jetinbox chaos -pg-failover -h).")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -124,5 +125,56 @@ func TestClusterChaosFlags(t *testing.T) {
 		if cli.ExitCode(err) != 2 {
 			t.Errorf("%q: %v (exit %d, want 2)", args, err, cli.ExitCode(err))
 		}
+	}
+}
+
+// TestPGFailoverSmoke is the CI-sized failover run: publish and consume
+// while the primary of a pg_auto_failover formation with a synchronous
+// standby is killed and the old primary rejoins as secondary. Nothing
+// acknowledged may be lost, applied twice or applied unasked, and verify
+// must agree.
+func TestPGFailoverSmoke(t *testing.T) {
+	var progress bytes.Buffer
+	logs := testenv.NewLogTail(300)
+	rows, err := RunPGFailover(context.Background(), PGFailoverOptions{Intents: 300, Rate: 150, Faults: 1, Kinds: []string{"lag-then-kill"},
+		Modes: []string{ModeSync}, Seed: 3, Progress: &progress,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	t.Logf("\n%s", progress.String())
+	if err != nil {
+		t.Logf("the consumers' last log lines:\n%s", logs)
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	WritePGFailoverTable(&b, rows)
+	t.Logf("\n%s", b.String())
+	if len(rows) != 1 {
+		t.Fatalf("%d rows", len(rows))
+	}
+	r := rows[0]
+	if r.Lost != 0 || r.Duplicated != 0 || r.Unexpected != 0 || r.AppliedOnce != r.Intents || !r.Verify.Clean() {
+		t.Errorf("synchronous standby through a failover: %+v", r)
+		r.Verify.WriteTable(&b)
+		t.Log(b.String())
+	}
+	if !strings.Contains(r.Faults, "promoted") {
+		t.Errorf("no failover happened: %s", r.Faults)
+	}
+}
+
+// TestPGFailoverFlags: bad flags and a missing pg_auto_failover are usage
+// errors (exit 2), the latter naming the Debian packages to install.
+func TestPGFailoverFlags(t *testing.T) {
+	for _, args := range [][]string{{"-kinds", "kill-primary,meteor"}, {"-modes", "semi"}, {"-intents", "0"}, {"-rate", "0"}, {"extra"}} {
+		var out, errOut bytes.Buffer
+		err := Main(context.Background(), append([]string{"-pg-failover"}, args...), &out, &errOut)
+		if cli.ExitCode(err) != 2 {
+			t.Errorf("%q: %v (exit %d, want 2)", args, err, cli.ExitCode(err))
+		}
+	}
+	t.Setenv("JETINBOX_PG_AUTOCTL", "/nonexistent/pg_autoctl")
+	var out, errOut bytes.Buffer
+	err := Main(context.Background(), []string{"-pg-failover", "-intents", "10"}, &out, &errOut)
+	if cli.ExitCode(err) != 2 || !strings.Contains(err.Error(), "postgresql-15-auto-failover") || !strings.Contains(err.Error(), "pg-auto-failover-cli") {
+		t.Errorf("without pg_autoctl: %v (exit %d), want exit 2 naming the packages", err, cli.ExitCode(err))
 	}
 }
