@@ -1,4 +1,4 @@
-package outbox_test
+package pgoutbox_test
 
 import (
 	"context"
@@ -15,12 +15,14 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 )
 
 func TestMain(m *testing.M) { testenv.MainNoLeaks(m) }
@@ -29,6 +31,7 @@ const stream = "NOTIFICATIONS"
 
 type env struct {
 	pool *pgxpool.Pool
+	st   *pgoutbox.Store
 	js   jetstream.JetStream
 	srv  *testenv.NATS
 }
@@ -44,15 +47,16 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	e.pool = pool
-	n, err := outbox.Migrate(ctx, pool)
+	// The outbox store as an embedder gets it: from the inbox's store.
+	e.pool, e.st = pool, pginbox.New(pool).Outbox()
+	n, err := e.st.Migrate(ctx)
 	if err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	if st, err := outbox.MigrationStatus(ctx, pool); err != nil || n != len(st) {
+	if st, err := e.st.MigrationStatus(ctx); err != nil || n != len(st) {
 		t.Fatalf("migrate applied %d of the %d migrations (%v)", n, len(st), err)
 	}
-	if err := outbox.CheckSchema(ctx, pool); err != nil {
+	if err := e.st.CheckSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
 	nc, err := nats.Connect(e.srv.URL())
@@ -85,7 +89,7 @@ func (e *env) add(t *testing.T, prefix string, n int) []string {
 			ids = append(ids, id)
 			ins = append(ins, inbox.Intent{ID: id, Subject: "notifications.x", Payload: []byte(fmt.Sprintf(`{"n":%d}`, j))})
 		}
-		if err := outbox.Add(ctx, tx, ins...); err != nil {
+		if err := pgoutbox.Add(ctx, tx, ins...); err != nil {
 			t.Fatal(err)
 		}
 		if err := tx.Commit(ctx); err != nil {
@@ -117,7 +121,7 @@ func quickRelay(t *testing.T, e *env, cfg outbox.RelayConfig) *outbox.Relay {
 		cfg.Idle = jitter.Policy{Kind: jitter.Full, Base: 20 * time.Millisecond, Cap: 50 * time.Millisecond}
 	}
 	cfg.Retry = jitter.Policy{Kind: jitter.Full, Base: 10 * time.Millisecond, Cap: 50 * time.Millisecond}
-	r, err := outbox.NewRelay(outbox.Postgres(e.pool), e.js, cfg)
+	r, err := outbox.NewRelay(e.st, e.js, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,21 +182,21 @@ func TestAddRepeatsAndConflicts(t *testing.T) {
 	e := newEnv(t)
 	in := inbox.Intent{ID: "n-1", Subject: "notifications.a", Payload: []byte(`{"a":1}`), Parent: "pay-1"}
 	for range 2 {
-		if err := outbox.Add(ctx, e.pool, in); err != nil {
+		if err := pgoutbox.Add(ctx, e.pool, in); err != nil {
 			t.Fatal(err)
 		}
 	}
 	other := in
 	other.Payload = []byte(`{"a":2}`)
-	if err := outbox.Add(ctx, e.pool, other); !errors.Is(err, outbox.ErrConflict) {
+	if err := pgoutbox.Add(ctx, e.pool, other); !errors.Is(err, outbox.ErrConflict) {
 		t.Fatalf("same ID, other payload: %v, want ErrConflict", err)
 	}
 	other = in
 	other.Subject = "notifications.b"
-	if err := outbox.Add(ctx, e.pool, other); !errors.Is(err, outbox.ErrConflict) {
+	if err := pgoutbox.Add(ctx, e.pool, other); !errors.Is(err, outbox.ErrConflict) {
 		t.Fatalf("same ID, other subject: %v, want ErrConflict", err)
 	}
-	if err := outbox.Add(ctx, e.pool, in, other); !errors.Is(err, outbox.ErrConflict) {
+	if err := pgoutbox.Add(ctx, e.pool, in, other); !errors.Is(err, outbox.ErrConflict) {
 		t.Fatalf("one call, one ID, two payloads: %v", err)
 	}
 	// The transaction stays usable after a conflict.
@@ -200,10 +204,10 @@ func TestAddRepeatsAndConflicts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := outbox.Add(ctx, tx, inbox.Intent{ID: "n-1", Subject: "notifications.a", Payload: []byte(`{}`)}); !errors.Is(err, outbox.ErrConflict) {
+	if err := pgoutbox.Add(ctx, tx, inbox.Intent{ID: "n-1", Subject: "notifications.a", Payload: []byte(`{}`)}); !errors.Is(err, outbox.ErrConflict) {
 		t.Fatal(err)
 	}
-	if err := outbox.Add(ctx, tx, inbox.Intent{ID: "n-2", Subject: "notifications.a"}); err != nil {
+	if err := pgoutbox.Add(ctx, tx, inbox.Intent{ID: "n-2", Subject: "notifications.a"}); err != nil {
 		t.Fatalf("after a conflict in the same transaction: %v", err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
@@ -211,7 +215,7 @@ func TestAddRepeatsAndConflicts(t *testing.T) {
 	}
 	for _, bad := range []inbox.Intent{{Subject: "notifications.a"}, {ID: "x", Subject: ""}, {ID: "x", Subject: "notifications.>"},
 		{ID: "x", Subject: "a b"}, {ID: "x", Subject: "a..b"}, {ID: "x y", Subject: "a"}, {ID: "x", Subject: "a", Parent: "p q"}} {
-		if err := outbox.Add(ctx, e.pool, bad); !errors.Is(err, inbox.ErrBadIntent) {
+		if err := pgoutbox.Add(ctx, e.pool, bad); !errors.Is(err, inbox.ErrBadIntent) {
 			t.Errorf("Add(%+v): %v, want ErrBadIntent", bad, err)
 		}
 	}
@@ -234,7 +238,7 @@ func TestConcurrentAddsOfOneID(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx1.Rollback(ctx) //nolint:errcheck
-	if err := outbox.Add(ctx, tx1, inbox.Intent{ID: "c-1", Subject: "notifications.a", Payload: []byte("one")}); err != nil {
+	if err := pgoutbox.Add(ctx, tx1, inbox.Intent{ID: "c-1", Subject: "notifications.a", Payload: []byte("one")}); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -245,7 +249,7 @@ func TestConcurrentAddsOfOneID(t *testing.T) {
 			return
 		}
 		defer tx2.Rollback(ctx) //nolint:errcheck
-		done <- outbox.Add(ctx, tx2, inbox.Intent{ID: "c-1", Subject: "notifications.a", Payload: []byte("two")})
+		done <- pgoutbox.Add(ctx, tx2, inbox.Intent{ID: "c-1", Subject: "notifications.a", Payload: []byte("two")})
 	}()
 	time.Sleep(200 * time.Millisecond) // the second insert waits on the first's row
 	if err := tx1.Commit(ctx); err != nil {
@@ -268,7 +272,7 @@ func TestRelaySendsEachRowOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := outbox.Add(ctx, tx, inbox.Intent{ID: "rolled-back", Subject: "notifications.x"}); err != nil {
+	if err := pgoutbox.Add(ctx, tx, inbox.Intent{ID: "rolled-back", Subject: "notifications.x"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
@@ -425,7 +429,7 @@ func TestRelayWakesOnCommit(t *testing.T) {
 	for i := range 100 {
 		ins = append(ins, inbox.Intent{ID: fmt.Sprintf("copy-%d", i), Subject: "notifications.x"})
 	}
-	if err := outbox.AddFresh(ctx, tx, ins...); err != nil {
+	if err := pgoutbox.AddFresh(ctx, tx, ins...); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -451,7 +455,7 @@ func TestRelayKeepsWhatDidNotGetThrough(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, in := range []inbox.Intent{{ID: "late-1", Subject: "later.x"}, {ID: "wrong-1", Subject: "other.x"}, {ID: "ok-1", Subject: "notifications.x"}} {
-		if err := outbox.Add(ctx, e.pool, in); err != nil {
+		if err := pgoutbox.Add(ctx, e.pool, in); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -488,10 +492,10 @@ func TestRelayKeepsWhatDidNotGetThrough(t *testing.T) {
 	if _, err := e.pool.Exec(ctx, `UPDATE outbox SET created_at = now() - interval '30 days'`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outbox.Prune(ctx, e.pool, outbox.PruneOptions{OlderThan: 24 * time.Hour, ReplayHorizon: 24 * time.Hour}); !errors.Is(err, inbox.ErrUnsafeHorizon) {
+	if _, err := e.st.Prune(ctx, outbox.PruneOptions{OlderThan: 24 * time.Hour, ReplayHorizon: 24 * time.Hour}); !errors.Is(err, inbox.ErrUnsafeHorizon) {
 		t.Fatalf("prune inside the horizon: %v", err)
 	}
-	if n, err := outbox.Prune(ctx, e.pool, outbox.PruneOptions{OlderThan: 48 * time.Hour, ReplayHorizon: 24 * time.Hour, BatchSize: 1}); n != 2 || err != nil {
+	if n, err := e.st.Prune(ctx, outbox.PruneOptions{OlderThan: 48 * time.Hour, ReplayHorizon: 24 * time.Hour, BatchSize: 1}); n != 2 || err != nil {
 		t.Fatalf("prune: %d, %v; want the 2 sent rows", n, err)
 	}
 	var left string
@@ -514,7 +518,7 @@ func TestPruneKeepsPendingRows(t *testing.T) {
 	if _, err := e.pool.Exec(ctx, `UPDATE outbox SET sent_at = now() WHERE id IN ('p-1', 'p-2', 'p-3')`); err != nil {
 		t.Fatal(err)
 	}
-	n, err := outbox.Prune(ctx, e.pool, outbox.PruneOptions{OlderThan: 5 * 24 * time.Hour, ReplayHorizon: 24 * time.Hour})
+	n, err := e.st.Prune(ctx, outbox.PruneOptions{OlderThan: 5 * 24 * time.Hour, ReplayHorizon: 24 * time.Hour})
 	if err != nil || n != 2 {
 		t.Fatalf("prune: %d, %v; want p-1 and p-2 (old and sent)", n, err)
 	}
@@ -522,7 +526,7 @@ func TestPruneKeepsPendingRows(t *testing.T) {
 	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&left); err != nil || left != 8 {
 		t.Fatalf("%d rows left, want 8", left)
 	}
-	if _, err := outbox.Prune(ctx, e.pool, outbox.PruneOptions{OlderThan: time.Hour}); err == nil {
+	if _, err := e.st.Prune(ctx, outbox.PruneOptions{OlderThan: time.Hour}); err == nil {
 		t.Fatal("prune without a horizon")
 	}
 }
@@ -538,7 +542,7 @@ func TestSentStaysSentPendingStays(t *testing.T) {
 	e := newEnv(t)
 	e.add(t, "g", 4)
 	for _, q := range []string{
-		// The relay's marks (outbox.Postgres's statements).
+		// The relay's marks (the Store's Take and Finish).
 		`UPDATE outbox SET sent_at = clock_timestamp() WHERE id = ANY(ARRAY['g-0'])`,
 		`UPDATE outbox SET failed = f.reason FROM unnest(ARRAY['g-1'], ARRAY['refused']) AS f(id, reason) WHERE outbox.id = f.id`,
 		// An operator gives a failed row another try, or gives it up.
@@ -574,7 +578,7 @@ func TestSentStaysSentPendingStays(t *testing.T) {
 	if _, err := e.pool.Exec(ctx, `UPDATE outbox SET created_at = now() - interval '10 days'`); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := outbox.Prune(ctx, e.pool, outbox.PruneOptions{OlderThan: 5 * 24 * time.Hour, ReplayHorizon: 24 * time.Hour}); err != nil || n != 1 {
+	if n, err := e.st.Prune(ctx, outbox.PruneOptions{OlderThan: 5 * 24 * time.Hour, ReplayHorizon: 24 * time.Hour}); err != nil || n != 1 {
 		t.Errorf("prune: %d, %v; want the one sent row", n, err)
 	}
 }
@@ -597,7 +601,7 @@ func TestAddFresh(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := outbox.AddFresh(ctx, tx, batch("a")...); err != nil {
+	if err := pgoutbox.AddFresh(ctx, tx, batch("a")...); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -608,11 +612,11 @@ func TestAddFresh(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := outbox.AddFresh(ctx, tx, mixed...); !errors.Is(err, outbox.ErrNotFresh) {
+	if err := pgoutbox.AddFresh(ctx, tx, mixed...); !errors.Is(err, pgoutbox.ErrNotFresh) {
 		t.Fatalf("AddFresh with an ID already there: %v, want ErrNotFresh", err)
 	}
 	_ = tx.Rollback(ctx)
-	if err := outbox.Add(ctx, e.pool, mixed...); err != nil {
+	if err := pgoutbox.Add(ctx, e.pool, mixed...); err != nil {
 		t.Fatalf("Add after ErrNotFresh: %v", err)
 	}
 	var n int
