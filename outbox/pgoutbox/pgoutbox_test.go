@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -651,4 +652,60 @@ func TestRelayEndsOnAClosedConnection(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the relay still runs 30s after its connection closed for good")
 	}
+}
+
+// TestListenOnEveryKindOfStore: a store listens on a connection of its
+// own whatever it was made from: a pool (one taken out of it), a single
+// *pgx.Conn (a second connection with its configuration; the relay's
+// batches hold the first), or another pool given with WithListen (a direct
+// one behind a pooler). A COMMIT that adds a row wakes each waiter long
+// before its poll would have.
+func TestListenOnEveryKindOfStore(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, e.pool.Config().ConnConfig.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	other, err := pgxpool.New(ctx, e.pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	stores := map[string]*pgoutbox.Store{
+		"pool":       e.st,
+		"conn":       pgoutbox.New(conn),
+		"WithListen": pgoutbox.New(conn).WithListen(other),
+	}
+	for name, st := range stores {
+		w, err := st.Listen(ctx)
+		if err != nil {
+			t.Fatalf("%s: listen: %v", name, err)
+		}
+		defer w.Close()
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() { done <- w.Wait(ctx, time.Minute) }()
+		time.Sleep(50 * time.Millisecond)
+		e.add(t, "listen-"+strings.ToLower(name), 1)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("%s: wait: %v", name, err)
+			}
+			t.Logf("%s: woke %v after the wait began", name, time.Since(start))
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no notification 10s after a COMMIT that added a row", name)
+		}
+	}
+	tk, err := pgoutbox.New(conn).Take(ctx, 10)
+	if err != nil {
+		t.Fatalf("take on a *pgx.Conn: %v", err)
+	}
+	if len(tk.Rows()) != len(stores) {
+		t.Errorf("took %d rows on a *pgx.Conn, want the %d added", len(tk.Rows()), len(stores))
+	}
+	tk.Abandon(ctx)
 }
