@@ -75,7 +75,7 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 	// component's SQL files, as the schema owner.
 	migrator.must(t, `CREATE TABLE IF NOT EXISTS jetinbox_migrations (component text NOT NULL, version integer NOT NULL, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (component, version))`)
 	var migrations []string
-	for _, dir := range []string{"../inbox/pginbox/migrations", "../internal/effects/migrations", "../outbox/migrations"} {
+	for _, dir := range []string{"../inbox/pginbox/migrations", "../internal/effects/migrations", "../outbox/pgoutbox/migrations"} {
 		m, _ := filepath.Glob(filepath.Join(dir, "*.sql"))
 		if len(m) == 0 {
 			t.Fatalf("no migrations in %s: has the schema moved? deploy/postgres/grants.sql must follow it", dir)
