@@ -14,7 +14,6 @@ import (
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/migrate"
 	"github.com/jetinbox/jetinbox/internal/pgmigrate"
-	"github.com/jetinbox/jetinbox/outbox"
 )
 
 // TestServiceRolesCannotHoldUpMigrate: under the shipped roles, the
@@ -58,7 +57,7 @@ func TestServiceRolesCannotHoldUpMigrate(t *testing.T) {
 	for name, m := range map[string]func(context.Context, *pgxpool.Pool) (int, error){
 		"inbox":  func(ctx context.Context, db *pgxpool.Pool) (int, error) { return pginbox.New(db).Migrate(ctx) },
 		"ledger": func(ctx context.Context, db *pgxpool.Pool) (int, error) { return effects.Migrate(ctx, db) },
-		"outbox": func(ctx context.Context, db *pgxpool.Pool) (int, error) { return outbox.Migrate(ctx, db) },
+		"outbox": func(ctx context.Context, db *pgxpool.Pool) (int, error) { return pginbox.New(db).Outbox().Migrate(ctx) },
 	} {
 		if n, err := m(mctx, migrator); n != 0 || err != nil {
 			t.Fatalf("migrate %s while the service roles hold the old lock and read the table = %d, %v", name, n, err)

@@ -75,7 +75,7 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 	// component's SQL files, as the schema owner.
 	migrator.must(t, `CREATE TABLE IF NOT EXISTS jetinbox_migrations (component text NOT NULL, version integer NOT NULL, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (component, version))`)
 	var migrations []string
-	for _, dir := range []string{"../inbox/pginbox/migrations", "../internal/effects/migrations", "../outbox/migrations"} {
+	for _, dir := range []string{"../inbox/pginbox/migrations", "../internal/effects/migrations", "../outbox/pgoutbox/migrations"} {
 		m, _ := filepath.Glob(filepath.Join(dir, "*.sql"))
 		if len(m) == 0 {
 			t.Fatalf("no migrations in %s: has the schema moved? deploy/postgres/grants.sql must follow it", dir)
@@ -259,7 +259,7 @@ func TestPostgresRolesAndSettings(t *testing.T) {
 	for _, q := range []string{
 		`DELETE FROM inbox WHERE ctid = ANY (ARRAY (SELECT ctid FROM inbox WHERE received_at < now() - interval '30 days' AND ('' = '' OR scope = '') LIMIT 10000))`,
 		`WITH del AS (DELETE FROM inbox WHERE scope = 'ledger' AND message_id = 'rejected' AND status = 'rejected' RETURNING status) SELECT coalesce((SELECT status FROM del), (SELECT status FROM inbox WHERE scope = 'ledger' AND message_id = 'rejected'), '')`,
-		// outbox.Prune's statement (prune -outbox).
+		// the outbox store's Prune statement (prune -outbox).
 		`DELETE FROM outbox WHERE ctid = ANY (ARRAY (SELECT ctid FROM outbox WHERE created_at < now() - interval '30 days' AND sent_at IS NOT NULL LIMIT 10000))`,
 	} {
 		maintainer.must(t, q)

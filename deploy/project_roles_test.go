@@ -337,13 +337,13 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 				t.Logf("relay log:\n%s", logs.String())
 			}
 		}()
-		if err := outbox.CheckSchema(ctx, pool); err != nil {
+		if err := pginbox.New(pool).Outbox().CheckSchema(ctx); err != nil {
 			t.Fatalf("the outbox schema check as jetinbox_relay: %v", err)
 		}
 		if _, err := js.Stream(ctx, defs.notifications.Name); err != nil {
 			t.Fatalf("looking %s up as the relay: %v", defs.notifications.Name, err)
 		}
-		r, err := outbox.NewRelay(outbox.Postgres(pool), js, outbox.RelayConfig{Stream: defs.notifications.Name, Logger: log,
+		r, err := outbox.NewRelay(pginbox.New(pool).Outbox(), js, outbox.RelayConfig{Stream: defs.notifications.Name, Logger: log,
 			Idle: jitter.Policy{Kind: jitter.Decorrelated, Base: 50 * time.Millisecond, Cap: 200 * time.Millisecond}})
 		if err != nil {
 			t.Fatal(err)
@@ -662,7 +662,7 @@ func provisionPostgres(t *testing.T, fx *secretsFixture) map[string]string {
 	if _, err := effects.Migrate(ctx, migrator); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outbox.Migrate(ctx, migrator); err != nil {
+	if _, err := pginbox.New(migrator).Outbox().Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	pg.as("jetinbox_migrator", "migrator-pw").mustFile(t, "postgres/grants.sql")

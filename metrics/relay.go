@@ -30,7 +30,7 @@ type Relay struct {
 }
 
 // NewRelay registers the relay metrics on reg; backlog counts the pending
-// rows and the age of the oldest (outbox.Backlog on PostgreSQL).
+// rows and the age of the oldest (the outbox store's Backlog).
 func NewRelay(reg prometheus.Registerer, backlog func(context.Context) (int64, time.Duration, error)) (*Relay, error) {
 	m := &Relay{backlog: backlog, lag: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "outbox_emit_to_publish_seconds",
 		Help: "Time from the start of the transaction that added an outbox row to the relay marking it sent.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)})}

@@ -13,6 +13,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 )
 
 // A service that writes its own row and announces it replaces "write the
@@ -44,7 +45,8 @@ func Example_producer() {
 
 	// Deploy steps: the outbox table (`jetinbox migrate` applies it), the
 	// service's own table, the stream the intents go to.
-	_, err = outbox.Migrate(ctx, pool)
+	ob := pgoutbox.New(pool) // a consumer's store has it: pginbox.New(pool).Outbox()
+	_, err = ob.Migrate(ctx)
 	must(err)
 	_, err = pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, cents bigint NOT NULL)`)
 	must(err)
@@ -59,7 +61,7 @@ func Example_producer() {
 			if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1, $2) ON CONFLICT (id) DO NOTHING`, order, cents); err != nil {
 				return err
 			}
-			return outbox.Add(ctx, tx, inbox.Intent{
+			return pgoutbox.Add(ctx, tx, inbox.Intent{
 				ID:      "charge-" + order,
 				Subject: "intents.charge",
 				Payload: fmt.Appendf(nil, `{"order":%q,"cents":%d}`, order, cents),
@@ -72,7 +74,7 @@ func Example_producer() {
 
 	// The relay, normally running in the background (Run, or `jetinbox
 	// relay`); here one round drains the outbox.
-	relay, err := outbox.NewRelay(outbox.Postgres(pool), js, outbox.RelayConfig{Stream: jsinbox.DefaultStream})
+	relay, err := outbox.NewRelay(ob, js, outbox.RelayConfig{Stream: jsinbox.DefaultStream})
 	must(err)
 	defer relay.Close()
 	n, err := relay.Round(ctx)

@@ -160,7 +160,8 @@ func init() {
 func (r *Relay) fires(pt hook.Point) bool { return r.hook != nil && r.hook(pt) }
 
 // NewRelay returns a relay that takes the outbox's rows from src
-// ([Postgres] or sqliteoutbox.Source) and publishes through js.
+// (a *pgoutbox.Store or *sqliteoutbox.Store, such as an inbox store's
+// Outbox(), or a Source of the caller's own) and publishes through js.
 // [Relay.Run] runs it.
 func NewRelay(src Source, js jetstream.JetStream, cfg RelayConfig) (*Relay, error) {
 	cfg = cfg.withDefaults()

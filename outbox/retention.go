@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -9,11 +8,11 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 )
 
-// PruneOptions configures [Prune].
+// PruneOptions configures a store's Prune.
 type PruneOptions struct {
 	// OlderThan deletes sent rows created more than this long ago, by
-	// PostgreSQL's clock (created_at and the cut-off both come from its
-	// now()). It must be strictly longer than ReplayHorizon + Margin.
+	// the clock created_at was written with (PostgreSQL's now(), or the
+	// SQLite writer's machine). It must be strictly longer than ReplayHorizon + Margin.
 	// Required.
 	OlderThan time.Duration
 	// ReplayHorizon is the longest time after a row was written that the
@@ -31,9 +30,9 @@ type PruneOptions struct {
 }
 
 // CheckPrune fills the defaults of opts (Margin, BatchSize) and refuses
-// what [Prune] refuses: no ReplayHorizon, or an OlderThan that is not
+// what a store's Prune refuses: no ReplayHorizon, or an OlderThan that is not
 // strictly longer than ReplayHorizon + Margin (an error wrapping
-// [inbox.ErrUnsafeHorizon]). A store of its own calls it before deleting.
+// [inbox.ErrUnsafeHorizon]). Every store calls it before deleting.
 func CheckPrune(opts *PruneOptions) error {
 	if opts.ReplayHorizon <= 0 {
 		return errors.New("outbox: prune: ReplayHorizon is required (how long the same work can add the same ID again)")
@@ -48,46 +47,4 @@ func CheckPrune(opts *PruneOptions) error {
 		opts.BatchSize = 10000
 	}
 	return nil
-}
-
-// Prune deletes sent outbox rows created longer than opts.OlderThan ago, in
-// batches, and returns how many it deleted. Pending rows and rows marked
-// failed are never deleted. It returns an error wrapping
-// [inbox.ErrUnsafeHorizon], deleting nothing, unless OlderThan is strictly
-// longer than ReplayHorizon + Margin.
-func Prune(ctx context.Context, db PruneDB, opts PruneOptions) (int64, error) {
-	if err := CheckPrune(&opts); err != nil {
-		return 0, err
-	}
-	var cutoff time.Time
-	if err := queryRow(ctx, db, `SELECT now() - $1::bigint * interval '1 microsecond'`, []any{opts.OlderThan.Microseconds()}, &cutoff); err != nil {
-		return 0, fmt.Errorf("outbox: prune: cut-off: %w", err)
-	}
-	var total int64
-	for {
-		tag, err := db.Exec(ctx, `DELETE FROM outbox WHERE ctid = ANY (ARRAY (
-	SELECT ctid FROM outbox WHERE created_at < $1 AND sent_at IS NOT NULL LIMIT $2))`, cutoff, opts.BatchSize)
-		if err != nil {
-			return total, fmt.Errorf("outbox: prune: %w", err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(opts.BatchSize) {
-			return total, nil
-		}
-		if err := ctx.Err(); err != nil {
-			return total, err
-		}
-	}
-}
-
-// Backlog returns how many rows wait to be published and how long the
-// oldest has waited, by PostgreSQL's clock: for metrics and alerts.
-func Backlog(ctx context.Context, db Querier) (int64, time.Duration, error) {
-	var n int64
-	var oldest float64
-	if err := queryRow(ctx, db, `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
-FROM outbox WHERE sent_at IS NULL AND failed IS NULL`, nil, &n, &oldest); err != nil {
-		return 0, 0, fmt.Errorf("outbox: backlog: %w", err)
-	}
-	return n, time.Duration(oldest * float64(time.Second)), nil
 }

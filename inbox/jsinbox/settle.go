@@ -18,11 +18,11 @@ import (
 	"github.com/jetinbox/jetinbox/internal/hook"
 )
 
-// MessageOf converts a JetStream delivery to the inbox's [inbox.Message]:
+// InboxMessage converts a JetStream delivery to the inbox's [inbox.Message]:
 // the ID from its Nats-Msg-Id header, the payload and subject and, from its
 // metadata, the stream sequence, the delivery count and when the stream
 // stored it. Final stays false: it depends on the durable's MaxDeliver.
-func MessageOf(m jetstream.Msg) inbox.Message {
+func InboxMessage(m jetstream.Msg) inbox.Message {
 	im := inbox.Message{ID: m.Headers().Get(jetstream.MsgIDHeader), Payload: m.Data(), Subject: m.Subject()}
 	if md, ok := parseAckReply(m.Reply()); ok {
 		im.StreamSeq, im.Deliveries, im.Published = md.streamSeq, md.delivered, md.stored
@@ -74,7 +74,7 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 	msgs := getMessages(len(batch))
 	defer putMessages(msgs)
 	for i, m := range batch {
-		msgs[i] = MessageOf(m)
+		msgs[i] = InboxMessage(m)
 		msgs[i].Final = c.cfg.MaxDeliver > 0 && msgs[i].Deliveries >= uint64(c.cfg.MaxDeliver)
 		if msgs[i].Deliveries > 1 {
 			c.redeliveries.Add(1)

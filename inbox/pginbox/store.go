@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 )
 
 // DB is the database a [Store] runs on. *pgxpool.Pool and *pgx.Conn
@@ -200,3 +201,10 @@ func (s *Store) prepare(ctx context.Context, tx pgx.Tx, prepare func(ctx context
 	}
 	return prepare(ctx, tx)
 }
+
+// Outbox returns the outbox store on the same database: its Migrate,
+// CheckSchema, Prune and Backlog, and the source a relay takes rows from
+// (outbox.NewRelay(st.Outbox(), js, cfg)). Its table is migrated apart from
+// the inbox's, by its own Migrate: a worker that emits nothing needs no
+// outbox table.
+func (s *Store) Outbox() *pgoutbox.Store { return pgoutbox.New(s.db) }

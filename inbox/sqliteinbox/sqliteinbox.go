@@ -36,6 +36,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/migrate"
+	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
 
 //go:embed migrations/*.sql
@@ -328,3 +329,10 @@ func (s *Store) Warm(ctx context.Context, _ int, prepare func(ctx context.Contex
 	defer tx.Rollback() //nolint:errcheck // nothing was written
 	return prepare(ctx, tx)
 }
+
+// Outbox returns the outbox store in the same file: its Migrate,
+// CheckSchema, Prune and Backlog, and the source a relay takes rows from
+// (outbox.NewRelay(st.Outbox(), js, cfg)). Its table is migrated apart from
+// the inbox's, by its own Migrate: a worker that emits nothing needs no
+// outbox table.
+func (s *Store) Outbox() *sqliteoutbox.Store { return sqliteoutbox.New(s.db) }

@@ -24,7 +24,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
-	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 )
 
 func TestMain(m *testing.M) { testenv.MainNoLeaks(m) }
@@ -212,7 +212,7 @@ SELECT 'ledger', 'old-' || g, '\x00'::bytea, now() - interval '30 days' FROM gen
 	}
 	// Sent outbox rows go with -outbox, under the same horizon; pending
 	// ones stay however old.
-	if _, err := outbox.Migrate(ctx, pool); err != nil {
+	if _, err := pgoutbox.New(pool).Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO outbox (id, subject, payload, fingerprint, created_at, sent_at)

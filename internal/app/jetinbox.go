@@ -21,7 +21,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
@@ -32,8 +31,6 @@ import (
 	"github.com/jetinbox/jetinbox/internal/jittersim"
 	"github.com/jetinbox/jetinbox/internal/jscheck"
 	"github.com/jetinbox/jetinbox/internal/verify"
-	"github.com/jetinbox/jetinbox/outbox"
-	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
 
 type command struct {
@@ -115,10 +112,10 @@ func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdou
 	}
 	if *print {
 		if cli.StoreKind(*dbURL) == cli.StoreSQLite {
-			fmt.Fprint(stdout, sqliteinbox.New(nil).MigrationSQL(), effects.MigrationSQLSQLite(), sqliteoutbox.MigrationSQL())
+			fmt.Fprint(stdout, sqliteinbox.New(nil).MigrationSQL(), effects.MigrationSQLSQLite(), sqliteinbox.New(nil).Outbox().MigrationSQL())
 			return nil
 		}
-		fmt.Fprint(stdout, pginbox.New(nil).MigrationSQL(), effects.MigrationSQL(), outbox.MigrationSQL())
+		fmt.Fprint(stdout, pginbox.New(nil).MigrationSQL(), effects.MigrationSQL(), pginbox.New(nil).Outbox().MigrationSQL())
 		return nil
 	}
 	if err := cli.RequireDatabase(*dbURL); err != nil {
@@ -136,12 +133,7 @@ func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdou
 	if err != nil {
 		return err
 	}
-	var o int
-	if store.SQLite != nil {
-		o, err = sqliteoutbox.Migrate(ctx, store.SQLite)
-	} else {
-		o, err = outbox.Migrate(ctx, store.PG)
-	}
+	o, err := store.Outbox().Migrate(ctx)
 	if err != nil {
 		return err
 	}
@@ -317,12 +309,7 @@ func migrationStatus(ctx context.Context, store *cli.Store, stdout io.Writer) er
 	if err != nil {
 		return err
 	}
-	var out []inbox.MigrationState
-	if store.SQLite != nil {
-		out, err = sqliteoutbox.MigrationStatus(ctx, store.SQLite)
-	} else {
-		out, err = outbox.MigrationStatus(ctx, store.PG)
-	}
+	out, err := store.Outbox().MigrationStatus(ctx)
 	if err != nil {
 		return err
 	}

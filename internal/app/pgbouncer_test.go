@@ -23,7 +23,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
-	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 )
 
 // TestCommandsThroughPgBouncer: a real pgbouncer in transaction pooling
@@ -207,7 +207,7 @@ func TestRelayThroughPgBouncer(t *testing.T) {
 	t.Cleanup(pool.Close)
 	add := func(id string) {
 		t.Helper()
-		if err := outbox.Add(ctx, pool, inbox.Intent{ID: id, Subject: "notifications.1", Payload: []byte(`{"account":1,"amount":1}`)}); err != nil {
+		if err := pgoutbox.Add(ctx, pool, inbox.Intent{ID: id, Subject: "notifications.1", Payload: []byte(`{"account":1,"amount":1}`)}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/jscheck"
 	"github.com/jetinbox/jetinbox/outbox"
-	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
 
 // Prune deletes old inbox rows. The horizon it must respect is read from
@@ -86,12 +85,7 @@ func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout,
 	fmt.Fprintf(stdout, "pruned %d inbox rows of scope %q older than %v (horizon %v: %s)\n", n, *scope, *olderThan, span.Total, span.Why)
 	if *outboxToo {
 		opts := outbox.PruneOptions{OlderThan: *olderThan, ReplayHorizon: span.Total, Margin: *margin, BatchSize: *batch}
-		var m int64
-		if store.SQLite != nil {
-			m, err = sqliteoutbox.Prune(ctx, store.SQLite, opts)
-		} else {
-			m, err = outbox.Prune(ctx, store.PG, opts)
-		}
+		m, err := store.Outbox().Prune(ctx, opts)
 		if err != nil {
 			return err
 		}

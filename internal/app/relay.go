@@ -27,8 +27,8 @@ func reconnect(kind jitter.Kind) jitter.Policy {
 // Relay is `jetinbox relay`: the outbox relay on its own.
 func Relay(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, stderr io.Writer) error {
 	fs := cli.NewFlagSet("jetinbox relay", "Publish the outbox's pending rows to a JetStream stream with Nats-Msg-Id = the row's ID, wait for the PubAck,\n"+
-		"then mark them sent. Rows come from outbox.Add in an effect's or a service's own transaction. Any number of\n"+
-		"relays may run: each locks its own batch of rows (FOR UPDATE SKIP LOCKED). It wakes on PostgreSQL\n"+
+		"then mark them sent. Rows come from pgoutbox.Add (or sqliteoutbox.Add) in an effect's or a service's own\n"+
+		"transaction. Any number of relays may run: each locks its own batch of rows (FOR UPDATE SKIP LOCKED). It wakes on PostgreSQL\n"+
 		"notifications, polls with jittered waits as a safety net, and stops on SIGTERM/SIGINT after its round.", stderr)
 	var nf cli.NATSFlags
 	nf.Register(fs, env)

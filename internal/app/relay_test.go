@@ -22,7 +22,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
-	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
 
@@ -117,7 +117,7 @@ func TestTwoHopCommands(t *testing.T) {
 	}
 
 	// A service's own row, sent by jetinbox relay on its own.
-	if err := outbox.Add(ctx, pool, inbox.Intent{ID: "order-1", Subject: "notifications.orders", Payload: []byte(`{"account":1,"amount":1}`)}); err != nil {
+	if err := pgoutbox.Add(ctx, pool, inbox.Intent{ID: "order-1", Subject: "notifications.orders", Payload: []byte(`{"account":1,"amount":1}`)}); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -267,7 +267,7 @@ func replay(ctx context.Context, js jetstream.JetStream, stream string, rg repla
 			}
 			// A replayed message has been delivered before: Deliveries 2
 			// makes the processor claim it with conflict checks at once.
-			im := jsinbox.MessageOf(m)
+			im := jsinbox.InboxMessage(m)
 			im.Deliveries = 2
 			msgs = append(msgs, im)
 		}

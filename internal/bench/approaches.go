@@ -57,7 +57,7 @@ func runNaive(ctx context.Context, c jetstream.Consumer, store *cli.Store, n int
 		if err != nil {
 			return err
 		}
-		msg := jsinbox.MessageOf(m)
+		msg := jsinbox.InboxMessage(m)
 		out, err := proc.Process(ctx, []inbox.Message{msg})
 		if err != nil || !out[0].Ackable() {
 			return fmt.Errorf("naive: %v %v", err, out[0].Reason)

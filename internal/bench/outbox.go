@@ -66,7 +66,7 @@ func newRelay(store *cli.Store, js jetstream.JetStream, o Options, lags *lagColl
 	}
 	// A LISTEN through a pooler in transaction mode hears nothing: poll.
 	cfg.NoListen = store.Pooled
-	return outbox.NewRelay(outbox.Postgres(store.PG), js, cfg)
+	return outbox.NewRelay(store.Outbox(), js, cfg)
 }
 
 // runOutbox runs the jetinbox consumer with follow-ups (its rate is the

@@ -15,7 +15,6 @@ import (
 
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/testenv"
-	"github.com/jetinbox/jetinbox/outbox"
 )
 
 // databases makes the approaches' databases.
@@ -171,7 +170,7 @@ func prepare(ctx context.Context, s *cli.Store, accounts int) (*cli.Store, error
 	}
 	if s.PG != nil {
 		// The outbox approach's follow-ups go there.
-		if _, err := outbox.Migrate(ctx, s.PG); err != nil {
+		if _, err := s.Outbox().Migrate(ctx); err != nil {
 			s.Close()
 			return nil, err
 		}

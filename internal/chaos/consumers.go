@@ -92,7 +92,7 @@ func (r *run) runNaive(ctx context.Context, strategy, durable string) error {
 		}
 		im := make([]inbox.Message, len(msgs))
 		for i, m := range msgs {
-			im[i] = jsinbox.MessageOf(m)
+			im[i] = jsinbox.InboxMessage(m)
 		}
 		tx, err := r.pool.Begin(ctx)
 		if err != nil {

@@ -35,6 +35,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
 
@@ -136,7 +137,7 @@ func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 			return nil, err
 		}
 		defer r.sqlite.Close()
-		for _, m := range []func(context.Context, *sql.DB) (int, error){func(ctx context.Context, db *sql.DB) (int, error) { return sqliteinbox.New(db).Migrate(ctx) }, effects.MigrateSQLite, sqliteoutbox.Migrate} {
+		for _, m := range []func(context.Context, *sql.DB) (int, error){func(ctx context.Context, db *sql.DB) (int, error) { return sqliteinbox.New(db).Migrate(ctx) }, effects.MigrateSQLite, func(ctx context.Context, db *sql.DB) (int, error) { return sqliteoutbox.New(db).Migrate(ctx) }} {
 			if _, err := m(ctx, r.sqlite); err != nil {
 				return nil, err
 			}
@@ -166,7 +167,7 @@ func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 		if err := pipeline.Setup(ctx, r.js, r.pool, jsinbox.StreamConfig{}, 64); err != nil {
 			return nil, err
 		}
-		if _, err := outbox.Migrate(ctx, r.pool); err != nil {
+		if _, err := pgoutbox.New(r.pool).Migrate(ctx); err != nil {
 			return nil, err
 		}
 		r.store = &cli.Store{PG: r.pool}
@@ -483,9 +484,9 @@ func (r *run) superviseRelay(ctx context.Context, planned *failpoint.Set) {
 		if r.o.LosePubAck > 0 {
 			fp.EnableEvery(failpoint.LosePubAck, max(2, int(1/r.o.LosePubAck)), -1)
 		}
-		src := outbox.Postgres(r.pool)
+		var src outbox.Source = pgoutbox.New(r.pool)
 		if r.sqlite != nil {
-			src = sqliteoutbox.Source(r.sqlite, sqliteLease)
+			src = sqliteoutbox.New(r.sqlite).WithLease(sqliteLease)
 		}
 		rl, err := outbox.NewRelay(src, r.js, outbox.RelayConfig{Stream: nextStream, Batch: 50,
 			Publisher: jsinbox.PublisherConfig{AckTimeout: 2 * time.Second,

@@ -120,7 +120,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	pcfg := inbox.Config{Scope: *scope, Logger: log, TxRetry: txRetry, TracerProvider: tp}
 	var proc jsinbox.BatchProcessor
 	if relay.followUps != "" {
-		if err := CheckOutboxSchema(ctx, store); err != nil {
+		if err := store.Outbox().CheckSchema(ctx); err != nil {
 			return UsageError{Err: err}
 		}
 		proc, err = store.FollowUpLedgerProcessor(pcfg, relay.followUps)

@@ -16,7 +16,6 @@ import (
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
-	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
 
 // The outbox's defaults in the commands: the ledger's follow-ups go to
@@ -106,30 +105,17 @@ func EnsureRelayStream(ctx context.Context, js jetstream.JetStream, stream, subj
 	return nil
 }
 
-// CheckOutboxSchema reports outbox.ErrNotMigrated unless store holds the
-// outbox schema.
-func CheckOutboxSchema(ctx context.Context, store *Store) error {
-	if store.SQLite != nil {
-		return sqliteoutbox.CheckSchema(ctx, store.SQLite)
-	}
-	return outbox.CheckSchema(ctx, store.PG)
-}
-
 // StartRelay checks the outbox schema and the target stream, then runs a
 // relay on store's outbox (PostgreSQL: SKIP LOCKED batches and LISTEN;
 // SQLite: leased batches and polling) until ctx ends. The returned channel
 // yields Run's result.
 func StartRelay(ctx context.Context, store *Store, js jetstream.JetStream, cfg outbox.RelayConfig) (*outbox.Relay, <-chan error, error) {
-	if err := CheckOutboxSchema(ctx, store); err != nil {
+	src := store.Outbox()
+	if err := src.CheckSchema(ctx); err != nil {
 		return nil, nil, UsageError{Err: err}
 	}
-	src := outbox.Postgres(store.PG)
 	switch {
-	case store.SQLite != nil:
-		src = sqliteoutbox.Source(store.SQLite, 0)
-	case cfg.NoListen:
-	case store.listen != nil:
-		src = listenElsewhere{Source: src, Listener: outbox.Postgres(store.listen).(outbox.Listener)}
+	case store.SQLite != nil, cfg.NoListen, store.listen != nil:
 	case store.Pooled:
 		// A LISTEN through a pooler in transaction mode is run on
 		// whichever server connection is free and forgotten with it: the
@@ -150,22 +136,10 @@ func StartRelay(ctx context.Context, store *Store, js jetstream.JetStream, cfg o
 	return r, done, nil
 }
 
-// listenElsewhere is an outbox source that LISTENs on another pool than
-// the one it takes rows on.
-type listenElsewhere struct {
-	outbox.Source
-	outbox.Listener
-}
-
 // RelayBacklog returns how the relay metrics count the outbox's pending
 // rows on store.
 func RelayBacklog(store *Store) func(context.Context) (int64, time.Duration, error) {
-	if store.SQLite != nil {
-		return func(ctx context.Context) (int64, time.Duration, error) {
-			return sqliteoutbox.Backlog(ctx, store.SQLite)
-		}
-	}
-	return func(ctx context.Context) (int64, time.Duration, error) { return outbox.Backlog(ctx, store.PG) }
+	return store.Outbox().Backlog
 }
 
 // ServeMetrics serves /metrics from reg, and /healthz (503 once nc is

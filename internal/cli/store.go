@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -17,6 +18,9 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/effects"
+	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
+	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
 
 // The stores a database URL can name.
@@ -327,4 +331,30 @@ func (s *Store) HasRows(ctx context.Context, scope string) (bool, error) {
 		return false, fmt.Errorf("inbox: %w", err)
 	}
 	return some, nil
+}
+
+// OutboxStore is what the tools do with either backend's outbox store
+// (*pgoutbox.Store, *sqliteoutbox.Store): migrate it, check it, prune it,
+// count its backlog and relay from it.
+type OutboxStore interface {
+	outbox.Source
+	Migrate(ctx context.Context) (int, error)
+	MigrationSQL() string
+	MigrationStatus(ctx context.Context) ([]inbox.MigrationState, error)
+	CheckSchema(ctx context.Context) error
+	Prune(ctx context.Context, opts outbox.PruneOptions) (int64, error)
+	Backlog(ctx context.Context) (int64, time.Duration, error)
+}
+
+// Outbox returns the outbox store in the same database; on PostgreSQL its
+// relay LISTENs on the pool of OpenListen, if one was opened.
+func (s *Store) Outbox() OutboxStore {
+	if s.SQLite != nil {
+		return sqliteoutbox.New(s.SQLite)
+	}
+	o := pgoutbox.New(s.PG)
+	if s.listen != nil {
+		o = o.WithListen(s.listen)
+	}
+	return o
 }

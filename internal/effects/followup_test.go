@@ -7,7 +7,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
-	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 )
 
 // TestLedgerFollowUps: with follow-ups configured, every applied credit
@@ -31,7 +31,7 @@ func TestLedgerFollowUps(t *testing.T) {
 	if out, err := plain.Process(ctx, []inbox.Message{{ID: "p-1", Payload: []byte(`{"account":1,"amount":5}`)}}); err != nil || out[0].Status != inbox.StatusApplied {
 		t.Fatalf("plain ledger: %+v, %v", out, err)
 	}
-	if _, err := outbox.Migrate(ctx, conn); err != nil {
+	if _, err := pgoutbox.New(conn).Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	l, err := NewLedger().WithFollowUps(FollowUps{Subject: "notifications"})
@@ -52,7 +52,7 @@ func TestLedgerFollowUps(t *testing.T) {
 	msgs[7].Payload = []byte(`{"account":99,"amount":1}`) // unknown account: rejected
 	msgs[9].Payload = []byte(`{"account":1`)              // bad input: rejected
 	// Somebody emitted m-11's follow-up ID already, with other contents.
-	if err := outbox.Add(ctx, conn, inbox.Intent{ID: "notify:m-11", Subject: "notifications.4", Payload: []byte("other")}); err != nil {
+	if err := pgoutbox.Add(ctx, conn, inbox.Intent{ID: "notify:m-11", Subject: "notifications.4", Payload: []byte("other")}); err != nil {
 		t.Fatal(err)
 	}
 	// The batch without m-11 first, so that no isolation of single messages

@@ -11,12 +11,14 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/migrate"
 	"github.com/jetinbox/jetinbox/internal/pgcopy"
 	"github.com/jetinbox/jetinbox/internal/pgmigrate"
 	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 )
 
 //go:embed migrations/*.sql
@@ -53,7 +55,9 @@ type RowQuerier interface {
 }
 
 // SeedAccounts makes sure accounts 1..n exist (new ones with balance 0).
-func SeedAccounts(ctx context.Context, db outbox.PruneDB, n int) error {
+func SeedAccounts(ctx context.Context, db interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}, n int) error {
 	_, err := db.Exec(ctx, `INSERT INTO accounts (id) SELECT generate_series(1, $1::bigint) ON CONFLICT DO NOTHING`, n)
 	if err != nil {
 		return fmt.Errorf("effects: seed accounts: %w", err)
@@ -388,7 +392,7 @@ func (l *Ledger) emit(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, errs
 	// AddFresh copies a big batch. If one is there after all, the batch
 	// fails and the processor applies its messages one at a time, where
 	// Add tells a repeat from a conflict.
-	if err := outbox.AddFresh(ctx, tx, out...); err != nil {
+	if err := pgoutbox.AddFresh(ctx, tx, out...); err != nil {
 		if errors.Is(err, outbox.ErrConflict) || errors.Is(err, inbox.ErrBadIntent) {
 			return inbox.Permanent(fmt.Errorf("effects: follow-ups: %w", err))
 		}

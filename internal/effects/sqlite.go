@@ -107,7 +107,7 @@ func (s *SQLiteLedger) Scope() string { return s.l.scope }
 // applies, the follow-up [Ledger.WithFollowUps] describes, added to the
 // SQLite outbox (package sqliteoutbox) in the batch's transaction: it
 // commits or rolls back with the credit. The file needs the outbox schema
-// (sqliteoutbox.Migrate).
+// (sqliteoutbox.Store.Migrate).
 func (s *SQLiteLedger) WithFollowUps(f FollowUps) (*SQLiteLedger, error) {
 	l, err := s.l.WithFollowUps(f)
 	if err != nil {

@@ -139,7 +139,7 @@ func TestSQLiteLedgerTakesTheProcessorsScope(t *testing.T) {
 func TestSQLiteLedgerFollowUps(t *testing.T) {
 	ctx := context.Background()
 	db := sqliteLedgerDB(t, 8)
-	if _, err := sqliteoutbox.Migrate(ctx, db); err != nil {
+	if _, err := sqliteoutbox.New(db).Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	l, err := NewScopedSQLiteLedger("ledger")

@@ -20,6 +20,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
 
@@ -103,7 +104,7 @@ func TestChainCountsEachCase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := pipelinetest.New(t, jsinbox.StreamConfig{}, 4)
-	if _, err := outbox.Migrate(ctx, e.Pool); err != nil {
+	if _, err := pgoutbox.New(e.Pool).Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	plantChain(t, e.JS, func(q string, args ...any) {
@@ -124,7 +125,7 @@ func TestChainOnSQLite(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	for _, m := range []func(context.Context, *sql.DB) (int, error){func(ctx context.Context, db *sql.DB) (int, error) { return sqliteinbox.New(db).Migrate(ctx) }, effects.MigrateSQLite, sqliteoutbox.Migrate} {
+	for _, m := range []func(context.Context, *sql.DB) (int, error){func(ctx context.Context, db *sql.DB) (int, error) { return sqliteinbox.New(db).Migrate(ctx) }, effects.MigrateSQLite, func(ctx context.Context, db *sql.DB) (int, error) { return sqliteoutbox.New(db).Migrate(ctx) }} {
 		if _, err := m(ctx, db); err != nil {
 			t.Fatal(err)
 		}

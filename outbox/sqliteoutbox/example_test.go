@@ -47,7 +47,8 @@ func Example() {
 
 	// Deploy steps: the outbox table (`jetinbox migrate` applies it), the
 	// service's own table, the stream the intents go to.
-	_, err = sqliteoutbox.Migrate(ctx, db)
+	ob := sqliteoutbox.New(db) // a consumer's store has it: sqliteinbox.New(db).Outbox()
+	_, err = ob.Migrate(ctx)
 	must(err)
 	_, err = db.ExecContext(ctx, `CREATE TABLE orders (id TEXT PRIMARY KEY, cents INTEGER NOT NULL)`)
 	must(err)
@@ -75,13 +76,13 @@ func Example() {
 
 	// The relay, normally running in the background (Run, or `jetinbox
 	// relay` with DATABASE_URL=sqlite:///path); here one round.
-	relay, err := outbox.NewRelay(sqliteoutbox.Source(db, 0), js, outbox.RelayConfig{Stream: jsinbox.DefaultStream})
+	relay, err := outbox.NewRelay(ob, js, outbox.RelayConfig{Stream: jsinbox.DefaultStream})
 	must(err)
 	defer relay.Close()
 	n, err := relay.Round(ctx)
 	must(err)
 	fmt.Println("relayed", n, "sent", relay.Stats().Sent)
-	pending, _, err := sqliteoutbox.Backlog(ctx, db)
+	pending, _, err := ob.Backlog(ctx)
 	must(err)
 	fmt.Println("pending", pending)
 

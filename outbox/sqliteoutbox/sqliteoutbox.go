@@ -1,6 +1,8 @@
 // Package sqliteoutbox keeps the outbox in a SQLite file, next to an inbox
 // of package sqliteinbox: [Add] in the batch's (or the service's own)
-// *sql.Tx, and a [Source] a relay (outbox.NewRelay) takes rows from.
+// *sql.Tx, and a [Store] (New, or sqliteinbox.Store.Outbox for the inbox's
+// file) that carries the schema, retention and backlog and is the
+// outbox.Source a relay (outbox.NewRelay) takes rows from.
 //
 // SQLite has one writer and no row locks a relay could hold while it
 // publishes, so a relay leases a batch instead: one short transaction sets
@@ -43,26 +45,57 @@ func migrations() []migrate.Migration {
 	return ms
 }
 
-// Migrate creates or upgrades the outbox table in the SQLite database db and
-// returns how many migrations it applied.
-func Migrate(ctx context.Context, db *sql.DB) (int, error) {
-	return migrate.ApplySQLite(ctx, db, outbox.Component, migrations())
+// DefaultLease is how long a relay holds the rows it took before another
+// relay may take them: longer than a round can last (the publisher's retry
+// budget and its PubAck wait).
+const DefaultLease = 2 * time.Minute
+
+// Store is the outbox in a SQLite file: its schema, retention and backlog,
+// and the outbox.Source a relay takes rows from (outbox.NewRelay takes the
+// Store itself). Rows are added with [Add] in the caller's own *sql.Tx,
+// not through the Store.
+type Store struct {
+	db    *sql.DB
+	lease time.Duration
 }
 
-// MigrationStatus compares the outbox migrations with what db recorded.
-func MigrationStatus(ctx context.Context, db *sql.DB) ([]inbox.MigrationState, error) {
-	return migrate.StatusSQLite(ctx, db, outbox.Component, migrations())
+// New returns the outbox store in db, opened as sqliteinbox.Open opens it.
+// A relay holds the rows it takes for [DefaultLease]; see [Store.WithLease].
+func New(db *sql.DB) *Store { return &Store{db: db, lease: DefaultLease} }
+
+// WithLease returns a copy of s whose relay holds the rows it takes for
+// lease (0: [DefaultLease]) before another relay may take them.
+func (s *Store) WithLease(lease time.Duration) *Store {
+	if lease <= 0 {
+		lease = DefaultLease
+	}
+	c := *s
+	c.lease = lease
+	return &c
 }
 
-// MigrationSQL returns the SQLite outbox schema as one SQL script.
-func MigrationSQL() string { return migrate.Script(outbox.Component, migrations()) }
+// Migrate creates or upgrades the outbox table and returns how many
+// migrations it applied.
+func (s *Store) Migrate(ctx context.Context) (int, error) {
+	return migrate.ApplySQLite(ctx, s.db, outbox.Component, migrations())
+}
+
+// MigrationStatus compares the outbox migrations with what the file
+// recorded.
+func (s *Store) MigrationStatus(ctx context.Context) ([]inbox.MigrationState, error) {
+	return migrate.StatusSQLite(ctx, s.db, outbox.Component, migrations())
+}
+
+// MigrationSQL returns the SQLite outbox schema as one SQL script. It does
+// not touch the database.
+func (s *Store) MigrationSQL() string { return migrate.Script(outbox.Component, migrations()) }
 
 // CheckSchema reports outbox.ErrNotMigrated unless every outbox migration
-// has been applied to db.
-func CheckSchema(ctx context.Context, db *sql.DB) error {
+// has been applied.
+func (s *Store) CheckSchema(ctx context.Context) error {
 	ms := migrations()
 	want := ms[len(ms)-1].Version
-	have, ok, err := migrate.VersionSQLite(ctx, db, outbox.Component)
+	have, ok, err := migrate.VersionSQLite(ctx, s.db, outbox.Component)
 	switch {
 	case err != nil:
 		return fmt.Errorf("outbox: check schema: %w", err)
@@ -74,7 +107,7 @@ func CheckSchema(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
-// Add writes intents to the outbox in tx, as outbox.Add does on PostgreSQL:
+// Add writes intents to the outbox in tx, as pgoutbox.Add does on PostgreSQL:
 // an ID already there with the same subject and payload is left alone, with
 // another one the error wraps outbox.ErrConflict (roll tx back), bad input
 // wraps inbox.ErrBadIntent.
@@ -112,26 +145,9 @@ ON CONFLICT (id) DO NOTHING`, in.ID, in.Subject, payload, fp[:], in.Parent, now)
 	return nil
 }
 
-// DefaultLease is how long a relay holds the rows it took before another
-// relay may take them: longer than a round can last (the publisher's retry
-// budget and its PubAck wait).
-const DefaultLease = 2 * time.Minute
-
-// Source returns the outbox.Source of the outbox in db; a relay holds the
-// rows it takes for lease (0: DefaultLease).
-func Source(db *sql.DB, lease time.Duration) outbox.Source {
-	if lease <= 0 {
-		lease = DefaultLease
-	}
-	return source{db: db, lease: lease}
-}
-
-type source struct {
-	db    *sql.DB
-	lease time.Duration
-}
-
-func (s source) Take(ctx context.Context, n int) (outbox.Taken, error) {
+// Take leases up to n pending rows, oldest first, that no relay holds; it
+// is outbox.Source's method.
+func (s *Store) Take(ctx context.Context, n int) (outbox.Taken, error) {
 	now := time.Now().UnixMicro()
 	// The token names this claim. A later claim of a row sets a later
 	// lease_until as well (it takes only rows whose lease ended before its
@@ -271,17 +287,17 @@ WHERE lease_token = ?1 AND lease_until = ?2 AND id IN (`+placeholders(len(t.rows
 }
 
 // Prune deletes sent outbox rows created longer than opts.OlderThan ago,
-// with outbox.Prune's horizon check; pending and failed rows stay. The
-// cut-off comes from this machine's clock, the one created_at was written
-// with.
-func Prune(ctx context.Context, db *sql.DB, opts outbox.PruneOptions) (int64, error) {
+// with outbox.CheckPrune's horizon check; pending and failed rows stay.
+// The cut-off comes from this machine's clock, the one created_at was
+// written with.
+func (s *Store) Prune(ctx context.Context, opts outbox.PruneOptions) (int64, error) {
 	if err := outbox.CheckPrune(&opts); err != nil {
 		return 0, err
 	}
 	cutoff := time.Now().Add(-opts.OlderThan).UnixMicro()
 	var total int64
 	for {
-		r, err := db.ExecContext(ctx, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE created_at < ? AND sent_at IS NOT NULL LIMIT ?)`, cutoff, opts.BatchSize)
+		r, err := s.db.ExecContext(ctx, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE created_at < ? AND sent_at IS NOT NULL LIMIT ?)`, cutoff, opts.BatchSize)
 		if err != nil {
 			return total, fmt.Errorf("outbox: prune: %w", err)
 		}
@@ -301,10 +317,10 @@ func Prune(ctx context.Context, db *sql.DB, opts outbox.PruneOptions) (int64, er
 
 // Backlog returns how many rows wait to be published and how long the
 // oldest has waited, by this machine's clock.
-func Backlog(ctx context.Context, db *sql.DB) (int64, time.Duration, error) {
+func (s *Store) Backlog(ctx context.Context) (int64, time.Duration, error) {
 	var n int64
 	var oldest sql.NullInt64
-	if err := db.QueryRowContext(ctx, `SELECT count(*), min(created_at) FROM outbox WHERE sent_at IS NULL AND failed IS NULL`).Scan(&n, &oldest); err != nil {
+	if err := s.db.QueryRowContext(ctx, `SELECT count(*), min(created_at) FROM outbox WHERE sent_at IS NULL AND failed IS NULL`).Scan(&n, &oldest); err != nil {
 		return 0, 0, fmt.Errorf("outbox: backlog: %w", err)
 	}
 	if !oldest.Valid {
@@ -312,3 +328,5 @@ func Backlog(ctx context.Context, db *sql.DB) (int64, time.Duration, error) {
 	}
 	return n, time.Since(time.UnixMicro(oldest.Int64)), nil
 }
+
+var _ outbox.Source = (*Store)(nil)

@@ -42,10 +42,12 @@ func newDB(t *testing.T) *sql.DB {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	if n, err := sqliteoutbox.Migrate(ctx, db); err != nil || n != 2 {
+	// The outbox store as an embedder gets it: from the inbox's store.
+	st := sqliteinbox.New(db).Outbox()
+	if n, err := st.Migrate(ctx); err != nil || n != 2 {
 		t.Fatalf("migrate: %d, %v", n, err)
 	}
-	if err := sqliteoutbox.CheckSchema(ctx, db); err != nil {
+	if err := st.CheckSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
 	return db
@@ -83,7 +85,7 @@ func (e *env) add(t *testing.T, ins ...inbox.Intent) error {
 
 func (e *env) relay(t *testing.T, lease time.Duration) *outbox.Relay {
 	t.Helper()
-	r, err := outbox.NewRelay(sqliteoutbox.Source(e.db, lease), e.js, outbox.RelayConfig{Stream: "NOTIFICATIONS", Batch: 100,
+	r, err := outbox.NewRelay(sqliteoutbox.New(e.db).WithLease(lease), e.js, outbox.RelayConfig{Stream: "NOTIFICATIONS", Batch: 100,
 		Idle:  jitter.Policy{Kind: jitter.Full, Base: 10 * time.Millisecond, Cap: 50 * time.Millisecond},
 		Retry: jitter.Policy{Kind: jitter.Full, Base: 10 * time.Millisecond, Cap: 50 * time.Millisecond}})
 	if err != nil {
@@ -164,13 +166,13 @@ func TestSQLiteAddAndRelay(t *testing.T) {
 	if s := r.Stats(); s.Sent != 250 || s.Duplicates != 0 || e.pending(t) != 0 {
 		t.Fatalf("stats %+v, %d pending", s, e.pending(t))
 	}
-	if n, err := sqliteoutbox.Prune(context.Background(), e.db, outbox.PruneOptions{OlderThan: 3 * time.Hour, ReplayHorizon: time.Hour}); err != nil || n != 0 {
+	if n, err := sqliteoutbox.New(e.db).Prune(context.Background(), outbox.PruneOptions{OlderThan: 3 * time.Hour, ReplayHorizon: time.Hour}); err != nil || n != 0 {
 		t.Fatalf("prune of young rows: %d, %v", n, err)
 	}
 	if _, err := e.db.Exec(`UPDATE outbox SET created_at = created_at - 86400000000`); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := sqliteoutbox.Prune(context.Background(), e.db, outbox.PruneOptions{OlderThan: 3 * time.Hour, ReplayHorizon: time.Hour, BatchSize: 7}); err != nil || n != 250 {
+	if n, err := sqliteoutbox.New(e.db).Prune(context.Background(), outbox.PruneOptions{OlderThan: 3 * time.Hour, ReplayHorizon: time.Hour, BatchSize: 7}); err != nil || n != 250 {
 		t.Fatalf("prune: %d, %v", n, err)
 	}
 }
@@ -297,12 +299,12 @@ func TestSQLiteLapsedLeaseTouchesOnlyItsRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	const short = 50 * time.Millisecond
-	first, err := sqliteoutbox.Source(e.db, short).Take(ctx, 10)
+	first, err := sqliteoutbox.New(e.db).WithLease(short).Take(ctx, 10)
 	if err != nil || len(first.Rows()) != 6 {
 		t.Fatalf("first take: %v, %v", first, err)
 	}
 	time.Sleep(2 * short)
-	second, err := sqliteoutbox.Source(e.db, time.Minute).Take(ctx, 3)
+	second, err := sqliteoutbox.New(e.db).WithLease(time.Minute).Take(ctx, 3)
 	if err != nil || !slices.Equal(ids(second.Rows()), []string{"l-0", "l-1", "l-2"}) {
 		t.Fatalf("second take after the first's lease ran out: %v, %v", second, err)
 	}
@@ -323,7 +325,7 @@ func TestSQLiteLapsedLeaseTouchesOnlyItsRows(t *testing.T) {
 			t.Errorf("after the lapsed finish, %s is %s, want %s", id, got, want)
 		}
 	}
-	if third, err := sqliteoutbox.Source(e.db, time.Minute).Take(ctx, 10); err != nil || len(third.Rows()) != 0 {
+	if third, err := sqliteoutbox.New(e.db).WithLease(time.Minute).Take(ctx, 10); err != nil || len(third.Rows()) != 0 {
 		t.Fatalf("a third relay took %v (%v) while the second holds them", third, err)
 	}
 	if lags, err := second.Finish(ctx, []string{"l-0", "l-1", "l-2"}, nil); err != nil || len(lags) != 3 {
@@ -334,17 +336,17 @@ func TestSQLiteLapsedLeaseTouchesOnlyItsRows(t *testing.T) {
 	if err := e.add(t, intents("m", 4)...); err != nil {
 		t.Fatal(err)
 	}
-	first, err = sqliteoutbox.Source(e.db, short).Take(ctx, 10)
+	first, err = sqliteoutbox.New(e.db).WithLease(short).Take(ctx, 10)
 	if err != nil || len(first.Rows()) != 4 {
 		t.Fatalf("first take of m: %v, %v", first, err)
 	}
 	time.Sleep(2 * short)
-	second, err = sqliteoutbox.Source(e.db, time.Minute).Take(ctx, 2)
+	second, err = sqliteoutbox.New(e.db).WithLease(time.Minute).Take(ctx, 2)
 	if err != nil || !slices.Equal(ids(second.Rows()), []string{"m-0", "m-1"}) {
 		t.Fatalf("second take of m: %v, %v", second, err)
 	}
 	first.Abandon(ctx)
-	third, err := sqliteoutbox.Source(e.db, time.Minute).Take(ctx, 10)
+	third, err := sqliteoutbox.New(e.db).WithLease(time.Minute).Take(ctx, 10)
 	if err != nil || !slices.Equal(ids(third.Rows()), []string{"m-2", "m-3"}) {
 		t.Fatalf("after the lapsed abandon a third relay took %v (%v), want m-2 and m-3 only", ids(third.Rows()), err)
 	}

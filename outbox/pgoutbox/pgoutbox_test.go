@@ -1,4 +1,4 @@
-package outbox_test
+package pgoutbox_test
 
 import (
 	"context"
@@ -9,18 +9,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 )
 
 func TestMain(m *testing.M) { testenv.MainNoLeaks(m) }
@@ -29,6 +32,7 @@ const stream = "NOTIFICATIONS"
 
 type env struct {
 	pool *pgxpool.Pool
+	st   *pgoutbox.Store
 	js   jetstream.JetStream
 	srv  *testenv.NATS
 }
@@ -44,15 +48,16 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	e.pool = pool
-	n, err := outbox.Migrate(ctx, pool)
+	// The outbox store as an embedder gets it: from the inbox's store.
+	e.pool, e.st = pool, pginbox.New(pool).Outbox()
+	n, err := e.st.Migrate(ctx)
 	if err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	if st, err := outbox.MigrationStatus(ctx, pool); err != nil || n != len(st) {
+	if st, err := e.st.MigrationStatus(ctx); err != nil || n != len(st) {
 		t.Fatalf("migrate applied %d of the %d migrations (%v)", n, len(st), err)
 	}
-	if err := outbox.CheckSchema(ctx, pool); err != nil {
+	if err := e.st.CheckSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
 	nc, err := nats.Connect(e.srv.URL())
@@ -85,7 +90,7 @@ func (e *env) add(t *testing.T, prefix string, n int) []string {
 			ids = append(ids, id)
 			ins = append(ins, inbox.Intent{ID: id, Subject: "notifications.x", Payload: []byte(fmt.Sprintf(`{"n":%d}`, j))})
 		}
-		if err := outbox.Add(ctx, tx, ins...); err != nil {
+		if err := pgoutbox.Add(ctx, tx, ins...); err != nil {
 			t.Fatal(err)
 		}
 		if err := tx.Commit(ctx); err != nil {
@@ -117,7 +122,7 @@ func quickRelay(t *testing.T, e *env, cfg outbox.RelayConfig) *outbox.Relay {
 		cfg.Idle = jitter.Policy{Kind: jitter.Full, Base: 20 * time.Millisecond, Cap: 50 * time.Millisecond}
 	}
 	cfg.Retry = jitter.Policy{Kind: jitter.Full, Base: 10 * time.Millisecond, Cap: 50 * time.Millisecond}
-	r, err := outbox.NewRelay(outbox.Postgres(e.pool), e.js, cfg)
+	r, err := outbox.NewRelay(e.st, e.js, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,21 +183,21 @@ func TestAddRepeatsAndConflicts(t *testing.T) {
 	e := newEnv(t)
 	in := inbox.Intent{ID: "n-1", Subject: "notifications.a", Payload: []byte(`{"a":1}`), Parent: "pay-1"}
 	for range 2 {
-		if err := outbox.Add(ctx, e.pool, in); err != nil {
+		if err := pgoutbox.Add(ctx, e.pool, in); err != nil {
 			t.Fatal(err)
 		}
 	}
 	other := in
 	other.Payload = []byte(`{"a":2}`)
-	if err := outbox.Add(ctx, e.pool, other); !errors.Is(err, outbox.ErrConflict) {
+	if err := pgoutbox.Add(ctx, e.pool, other); !errors.Is(err, outbox.ErrConflict) {
 		t.Fatalf("same ID, other payload: %v, want ErrConflict", err)
 	}
 	other = in
 	other.Subject = "notifications.b"
-	if err := outbox.Add(ctx, e.pool, other); !errors.Is(err, outbox.ErrConflict) {
+	if err := pgoutbox.Add(ctx, e.pool, other); !errors.Is(err, outbox.ErrConflict) {
 		t.Fatalf("same ID, other subject: %v, want ErrConflict", err)
 	}
-	if err := outbox.Add(ctx, e.pool, in, other); !errors.Is(err, outbox.ErrConflict) {
+	if err := pgoutbox.Add(ctx, e.pool, in, other); !errors.Is(err, outbox.ErrConflict) {
 		t.Fatalf("one call, one ID, two payloads: %v", err)
 	}
 	// The transaction stays usable after a conflict.
@@ -200,10 +205,10 @@ func TestAddRepeatsAndConflicts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := outbox.Add(ctx, tx, inbox.Intent{ID: "n-1", Subject: "notifications.a", Payload: []byte(`{}`)}); !errors.Is(err, outbox.ErrConflict) {
+	if err := pgoutbox.Add(ctx, tx, inbox.Intent{ID: "n-1", Subject: "notifications.a", Payload: []byte(`{}`)}); !errors.Is(err, outbox.ErrConflict) {
 		t.Fatal(err)
 	}
-	if err := outbox.Add(ctx, tx, inbox.Intent{ID: "n-2", Subject: "notifications.a"}); err != nil {
+	if err := pgoutbox.Add(ctx, tx, inbox.Intent{ID: "n-2", Subject: "notifications.a"}); err != nil {
 		t.Fatalf("after a conflict in the same transaction: %v", err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
@@ -211,7 +216,7 @@ func TestAddRepeatsAndConflicts(t *testing.T) {
 	}
 	for _, bad := range []inbox.Intent{{Subject: "notifications.a"}, {ID: "x", Subject: ""}, {ID: "x", Subject: "notifications.>"},
 		{ID: "x", Subject: "a b"}, {ID: "x", Subject: "a..b"}, {ID: "x y", Subject: "a"}, {ID: "x", Subject: "a", Parent: "p q"}} {
-		if err := outbox.Add(ctx, e.pool, bad); !errors.Is(err, inbox.ErrBadIntent) {
+		if err := pgoutbox.Add(ctx, e.pool, bad); !errors.Is(err, inbox.ErrBadIntent) {
 			t.Errorf("Add(%+v): %v, want ErrBadIntent", bad, err)
 		}
 	}
@@ -234,7 +239,7 @@ func TestConcurrentAddsOfOneID(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx1.Rollback(ctx) //nolint:errcheck
-	if err := outbox.Add(ctx, tx1, inbox.Intent{ID: "c-1", Subject: "notifications.a", Payload: []byte("one")}); err != nil {
+	if err := pgoutbox.Add(ctx, tx1, inbox.Intent{ID: "c-1", Subject: "notifications.a", Payload: []byte("one")}); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -245,7 +250,7 @@ func TestConcurrentAddsOfOneID(t *testing.T) {
 			return
 		}
 		defer tx2.Rollback(ctx) //nolint:errcheck
-		done <- outbox.Add(ctx, tx2, inbox.Intent{ID: "c-1", Subject: "notifications.a", Payload: []byte("two")})
+		done <- pgoutbox.Add(ctx, tx2, inbox.Intent{ID: "c-1", Subject: "notifications.a", Payload: []byte("two")})
 	}()
 	time.Sleep(200 * time.Millisecond) // the second insert waits on the first's row
 	if err := tx1.Commit(ctx); err != nil {
@@ -268,7 +273,7 @@ func TestRelaySendsEachRowOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := outbox.Add(ctx, tx, inbox.Intent{ID: "rolled-back", Subject: "notifications.x"}); err != nil {
+	if err := pgoutbox.Add(ctx, tx, inbox.Intent{ID: "rolled-back", Subject: "notifications.x"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
@@ -425,7 +430,7 @@ func TestRelayWakesOnCommit(t *testing.T) {
 	for i := range 100 {
 		ins = append(ins, inbox.Intent{ID: fmt.Sprintf("copy-%d", i), Subject: "notifications.x"})
 	}
-	if err := outbox.AddFresh(ctx, tx, ins...); err != nil {
+	if err := pgoutbox.AddFresh(ctx, tx, ins...); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -451,7 +456,7 @@ func TestRelayKeepsWhatDidNotGetThrough(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, in := range []inbox.Intent{{ID: "late-1", Subject: "later.x"}, {ID: "wrong-1", Subject: "other.x"}, {ID: "ok-1", Subject: "notifications.x"}} {
-		if err := outbox.Add(ctx, e.pool, in); err != nil {
+		if err := pgoutbox.Add(ctx, e.pool, in); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -488,10 +493,10 @@ func TestRelayKeepsWhatDidNotGetThrough(t *testing.T) {
 	if _, err := e.pool.Exec(ctx, `UPDATE outbox SET created_at = now() - interval '30 days'`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outbox.Prune(ctx, e.pool, outbox.PruneOptions{OlderThan: 24 * time.Hour, ReplayHorizon: 24 * time.Hour}); !errors.Is(err, inbox.ErrUnsafeHorizon) {
+	if _, err := e.st.Prune(ctx, outbox.PruneOptions{OlderThan: 24 * time.Hour, ReplayHorizon: 24 * time.Hour}); !errors.Is(err, inbox.ErrUnsafeHorizon) {
 		t.Fatalf("prune inside the horizon: %v", err)
 	}
-	if n, err := outbox.Prune(ctx, e.pool, outbox.PruneOptions{OlderThan: 48 * time.Hour, ReplayHorizon: 24 * time.Hour, BatchSize: 1}); n != 2 || err != nil {
+	if n, err := e.st.Prune(ctx, outbox.PruneOptions{OlderThan: 48 * time.Hour, ReplayHorizon: 24 * time.Hour, BatchSize: 1}); n != 2 || err != nil {
 		t.Fatalf("prune: %d, %v; want the 2 sent rows", n, err)
 	}
 	var left string
@@ -514,7 +519,7 @@ func TestPruneKeepsPendingRows(t *testing.T) {
 	if _, err := e.pool.Exec(ctx, `UPDATE outbox SET sent_at = now() WHERE id IN ('p-1', 'p-2', 'p-3')`); err != nil {
 		t.Fatal(err)
 	}
-	n, err := outbox.Prune(ctx, e.pool, outbox.PruneOptions{OlderThan: 5 * 24 * time.Hour, ReplayHorizon: 24 * time.Hour})
+	n, err := e.st.Prune(ctx, outbox.PruneOptions{OlderThan: 5 * 24 * time.Hour, ReplayHorizon: 24 * time.Hour})
 	if err != nil || n != 2 {
 		t.Fatalf("prune: %d, %v; want p-1 and p-2 (old and sent)", n, err)
 	}
@@ -522,7 +527,7 @@ func TestPruneKeepsPendingRows(t *testing.T) {
 	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&left); err != nil || left != 8 {
 		t.Fatalf("%d rows left, want 8", left)
 	}
-	if _, err := outbox.Prune(ctx, e.pool, outbox.PruneOptions{OlderThan: time.Hour}); err == nil {
+	if _, err := e.st.Prune(ctx, outbox.PruneOptions{OlderThan: time.Hour}); err == nil {
 		t.Fatal("prune without a horizon")
 	}
 }
@@ -538,7 +543,7 @@ func TestSentStaysSentPendingStays(t *testing.T) {
 	e := newEnv(t)
 	e.add(t, "g", 4)
 	for _, q := range []string{
-		// The relay's marks (outbox.Postgres's statements).
+		// The relay's marks (the Store's Take and Finish).
 		`UPDATE outbox SET sent_at = clock_timestamp() WHERE id = ANY(ARRAY['g-0'])`,
 		`UPDATE outbox SET failed = f.reason FROM unnest(ARRAY['g-1'], ARRAY['refused']) AS f(id, reason) WHERE outbox.id = f.id`,
 		// An operator gives a failed row another try, or gives it up.
@@ -574,7 +579,7 @@ func TestSentStaysSentPendingStays(t *testing.T) {
 	if _, err := e.pool.Exec(ctx, `UPDATE outbox SET created_at = now() - interval '10 days'`); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := outbox.Prune(ctx, e.pool, outbox.PruneOptions{OlderThan: 5 * 24 * time.Hour, ReplayHorizon: 24 * time.Hour}); err != nil || n != 1 {
+	if n, err := e.st.Prune(ctx, outbox.PruneOptions{OlderThan: 5 * 24 * time.Hour, ReplayHorizon: 24 * time.Hour}); err != nil || n != 1 {
 		t.Errorf("prune: %d, %v; want the one sent row", n, err)
 	}
 }
@@ -597,7 +602,7 @@ func TestAddFresh(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := outbox.AddFresh(ctx, tx, batch("a")...); err != nil {
+	if err := pgoutbox.AddFresh(ctx, tx, batch("a")...); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -608,11 +613,11 @@ func TestAddFresh(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := outbox.AddFresh(ctx, tx, mixed...); !errors.Is(err, outbox.ErrNotFresh) {
+	if err := pgoutbox.AddFresh(ctx, tx, mixed...); !errors.Is(err, pgoutbox.ErrNotFresh) {
 		t.Fatalf("AddFresh with an ID already there: %v, want ErrNotFresh", err)
 	}
 	_ = tx.Rollback(ctx)
-	if err := outbox.Add(ctx, e.pool, mixed...); err != nil {
+	if err := pgoutbox.Add(ctx, e.pool, mixed...); err != nil {
 		t.Fatalf("Add after ErrNotFresh: %v", err)
 	}
 	var n int
@@ -647,4 +652,60 @@ func TestRelayEndsOnAClosedConnection(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the relay still runs 30s after its connection closed for good")
 	}
+}
+
+// TestListenOnEveryKindOfStore: a store listens on a connection of its
+// own whatever it was made from: a pool (one taken out of it), a single
+// *pgx.Conn (a second connection with its configuration; the relay's
+// batches hold the first), or another pool given with WithListen (a direct
+// one behind a pooler). A COMMIT that adds a row wakes each waiter long
+// before its poll would have.
+func TestListenOnEveryKindOfStore(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, e.pool.Config().ConnConfig.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	other, err := pgxpool.New(ctx, e.pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	stores := map[string]*pgoutbox.Store{
+		"pool":       e.st,
+		"conn":       pgoutbox.New(conn),
+		"WithListen": pgoutbox.New(conn).WithListen(other),
+	}
+	for name, st := range stores {
+		w, err := st.Listen(ctx)
+		if err != nil {
+			t.Fatalf("%s: listen: %v", name, err)
+		}
+		defer w.Close()
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() { done <- w.Wait(ctx, time.Minute) }()
+		time.Sleep(50 * time.Millisecond)
+		e.add(t, "listen-"+strings.ToLower(name), 1)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("%s: wait: %v", name, err)
+			}
+			t.Logf("%s: woke %v after the wait began", name, time.Since(start))
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no notification 10s after a COMMIT that added a row", name)
+		}
+	}
+	tk, err := pgoutbox.New(conn).Take(ctx, 10)
+	if err != nil {
+		t.Fatalf("take on a *pgx.Conn: %v", err)
+	}
+	if len(tk.Rows()) != len(stores) {
+		t.Errorf("took %d rows on a *pgx.Conn, want the %d added", len(tk.Rows()), len(stores))
+	}
+	tk.Abandon(ctx)
 }
