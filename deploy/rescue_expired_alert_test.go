@@ -33,7 +33,6 @@ func TestRescueExpiredAlertFires(t *testing.T) {
 	}
 	const maxAge = 2 * time.Second
 	p := newAlertPipeline(t, jsinbox.StreamConfig{MaxAge: maxAge, DuplicateWindow: time.Second}, m)
-	m.Attach(p.consumer)
 	page := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer page.Close()
 

@@ -33,7 +33,6 @@ func TestStreamFillingAlertFires(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := newAlertPipeline(t, jsinbox.StreamConfig{MaxMsgs: 100}, m)
-	m.Attach(p.consumer)
 	page := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer page.Close()
 	intents := pipeline.Generate(pipeline.Load{Count: 85, Accounts: 16, Prefix: "f"})

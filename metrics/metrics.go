@@ -55,7 +55,8 @@ func NewConsumer(reg prometheus.Registerer) (*Consumer, error) {
 	return m, nil
 }
 
-// Attach points the scrape-time metrics at c.
+// Attach points the scrape-time metrics at c. jsinbox.NewConsumer calls it
+// for a Consumer given as its Observer.
 func (m *Consumer) Attach(c *jsinbox.Consumer) { m.c = c }
 
 // ObserveBatch implements jsinbox.Observer.

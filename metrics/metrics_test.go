@@ -1,6 +1,8 @@
 package metrics
 
 import (
+	"context"
+	"database/sql"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inboxtest"
 )
 
 func TestConsumerMetricsLintAndCount(t *testing.T) {
@@ -111,5 +114,28 @@ jetinbox_retries_total{reason="transient"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "jetinbox_rejected_total", "jetinbox_retries_total"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestObserverIsAttachedByNewConsumer: the consumer's gauges read the
+// consumer the metrics observe. Given as the consumer's Observer, the
+// metrics are attached by NewConsumer: no second step that, left out,
+// would leave the gauges silently empty.
+func TestObserverIsAttachedByNewConsumer(t *testing.T) {
+	kit, err := inboxtest.SQLite(inbox.HandlerFunc(func(context.Context, *sql.Tx, inbox.Message) error { return nil }), inbox.Config{Scope: "s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kit.Close()
+	m, err := NewConsumer(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := jsinbox.NewConsumer(nil, kit.Processor(), jsinbox.ConsumerConfig{Observer: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.c != c {
+		t.Fatal("NewConsumer did not attach its Observer's gauges to the consumer")
 	}
 }

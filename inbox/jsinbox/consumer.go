@@ -82,7 +82,9 @@ type ConsumerConfig struct {
 	// intent). Default: decorrelated jitter from 250ms to 10s.
 	DeadLetterRetry jitter.Policy
 	// Observer, when set, is told about every batch after its transaction
-	// ended and before its messages are acked: metrics and benchmarks.
+	// ended and before its messages are acked: metrics and benchmarks. An
+	// Observer that also has a method Attach(*Consumer) (metrics.Consumer
+	// does, for its gauges) is attached by NewConsumer.
 	Observer Observer
 
 	// The consumer pings the database through the processor while the
@@ -230,8 +232,12 @@ func NewConsumer(js jetstream.JetStream, proc BatchProcessor, cfg ConsumerConfig
 		return nil, err
 	}
 	batchBytes := max(cfg.MaxBytes/2, 1)
-	return &Consumer{js: js, proc: proc, cfg: cfg, tracer: tracer(cfg.tp),
-		budget: semaphore.NewWeighted(batchBytes), batchBytes: batchBytes}, nil
+	c := &Consumer{js: js, proc: proc, cfg: cfg, tracer: tracer(cfg.tp),
+		budget: semaphore.NewWeighted(batchBytes), batchBytes: batchBytes}
+	if a, ok := cfg.Observer.(interface{ Attach(*Consumer) }); ok {
+		a.Attach(c) // its gauges read this consumer: no second step to forget
+	}
+	return c, nil
 }
 
 // Config returns the consumer's configuration with defaults filled in.

@@ -143,7 +143,6 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	if err != nil {
 		return UsageError{Err: err}
 	}
-	m.Attach(c)
 	for _, w := range jscheck.LintConsumer(jscheck.ConsumerTiming{AckWait: *ackWait, MaxDeliver: *maxDeliver, NakDelay: &nak}) {
 		log.Warn("config: " + w)
 	}
