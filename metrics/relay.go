@@ -21,8 +21,8 @@ var (
 )
 
 // Relay exposes an outbox relay's counters, the outbox's backlog (read from
-// the database at scrape time) and emit-to-publish latency. Set its
-// ObserveSent as RelayConfig.OnSent and call Attach once the Relay exists.
+// the database at scrape time) and emit-to-publish latency. Give it to the
+// relay as its RelayConfig.Observer: outbox.NewRelay attaches it.
 type Relay struct {
 	lag     prometheus.Histogram
 	backlog func(context.Context) (int64, time.Duration, error)

@@ -54,11 +54,25 @@ type RelayConfig struct {
 	// Logger receives a line per failed round and per row refused for
 	// good. Default: discard.
 	Logger *slog.Logger
-	// OnSent, if set, is called after each round that marked rows sent,
-	// with how long each row waited from its transaction's start to being
-	// marked (both by PostgreSQL's clock). For metrics and measurements.
-	OnSent func(lags []time.Duration)
+	// Observer, if set, is told after each round that marked rows sent
+	// how long each row waited from its transaction's start to being
+	// marked (by the database's clock on PostgreSQL, the relay machine's
+	// on SQLite). For metrics and measurements. An Observer that also has
+	// a method Attach(*Relay) (metrics.Relay does, for its counters) is
+	// attached by NewRelay.
+	Observer RelayObserver
 }
+
+// RelayObserver hears how long the rows a round marked sent waited.
+type RelayObserver interface {
+	ObserveSent(lags []time.Duration)
+}
+
+// SentFunc is a function used as a [RelayObserver].
+type SentFunc func(lags []time.Duration)
+
+// ObserveSent calls f(lags).
+func (f SentFunc) ObserveSent(lags []time.Duration) { f(lags) }
 
 func (c RelayConfig) withDefaults() RelayConfig {
 	if c.Batch <= 0 {
@@ -177,6 +191,9 @@ func NewRelay(src Source, js jetstream.JetStream, cfg RelayConfig) (*Relay, erro
 		return nil, fmt.Errorf("outbox: relay: %w", err)
 	}
 	r.pub = pub
+	if a, ok := cfg.Observer.(interface{ Attach(*Relay) }); ok {
+		a.Attach(r) // its counters read this relay: no second step to forget
+	}
 	return r, nil
 }
 
@@ -402,8 +419,8 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 	r.failed.Add(int64(failedN))
 	r.retried.Add(int64(pending))
 	r.duplicates.Add(pub.Stats().Duplicates - dupBefore)
-	if r.cfg.OnSent != nil && len(lags) > 0 {
-		r.cfg.OnSent(lags)
+	if r.cfg.Observer != nil && len(lags) > 0 {
+		r.cfg.Observer.ObserveSent(lags)
 	}
 	if len(failures) > 10_000 {
 		if err := r.renewPublisher(); err != nil {

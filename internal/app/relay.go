@@ -106,12 +106,11 @@ func Relay(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, stde
 	if err != nil {
 		return err
 	}
-	cfg.OnSent = m.ObserveSent
+	cfg.Observer = m
 	r, done, err := cli.StartRelay(ctx, store, js, cfg)
 	if err != nil {
 		return err
 	}
-	m.Attach(r)
 	if *httpAddr != "" {
 		srv, err := cli.ServeMetrics(*httpAddr, nc, reg, log)
 		if err != nil {

@@ -62,7 +62,7 @@ func (l *lagCollector) all() []time.Duration {
 func newRelay(store *cli.Store, js jetstream.JetStream, o Options, lags *lagCollector) (*outbox.Relay, error) {
 	cfg := outbox.RelayConfig{Stream: followStream, Batch: 1000, Publisher: jsinbox.PublisherConfig{Batch: o.PubBatch, MaxInFlight: 8192}}
 	if lags != nil {
-		cfg.OnSent = lags.add
+		cfg.Observer = outbox.SentFunc(lags.add)
 	}
 	// A LISTEN through a pooler in transaction mode hears nothing: poll.
 	cfg.NoListen = store.Pooled

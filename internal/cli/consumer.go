@@ -165,7 +165,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 			return err
 		}
 		cfg := RelayConfigFor(relay.stream, relay.batch, 0, w.kind, log)
-		cfg.OnSent = rm.ObserveSent
+		cfg.Observer = rm
 		cfg.NoListen = relay.noListen
 		if u := relay.listenDatabase(); u != "" && !relay.noListen && store.PG != nil {
 			if err := store.OpenListen(ctx, u, log); err != nil {
@@ -176,7 +176,6 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		if err != nil {
 			return err
 		}
-		rm.Attach(r)
 		// The relay stops with the consumer, before NATS drains.
 		stopRelay = sync.OnceFunc(func() {
 			cancel()

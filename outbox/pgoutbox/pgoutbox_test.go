@@ -281,7 +281,7 @@ func TestRelaySendsEachRowOnce(t *testing.T) {
 	}
 	var lags int
 	var mu sync.Mutex
-	r := quickRelay(t, e, outbox.RelayConfig{Batch: 500, OnSent: func(l []time.Duration) { mu.Lock(); lags += len(l); mu.Unlock() }})
+	r := quickRelay(t, e, outbox.RelayConfig{Batch: 500, Observer: outbox.SentFunc(func(l []time.Duration) { mu.Lock(); lags += len(l); mu.Unlock() })})
 	drain(t, r)
 	got := e.copies(t)
 	if len(got) != len(ids) {
