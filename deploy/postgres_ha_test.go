@@ -316,6 +316,10 @@ func TestPostgresHAFiles(t *testing.T) {
 		u.Host = fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d", bouncerPorts[0], bouncerPorts[1])
 		q := u.Query()
 		q.Set("sslrootcert", filepath.Join(fx.dir, "tls", "ca.pem"))
+		if role == "jetinbox_verifier" {
+			// As the ini says: the verifier's sessions are read-only.
+			q.Set("target_session_attrs", "primary")
+		}
 		u.RawQuery = q.Encode()
 		return u.String()
 	}

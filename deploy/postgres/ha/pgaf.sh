@@ -60,7 +60,8 @@ export PGDATA PGPORT PGPASSFILE
 if [ -n "${PGAF_SSL_CA_FILE:-}" ]; then
 	: "${PGAF_SSL_CERT:?PGAF_SSL_CERT must go with PGAF_SSL_CA_FILE}"
 	: "${PGAF_SSL_KEY:?PGAF_SSL_KEY must go with PGAF_SSL_CA_FILE}"
-	sslmode=verify-full
+	# pg_autoctl's connections to the monitor verify it against the CA too.
+	sslmode="verify-full&sslrootcert=$PGAF_SSL_CA_FILE"
 	set -- "$1" --ssl-ca-file "$PGAF_SSL_CA_FILE" --server-cert "$PGAF_SSL_CERT" --server-key "$PGAF_SSL_KEY" --ssl-mode verify-full
 else
 	sslmode=require
@@ -191,7 +192,10 @@ userlist)
 	# PgBouncer's auth file: the roles' SCRAM secrets as the server keeps
 	# them. PgBouncer checks clients against them and logs in to the
 	# server with them, so it never holds a password.
-	local_psql -d jetinbox -c "SELECT format('"%s" "%s"', rolname, rolpassword) FROM pg_authid WHERE rolname LIKE 'jetinbox\_%' AND rolcanlogin AND rolpassword LIKE 'SCRAM-SHA-256$%' ORDER BY rolname"
+	local_psql -d jetinbox <<'SQL'
+SELECT format('"%s" "%s"', rolname, rolpassword) FROM pg_authid
+WHERE rolname LIKE 'jetinbox\_%' AND rolcanlogin AND rolpassword LIKE 'SCRAM-SHA-256$%' ORDER BY rolname;
+SQL
 	;;
 *)
 	usage
