@@ -30,8 +30,11 @@ import (
 // dirs, TLS from the development certificates). Through the DATABASE_URL
 // the ini's header names (both poolers, target_session_attrs=read-write),
 // the project's own binaries run: migrate, accounts, a consumer applying a
-// few hundred intents, and verify, which must find every intent applied
-// once. The formation must replicate synchronously: the primary names the
+// few hundred intents (with follow-ups), and verify, which must find every
+// intent applied
+// once; then the relay, its rows through the poolers and its LISTEN on the
+// ini's direct JETINBOX_LISTEN_DATABASE_URL, must send every notification
+// the consumer added. The formation must replicate synchronously: the primary names the
 // standby in synchronous_standby_names and pg_stat_replication has it as a
 // synchronous (or quorum) standby.
 func TestPostgresHAFiles(t *testing.T) {
@@ -285,7 +288,7 @@ func TestPostgresHAFiles(t *testing.T) {
 
 	// The project's binaries, with the ini's DATABASE_URL: both poolers.
 	work := t.TempDir()
-	build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(work, "bin")+"/", "./cmd/jetinbox", "./cmd/producer")
+	build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(work, "bin")+"/", "./cmd/jetinbox", "./cmd/producer", "./cmd/consumer")
 	build.Dir = ".."
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
@@ -365,7 +368,9 @@ func TestPostgresHAFiles(t *testing.T) {
 	mustRun("", "producer", "-count", strconv.Itoa(intents), "-accounts", "16")
 
 	consumerOut := &testenv.SyncBuffer{}
-	consumer := exec.Command(filepath.Join(work, "bin", "jetinbox"), "consumer")
+	// As docs/operations.md runs it: each credit adds a notification to
+	// the outbox, for the relay below.
+	consumer := exec.Command(filepath.Join(work, "bin", "consumer"), "-follow-ups", "notifications")
 	consumer.Env, consumer.Dir = jenv("jetinbox_consumer"), work
 	consumer.Stdout, consumer.Stderr = consumerOut, consumerOut
 	if err := consumer.Start(); err != nil {
@@ -406,6 +411,54 @@ func TestPostgresHAFiles(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Error("the consumer did not drain within a minute of SIGTERM")
+	}
+	// The relay: its rows through the poolers, its LISTEN on the direct URL
+	// the ini names, to the nodes themselves.
+	lm := regexp.MustCompile(`JETINBOX_LISTEN_DATABASE_URL='([^']*)'`).FindStringSubmatch(string(ini))
+	if lm == nil {
+		t.Fatal("postgres/ha/pgbouncer.ini no longer names the relay's JETINBOX_LISTEN_DATABASE_URL")
+	}
+	listen, err := url.Parse(lm[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen.Host = fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d", nodePorts[0], nodePorts[1])
+	lq := listen.Query()
+	lq.Set("sslrootcert", filepath.Join(fx.dir, "tls", "ca.pem"))
+	listen.RawQuery = lq.Encode()
+	relayOut := &testenv.SyncBuffer{}
+	relay := exec.Command(filepath.Join(work, "bin", "jetinbox"), "relay", "-create-stream", "notifications")
+	relay.Env, relay.Dir = append(jenv("jetinbox_relay"), "JETINBOX_LISTEN_DATABASE_URL="+listen.String()), work
+	relay.Stdout, relay.Stderr = relayOut, relayOut
+	if err := relay.Start(); err != nil {
+		t.Fatal(err)
+	}
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Wait() }()
+	t.Cleanup(func() { _ = relay.Process.Kill() })
+	deadline = time.Now().Add(2 * time.Minute)
+	for {
+		n, err := local(nodeDirs[0], nodePorts[0], "jetinbox", `SELECT count(*) FILTER (WHERE sent_at IS NOT NULL) || '/' || count(*) FROM jetinbox.outbox`)
+		if err == nil && n == fmt.Sprintf("%d/%d", intents, intents) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the relay sent %s outbox rows, want all of the %d notifications (%v):\n%s", n, intents, err, lastOutputLines(relayOut.String(), 30))
+		}
+		select {
+		case err := <-relayDone:
+			t.Fatalf("the relay stopped: %v\n%s", err, lastOutputLines(relayOut.String(), 30))
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	_ = relay.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-relayDone:
+		if err != nil {
+			t.Errorf("relay after SIGTERM: %v\n%s", err, lastOutputLines(relayOut.String(), 30))
+		}
+	case <-time.After(time.Minute):
+		t.Error("the relay did not stop within a minute of SIGTERM")
 	}
 	t.Logf("the shipped HA topology, set up and used: %v", time.Since(started).Round(time.Millisecond))
 }
