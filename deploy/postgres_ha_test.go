@@ -26,17 +26,17 @@ import (
 // monitor step, then its node step on each of two data nodes (each
 // followed by the `pg_autoctl run` a service manager would start), its
 // roles step on the primary and its userlist step, then a pgbouncer per
-// node with the shipped pgbouncer.ini (paths and ports moved into the test's
-// dirs, TLS from the development certificates). Through the DATABASE_URL
-// the ini's header names (both poolers, target_session_attrs=read-write),
-// the project's own binaries run: migrate, accounts, a consumer applying a
-// few hundred intents (with follow-ups), and verify, which must find every
-// intent applied
-// once; then the relay, its rows through the poolers and its LISTEN on the
-// ini's direct JETINBOX_LISTEN_DATABASE_URL, must send every notification
-// the consumer added. The formation must replicate synchronously: the primary names the
-// standby in synchronous_standby_names and pg_stat_replication has it as a
-// synchronous (or quorum) standby.
+// node with the shipped pgbouncer.ini (paths and ports moved into the
+// test's dirs, TLS from the development certificates). Through the
+// DATABASE_URL the ini's header names (both poolers,
+// target_session_attrs=read-write) the project's own binaries run:
+// migrate, accounts, a consumer applying a few hundred intents with
+// follow-ups, and verify, which must find every intent applied once; then
+// the relay, its rows through the poolers and its LISTEN on the ini's
+// direct JETINBOX_LISTEN_DATABASE_URL, must send every notification the
+// consumer added. The formation must replicate synchronously: the primary
+// names the standby in synchronous_standby_names, pg_stat_replication has
+// it as a synchronous (or quorum) standby, and synchronous_commit is on.
 func TestPostgresHAFiles(t *testing.T) {
 	t.Parallel()
 	started := time.Now()
