@@ -241,6 +241,13 @@ func TestPostgresHAFiles(t *testing.T) {
 		t.Errorf("the primary's synchronous_commit = %q (%v), want on", s, err)
 	}
 
+	if s := func() string {
+		s, _ := local(monDir, monPort, "pg_auto_failover", `SELECT (SELECT number_sync_standbys FROM pgautofailover.formation WHERE formationid = 'default') || '/' || bool_and(replicationquorum) FROM pgautofailover.node`)
+		return s
+	}(); s != "0/true" {
+		t.Errorf("the monitor has number_sync_standbys/replication quorum %q, want 0/true", s)
+	}
+
 	step("roles", "PGDATA="+nodeDirs[0], fmt.Sprintf("PGPORT=%d", nodePorts[0]))
 	userlist := step("userlist", "PGDATA="+nodeDirs[0], fmt.Sprintf("PGPORT=%d", nodePorts[0]))
 	if n := strings.Count(userlist, "SCRAM-SHA-256$"); n != len(dbRoles) {

@@ -147,11 +147,12 @@ node)
 	# The standby's base backup and replication connection, to whichever
 	# node is primary.
 	pgpass_add '*' '*' '*' pgautofailover_replicator
-	# Synchronous replication: with two data nodes in the write quorum,
-	# pg_auto_failover sets synchronous_standby_names on the primary (and
-	# number_sync_standbys stays 0: one standby of the two answers each
-	# commit, and the primary goes on alone, wait_primary, only while the
-	# monitor knows the standby is gone and cannot be promoted).
+	# Synchronous replication: with both data nodes in the write quorum,
+	# pg_auto_failover sets synchronous_standby_names on the primary, and
+	# each commit waits for the standby. number_sync_standbys stays 0, the
+	# only value two data nodes allow: the primary goes on alone
+	# (wait_primary) only once the monitor has marked the standby unhealthy,
+	# and then it can no longer be promoted, so no acked commit is lost.
 	pg_autoctl create postgres --pgdata "$PGDATA" --pgport "$PGPORT" --listen "$PGAF_LISTEN" \
 		--hostname "$PGAF_HOSTNAME" --name "$PGAF_NAME" --dbname jetinbox \
 		--auth scram-sha-256 --replication-quorum true --candidate-priority 50 \
