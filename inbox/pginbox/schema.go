@@ -16,13 +16,8 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-func migrations() []migrate.Migration {
-	ms, err := migrate.Load(migrationFS, "migrations")
-	if err != nil {
-		panic(err) // embedded at build time; a bad name is a build bug
-	}
-	return ms
-}
+// migrations are the embedded migrations, read once.
+var migrations = migrate.Embedded(migrationFS, "migrations")
 
 // Migrate creates or upgrades the inbox tables (inbox, inbox_conflicts),
 // recording applied versions in jetinbox_migrations. It is safe to call

@@ -42,13 +42,8 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-func migrations() []migrate.Migration {
-	ms, err := migrate.Load(migrationFS, "migrations")
-	if err != nil {
-		panic(err) // embedded at build time; a bad name is a build bug
-	}
-	return ms
-}
+// migrations are the embedded migrations, read once.
+var migrations = migrate.Embedded(migrationFS, "migrations")
 
 // BusyTimeout is how long a transaction waits for the write lock another
 // connection holds before its batch is retried.

@@ -24,13 +24,8 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-func migrations() []migrate.Migration {
-	ms, err := migrate.Load(migrationFS, "migrations")
-	if err != nil {
-		panic(err)
-	}
-	return ms
-}
+// migrations are the embedded migrations, read once.
+var migrations = migrate.Embedded(migrationFS, "migrations")
 
 // Migrate creates or upgrades the ledger tables (accounts, ledger_entries).
 func Migrate(ctx context.Context, db pgmigrate.Beginner) (int, error) {

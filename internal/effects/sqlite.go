@@ -19,13 +19,8 @@ import (
 //go:embed sqlite_migrations/*.sql
 var sqliteMigrationFS embed.FS
 
-func sqliteMigrations() []migrate.Migration {
-	ms, err := migrate.Load(sqliteMigrationFS, "sqlite_migrations")
-	if err != nil {
-		panic(err)
-	}
-	return ms
-}
+// sqliteMigrations are the embedded migrations, read once.
+var sqliteMigrations = migrate.Embedded(sqliteMigrationFS, "sqlite_migrations")
 
 // MigrateSQLite creates or upgrades the ledger tables (accounts,
 // ledger_entries) in a SQLite database opened with sqliteinbox.Open.

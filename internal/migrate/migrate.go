@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 type Migration struct {
@@ -58,6 +59,19 @@ func Load(fsys fs.FS, dir string) ([]Migration, error) {
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
 	return ms, nil
+}
+
+// Embedded returns a function that loads the migrations of dir in an
+// embedded fsys once and returns them on every call. A file misnamed in
+// an embedded directory is a build bug: the function panics on it.
+func Embedded(fsys fs.FS, dir string) func() []Migration {
+	return sync.OnceValue(func() []Migration {
+		ms, err := Load(fsys, dir)
+		if err != nil {
+			panic(err)
+		}
+		return ms
+	})
 }
 
 // Script returns all migrations as one SQL script, for people who run their

@@ -444,15 +444,7 @@ func (f *AutoFailover) Name(i int) string { return f.nodes[i].name }
 // CreateDatabase creates database name on the primary (the standby gets it
 // by replication) and returns its multi-host URL.
 func (f *AutoFailover) CreateDatabase(ctx context.Context, name string) (string, error) {
-	c, err := pgx.Connect(ctx, f.URL("postgres"))
-	if err != nil {
-		return "", fmt.Errorf("testenv: %w", err)
-	}
-	defer c.Close(ctx)
-	if _, err := c.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return "", fmt.Errorf("testenv: create database %s: %w", name, err)
-	}
-	return f.URL(name), nil
+	return createDatabase(ctx, f.URL, name)
 }
 
 // SyncStandbyNames returns the primary's synchronous_standby_names: what

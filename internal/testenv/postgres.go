@@ -317,7 +317,13 @@ func (p *Postgres) URL(db string) string {
 
 // CreateDatabase creates a new empty database and returns its URL.
 func (p *Postgres) CreateDatabase(ctx context.Context, name string) (string, error) {
-	c, err := pgx.Connect(ctx, p.URL("postgres"))
+	return createDatabase(ctx, p.URL, name)
+}
+
+// createDatabase creates database name through url("postgres") and
+// returns url(name).
+func createDatabase(ctx context.Context, url func(db string) string, name string) (string, error) {
+	c, err := pgx.Connect(ctx, url("postgres"))
 	if err != nil {
 		return "", fmt.Errorf("testenv: %w", err)
 	}
@@ -325,7 +331,7 @@ func (p *Postgres) CreateDatabase(ctx context.Context, name string) (string, err
 	if _, err := c.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return "", fmt.Errorf("testenv: create database %s: %w", name, err)
 	}
-	return p.URL(name), nil
+	return url(name), nil
 }
 
 // DropDatabase drops a database, closing its connections.

@@ -20,13 +20,8 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-func migrations() []migrate.Migration {
-	ms, err := migrate.Load(migrationFS, "migrations")
-	if err != nil {
-		panic(err) // embedded at build time; a bad name is a build bug
-	}
-	return ms
-}
+// migrations are the embedded migrations, read once.
+var migrations = migrate.Embedded(migrationFS, "migrations")
 
 // DB is the database a [Store] runs on. *pgxpool.Pool and *pgx.Conn
 // satisfy it (so does pginbox.DB, which [Store] is made from by

@@ -37,13 +37,8 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-func migrations() []migrate.Migration {
-	ms, err := migrate.Load(migrationFS, "migrations")
-	if err != nil {
-		panic(err) // embedded at build time; a bad name is a build bug
-	}
-	return ms
-}
+// migrations are the embedded migrations, read once.
+var migrations = migrate.Embedded(migrationFS, "migrations")
 
 // DefaultLease is how long a relay holds the rows it took before another
 // relay may take them: longer than a round can last (the publisher's retry
