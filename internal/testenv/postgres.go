@@ -41,6 +41,9 @@ type PostgresOptions struct {
 	Durable bool
 	// MaxConnections is the server's max_connections. Default 200.
 	MaxConnections int
+	// Settings are extra server settings, "name=value" each, passed as
+	// -c name=value at every start, after (so over) the defaults.
+	Settings []string
 	// Logf, if set, receives the server's output lines.
 	Logf func(format string, args ...any)
 }
@@ -149,20 +152,37 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	p.root = root
 	p.dataDir = filepath.Join(root, "data")
 	p.sockDir = root
-	if p.cred != nil {
-		if err := os.Chown(root, int(p.cred.Uid), int(p.cred.Gid)); err != nil {
+	if opts.Dir != "" {
+		// The socket stays off the caller's directory, which may be a
+		// FUSE mount (where a socket may not work, and which a simulated
+		// crash unmounts).
+		if p.sockDir, err = os.MkdirTemp("", "jetinbox-pgsock-"); err != nil {
 			p.Close()
 			return nil, fmt.Errorf("testenv: %w", err)
 		}
 	}
-	// The socket's directory is the server user's alone: connecting to a
-	// Unix socket takes search permission on its directory.
-	if err := os.Chmod(root, 0o700); err != nil {
-		p.Close()
-		return nil, fmt.Errorf("testenv: %w", err)
+	for _, d := range []string{root, p.sockDir} {
+		if p.cred != nil {
+			if err := os.Chown(d, int(p.cred.Uid), int(p.cred.Gid)); err != nil {
+				p.Close()
+				return nil, fmt.Errorf("testenv: %w", err)
+			}
+		}
+		// The socket's directory is the server user's alone: connecting to a
+		// Unix socket takes search permission on its directory.
+		if err := os.Chmod(d, 0o700); err != nil {
+			p.Close()
+			return nil, fmt.Errorf("testenv: %w", err)
+		}
 	}
-	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"), "-D", p.dataDir, "-U", "postgres",
-		"-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions")
+	initArgs := []string{"-D", p.dataDir, "-U", "postgres",
+		"-A", "trust", "-E", "UTF8", "--locale=C", "--no-instructions"}
+	if !opts.Durable {
+		// A durable cluster's files must be synced from the start, or a
+		// filesystem that loses unsynced data could lose the catalog.
+		initArgs = append(initArgs, "--no-sync")
+	}
+	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"), initArgs...)
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
 	if out, err := initdb.CombinedOutput(); err != nil {
 		p.Close()
@@ -225,6 +245,9 @@ func (p *Postgres) start(ctx context.Context) error {
 		// killed server never loses a commit it reported.
 		args = append(args, "-c", "fsync=off", "-c", "full_page_writes=off")
 	}
+	for _, kv := range p.opts.Settings {
+		args = append(args, "-c", kv)
+	}
 	cmd := exec.Command(filepath.Join(p.bin, "postgres"), args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred, Setpgid: true}
 	if p.opts.Logf != nil {
@@ -267,6 +290,75 @@ func (p *Postgres) Stop() error { return p.signal(syscall.SIGINT) }
 // group), the way a power cut or OOM kill would.
 func (p *Postgres) Kill() error { return p.signal(syscall.SIGKILL) }
 
+// KillAll cuts the power to the server: SIGKILL to the postmaster and every
+// backend and auxiliary process at the same instant (they share the
+// postmaster's process group), then it waits until none is left, so that
+// whatever they had open is closed and a filesystem under the data
+// directory can crash next. A later Start runs crash recovery on what the
+// disk kept.
+func (p *Postgres) KillAll() error {
+	p.mu.Lock()
+	cmd := p.cmd
+	p.mu.Unlock()
+	if cmd == nil {
+		return nil
+	}
+	pgid := cmd.Process.Pid
+	if err := p.Kill(); err != nil {
+		return err
+	}
+	// The backends are orphans now, reaped by someone else; a zombie holds
+	// no files, so only live members of the group count.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		live, err := groupMembers(pgid)
+		if err != nil {
+			return err
+		}
+		if len(live) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("testenv: postgres processes %v still alive 30s after SIGKILL", live)
+		}
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// groupMembers lists the processes of group pgid that are not zombies.
+func groupMembers(pgid int) ([]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("testenv: %w", err)
+	}
+	var live []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// pid (comm) state ppid pgrp …; comm may hold spaces and parens.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
+			continue
+		}
+		if g, _ := strconv.Atoi(f[2]); g == pgid {
+			live = append(live, pid)
+		}
+	}
+	return live, nil
+}
+
 func (p *Postgres) signal(sig syscall.Signal) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -297,6 +389,9 @@ func (p *Postgres) Close() error {
 	err := p.Stop()
 	if p.root != "" {
 		_ = os.RemoveAll(p.root)
+	}
+	if p.sockDir != "" && p.sockDir != p.root {
+		_ = os.RemoveAll(p.sockDir)
 	}
 	return err
 }
