@@ -16,6 +16,15 @@ import (
 func mount(t *testing.T, o powerfs.Options) *powerfs.FS {
 	t.Helper()
 	dir := t.TempDir()
+	if o.AllowOther {
+		// Another user (postgres) must be able to walk to the mountpoint;
+		// the test's temp dirs are 0700.
+		for _, d := range []string{dir, filepath.Dir(dir)} {
+			if err := os.Chmod(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
 	for _, d := range []string{backing, mnt} {
 		if err := os.Mkdir(d, 0o755); err != nil {
