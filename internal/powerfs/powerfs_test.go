@@ -35,6 +35,7 @@ func mount(t *testing.T, o powerfs.Options) *powerfs.FS {
 		o.Logf = t.Logf
 	}
 	f, err := powerfs.Mount(backing, mnt, o)
+	backings[f] = backing
 	if err != nil {
 		if os.Getenv("CI") == "" {
 			t.Skipf("no FUSE here: %v", err)
@@ -48,6 +49,9 @@ func mount(t *testing.T, o powerfs.Options) *powerfs.FS {
 	})
 	return f
 }
+
+// backings maps a test's mount to its backing directory.
+var backings = map[*powerfs.FS]string{}
 
 func crash(t *testing.T, f *powerfs.FS, o powerfs.CrashOptions) powerfs.CrashStats {
 	t.Helper()
