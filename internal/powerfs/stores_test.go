@@ -292,5 +292,3 @@ func TestPostgresAsyncCommitLosesCommits(t *testing.T) {
 		t.Fatal("the WAL on disk equals what the server wrote: the filesystem kept unsynced writes")
 	}
 }
-
-
