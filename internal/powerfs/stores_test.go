@@ -214,6 +214,10 @@ func pgCrash(t *testing.T, f *powerfs.FS, pg *testenv.Postgres, rows int) (kept 
 	if err := pg.KillAll(); err != nil {
 		t.Fatal(err)
 	}
+	// Every server process runs in the data directory: none may be left.
+	if left := processesIn(f.Dir()); len(left) > 0 {
+		t.Fatalf("after KillAll processes %v still run on the mount", left)
+	}
 	walWritten, walOnDisk := walViews(t, f)
 	if walWritten == walOnDisk {
 		t.Logf("the server had written no WAL that was not synced")
@@ -235,6 +239,26 @@ func pgCrash(t *testing.T, f *powerfs.FS, pg *testenv.Postgres, rows int) (kept 
 	}
 	t.Logf("%d rows committed, %d after the power cut and crash recovery", rows, kept)
 	return kept, walWritten != walOnDisk
+}
+
+// processesIn lists the live (not zombie) processes whose working
+// directory is under dir.
+func processesIn(dir string) []string {
+	ents, _ := os.ReadDir("/proc")
+	var out []string
+	for _, e := range ents {
+		cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd"))
+		if err != nil || !strings.HasPrefix(cwd, dir+"/") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if i := strings.LastIndexByte(string(b), ')'); err == nil && i >= 0 {
+			if st := strings.Fields(string(b[i+1:])); len(st) > 0 && st[0] != "Z" && st[0] != "X" {
+				out = append(out, e.Name())
+			}
+		}
+	}
+	return out
 }
 
 // walViews reads the WAL segments as the server left them (through the

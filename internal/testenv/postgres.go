@@ -291,29 +291,59 @@ func (p *Postgres) Stop() error { return p.signal(syscall.SIGINT) }
 func (p *Postgres) Kill() error { return p.signal(syscall.SIGKILL) }
 
 // KillAll cuts the power to the server: SIGKILL to the postmaster and every
-// backend and auxiliary process at the same instant (they share the
-// postmaster's process group), then it waits until none is left, so that
-// whatever they had open is closed and a filesystem under the data
+// backend and auxiliary process at once, then it waits until none is left,
+// so that whatever they had open is closed and a filesystem under the data
 // directory can crash next. A later Start runs crash recovery on what the
 // disk kept.
+//
+// The children are not in the postmaster's process group (each backend
+// calls setsid), so they are found as its descendants. All are stopped
+// first, so that none acts on the others' death (a backend that sees the
+// postmaster gone, a postmaster that sees a child die) before it dies too.
 func (p *Postgres) KillAll() error {
 	p.mu.Lock()
-	cmd := p.cmd
-	p.mu.Unlock()
-	if cmd == nil {
+	defer p.mu.Unlock()
+	if p.cmd == nil {
 		return nil
 	}
-	pgid := cmd.Process.Pid
-	if err := p.Kill(); err != nil {
-		return err
-	}
-	// The backends are orphans now, reaped by someone else; a zombie holds
-	// no files, so only live members of the group count.
-	deadline := time.Now().Add(30 * time.Second)
+	root := p.cmd.Process.Pid
+	var tree []int
 	for {
-		live, err := groupMembers(pgid)
+		// Stopping the postmaster first ends its forking; a child forked
+		// while we stopped the others shows up in the next pass.
+		procs, err := processTable()
 		if err != nil {
 			return err
+		}
+		next := descendants(procs, root)
+		for _, pid := range next {
+			_ = syscall.Kill(pid, syscall.SIGSTOP)
+		}
+		if len(next) == len(tree) {
+			tree = next
+			break
+		}
+		tree = next
+	}
+	for _, pid := range tree {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	<-p.done
+	p.cmd = nil
+	_ = os.Remove(filepath.Join(p.dataDir, "postmaster.pid"))
+	// The children are orphans now, reaped by someone else; a zombie holds
+	// no files, so only live ones count.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		procs, err := processTable()
+		if err != nil {
+			return err
+		}
+		var live []int
+		for _, pid := range tree {
+			if _, ok := procs[pid]; ok {
+				live = append(live, pid)
+			}
 		}
 		if len(live) == 0 {
 			return nil
@@ -321,18 +351,17 @@ func (p *Postgres) KillAll() error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("testenv: postgres processes %v still alive 30s after SIGKILL", live)
 		}
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		time.Sleep(10 * time.Millisecond)
 	}
 }
 
-// groupMembers lists the processes of group pgid that are not zombies.
-func groupMembers(pgid int) ([]int, error) {
+// processTable maps every live (not zombie) process to its parent.
+func processTable() (map[int]int, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, fmt.Errorf("testenv: %w", err)
 	}
-	var live []int
+	procs := make(map[int]int, len(ents))
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -342,21 +371,33 @@ func groupMembers(pgid int) ([]int, error) {
 		if err != nil {
 			continue // gone meanwhile
 		}
-		// pid (comm) state ppid pgrp …; comm may hold spaces and parens.
+		// pid (comm) state ppid …; comm may hold spaces and parens.
 		s := string(b)
 		i := strings.LastIndexByte(s, ')')
 		if i < 0 {
 			continue
 		}
 		f := strings.Fields(s[i+1:])
-		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
+		if len(f) < 2 || f[0] == "Z" || f[0] == "X" {
 			continue
 		}
-		if g, _ := strconv.Atoi(f[2]); g == pgid {
-			live = append(live, pid)
-		}
+		ppid, _ := strconv.Atoi(f[1])
+		procs[pid] = ppid
 	}
-	return live, nil
+	return procs, nil
+}
+
+// descendants lists root and every live process below it, root first.
+func descendants(procs map[int]int, root int) []int {
+	children := make(map[int][]int)
+	for pid, ppid := range procs {
+		children[ppid] = append(children[ppid], pid)
+	}
+	out := []int{root}
+	for i := 0; i < len(out); i++ {
+		out = append(out, children[out[i]]...)
+	}
+	return out
 }
 
 func (p *Postgres) signal(sig syscall.Signal) error {
