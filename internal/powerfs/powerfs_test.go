@@ -303,3 +303,26 @@ func TestCrashRefusesABusyMount(t *testing.T) {
 	fh.Close()
 	crash(t, f, powerfs.CrashOptions{})
 }
+
+// O_APPEND offsets come from the kernel, which must see the pending size.
+func TestAppendFollowsThePendingSize(t *testing.T) {
+	f := mount(t, powerfs.Options{})
+	p := durable(t, f, "log", []byte("synced;"))
+	fh, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"one;", "two;"} {
+		if _, err := fh.WriteString(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fh.Close()
+	if got := read(t, p); string(got) != "synced;one;two;" {
+		t.Fatalf("before the crash: %q", got)
+	}
+	crash(t, f, powerfs.CrashOptions{})
+	if got := read(t, p); string(got) != "synced;" {
+		t.Fatalf("after the crash: %q, want %q", got, "synced;")
+	}
+}
