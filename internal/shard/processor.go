@@ -3,7 +3,6 @@ package shard
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync/atomic"
 
 	"github.com/jetinbox/jetinbox/inbox"
@@ -90,6 +89,9 @@ func (p *Processor) Process(ctx context.Context, msgs []inbox.Message) ([]inbox.
 	return out, err
 }
 
+// Map returns the shard map the processor checks against.
+func (p *Processor) Map() *Map { return p.m }
+
 // Owns reports whether the shard takes partition q now.
 func (p *Processor) Owns(q int) bool {
 	o := *p.owned.Load()
@@ -97,14 +99,3 @@ func (p *Processor) Owns(q int) bool {
 }
 
 var _ jsinbox.BatchProcessor = (*Processor)(nil)
-
-// ownedSet is the processor's set as a Set.
-func (p *Processor) ownedSet() Set {
-	var s Set
-	for q, ok := range *p.owned.Load() {
-		if ok {
-			s = append(s, q)
-		}
-	}
-	return slices.Clip(s)
-}

@@ -27,6 +27,10 @@ type Runner struct {
 	// Proc is the shard's processor: [NewProcessor] over the inbox
 	// processor whose effect is wrapped in [Fenced].
 	Proc *Processor
+	// Batch, if set, is what the partition consumers process with in
+	// place of Proc (tests swap in a broken one); Proc still holds the
+	// owned set.
+	Batch jsinbox.BatchProcessor
 	// Consumer is the settings every partition's consumer gets; Stream,
 	// Durable and FilterSubjects are set per partition.
 	Consumer jsinbox.ConsumerConfig
@@ -159,7 +163,11 @@ func (r *Runner) start(ctx context.Context, p int) *partitionRun {
 	go func() {
 		defer close(pr.done)
 		for pctx.Err() == nil {
-			c, err := jsinbox.NewConsumer(r.JS, r.Proc, cfg)
+			var bp jsinbox.BatchProcessor = r.Proc
+			if r.Batch != nil {
+				bp = r.Batch
+			}
+			c, err := jsinbox.NewConsumer(r.JS, bp, cfg)
 			if err == nil {
 				pr.mu.Lock()
 				pr.c = c
