@@ -43,6 +43,7 @@ func Partitions(ctx context.Context, args []string, env cli.Env, _ io.Reader, st
 	}
 	to := fs.String("to", "", "move: the shard that takes the partition")
 	replicas := fs.Int("replicas", 1, "stream: replicas of the streams (3 in production)")
+	window := fs.Duration("duplicate-window", jsinbox.DefaultDuplicateWindow, "stream: the duplicate window; it must cover the producers' retries")
 	pos, err := parseInterspersed(fs, args[1:])
 	if err != nil {
 		return err
@@ -70,7 +71,7 @@ func Partitions(ctx context.Context, args []string, env cli.Env, _ io.Reader, st
 			return cli.UsageError{Err: err}
 		}
 		defer nc.Close()
-		if err := m.EnsureStream(ctx, js, jsinbox.StreamConfig{Replicas: *replicas}); err != nil {
+		if err := m.EnsureStream(ctx, js, jsinbox.StreamConfig{Replicas: *replicas, DuplicateWindow: *window}); err != nil {
 			return err
 		}
 		src, dest := m.SubjectTransform()
