@@ -33,8 +33,8 @@ func loadShardDefs(fsys files) (*shardDefs, error) {
 		"sharding/pintents-advisories-stream.json":       &d.advisories,
 		"sharding/ledger-partition-consumer.json":        &d.partition,
 		"sharding/ledger-partition-rescue-consumer.json": &d.rescue,
-		"jetstream/ledger-consumer.json":                          &d.ledger,
-		"jetstream/ledger-rescue-consumer.json":                   &d.ledgerRescue,
+		"jetstream/ledger-consumer.json":                 &d.ledger,
+		"jetstream/ledger-rescue-consumer.json":          &d.ledgerRescue,
 	} {
 		b, err := fsys.get(name)
 		if err != nil {
