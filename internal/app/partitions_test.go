@@ -181,5 +181,12 @@ func TestShardedCommands(t *testing.T) {
 	if out, err := run("verify", "-shards", file); cli.ExitCode(err) != 1 || !strings.Contains(out, "lost: "+id) {
 		t.Errorf("an ID applied nowhere: verify exit %d\n%s", cli.ExitCode(err), out)
 	}
+	// ... and a partial balance that its entries do not add up to.
+	if _, err := pc.Exec(ctx, `UPDATE accounts SET balance = balance + 1 WHERE id = 2`); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run("verify", "-shards", file); cli.ExitCode(err) != 1 || !strings.Contains(out, "balance: account 2") {
+		t.Errorf("a partial balance off by one: verify exit %d\n%s", cli.ExitCode(err), out)
+	}
 	_ = os.Remove(file)
 }
