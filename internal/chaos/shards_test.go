@@ -3,7 +3,10 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"io"
 	"testing"
+
+	"github.com/jetinbox/jetinbox/internal/cli"
 )
 
 // TestShardsSmoke is the CI-sized sharded run: three shards, each on its
@@ -65,5 +68,26 @@ func TestShardsMutations(t *testing.T) {
 				t.Errorf("mutation %q went unseen: in two shards %d (verify %d)", c.name, r.InTwoShards, r.Verify.InTwoShards)
 			}
 		})
+	}
+}
+
+// TestShardsFlags: bad input to chaos -shards is a usage error (exit 2),
+// found before anything starts.
+func TestShardsFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-shards"},
+		{"-shards", "x"},
+		{"-shards", "1"},
+		{"-shards=3", "-partitions", "2"},
+		{"-shards", "3", "-intents", "0"},
+		{"-shards", "3", "-lose-puback", "1"},
+		{"-shards", "3", "-stray", "-1"},
+		{"--shards", "3", "extra"},
+	} {
+		var stderr bytes.Buffer
+		err := Main(context.Background(), args, io.Discard, &stderr)
+		if cli.ExitCode(err) != 2 {
+			t.Errorf("chaos %v: exit %d (%v), want 2", args, cli.ExitCode(err), err)
+		}
 	}
 }
