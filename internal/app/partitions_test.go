@@ -149,6 +149,23 @@ func TestShardedCommands(t *testing.T) {
 		t.Errorf("the map file gives partition %d to %q after the move", moved, nm.Owner(moved))
 	}
 	mustRun("partitions", "list", "-shards", file)
+	// A replay of each shard: its partitions only, every message a
+	// duplicate (the misbound copy is rejected again, with no row).
+	replayed := 0
+	for _, name := range []string{"a", "b", "c"} {
+		out, err := run("replay", "-shards", file, "-shard", name)
+		if err != nil {
+			t.Fatalf("replay -shard %s: %v\n%s", name, err, out)
+		}
+		var n int
+		if _, err := fmt.Sscanf(out, "replayed %d messages", &n); err != nil {
+			t.Fatalf("replay -shard %s: %v\n%s", name, err, out)
+		}
+		replayed += n
+	}
+	if replayed != 602 {
+		t.Errorf("the shards' replays read %d messages, want the stream's 602, each in one shard", replayed)
+	}
 	stop()
 	wg.Wait()
 
