@@ -36,7 +36,8 @@ const moveLockTimeout = "30s"
 //     nak'd);
 //  2. copy: in one transaction in to, every inbox row of the scope whose
 //     ID is in p is copied from from (keeping its status, fingerprint,
-//     subject and time), and the partition's row set owned;
+//     subject and time; a row to kept from an earlier time it owned p
+//     gives way to from's, the later), and the partition's row set owned;
 //  3. to's runner starts p's durable, which carries on where from left
 //     off: what from applied but did not ack comes back to to as a
 //     duplicate of a copied row.
@@ -128,7 +129,8 @@ func copyRows(ctx context.Context, m *Map, p int, from, to *pgxpool.Pool) (int64
 		}
 		tag, err := tx.Exec(ctx, `INSERT INTO inbox (scope, message_id, fingerprint, status, reason, stream_seq, subject, received_at)
 SELECT $1, * FROM unnest($2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::timestamptz[])
-ON CONFLICT DO NOTHING`, m.Scope, ids, fps, statuses, reasons, seqs, subjects, ats)
+ON CONFLICT (scope, message_id) DO UPDATE SET fingerprint = excluded.fingerprint, status = excluded.status, reason = excluded.reason,
+	stream_seq = excluded.stream_seq, subject = excluded.subject, received_at = excluded.received_at`, m.Scope, ids, fps, statuses, reasons, seqs, subjects, ats)
 		if err != nil {
 			return fmt.Errorf("shard: copy inbox rows to the target: %w", err)
 		}
