@@ -60,11 +60,11 @@ func TestMapFile(t *testing.T) {
 	for bad, want := range map[string]string{
 		`{"partitions": 8, "shards": [{"name": "a", "database_url": "x", "partitions": "0-7"}, {"name": "b", "database_url": "y", "partitions": "7"}]}`: "owned by shards",
 		`{"partitions": 8, "shards": [{"name": "a", "database_url": "x", "partitions": "0-6"}]}`:                                                        "owned by no shard",
-		`{"partitions": 8, "shards": [{"name": "a", "partitions": "0-7"}]}`:                                                                            "exactly one of database_url",
-		`{"partitions": 8, "shards": [{"name": "a", "database_url": "x", "partitions": "0-8"}]}`:                                                       "out of range",
-		`{"partitions": 8, "subject": "a.*", "shards": [{"name": "a", "database_url": "x", "partitions": "0-7"}]}`:                                     "subject",
-		`{"partitions": 8, "shards": [{"name": "a", "database_url": "x", "partitions": "0-7"}], "extra": 1}`:                                           "unknown field",
-		`{"partitions": 8, "shards": [{"name": "a", "database_url": "x", "partitions": [0]}]}`:                                                         "want a string",
+		`{"partitions": 8, "shards": [{"name": "a", "partitions": "0-7"}]}`:                                                                             "exactly one of database_url",
+		`{"partitions": 8, "shards": [{"name": "a", "database_url": "x", "partitions": "0-8"}]}`:                                                        "out of range",
+		`{"partitions": 8, "subject": "a.*", "shards": [{"name": "a", "database_url": "x", "partitions": "0-7"}]}`:                                      "subject",
+		`{"partitions": 8, "shards": [{"name": "a", "database_url": "x", "partitions": "0-7"}], "extra": 1}`:                                            "unknown field",
+		`{"partitions": 8, "shards": [{"name": "a", "database_url": "x", "partitions": [0]}]}`:                                                          "want a string",
 		`{"partitions": 8, "shards": []}`: "no shards",
 	} {
 		if _, err := Load(write(bad)); err == nil || !strings.Contains(err.Error(), want) {
