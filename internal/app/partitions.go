@@ -31,7 +31,7 @@ func Partitions(ctx context.Context, args []string, env cli.Env, _ io.Reader, st
 		if len(args) == 0 {
 			return cli.UsageError{Err: errors.New("partitions: no subcommand")}
 		}
-		return nil
+		return flag.ErrHelp
 	}
 	sub := args[0]
 	fs := cli.NewFlagSet("jetinbox partitions "+sub, partitionsUsage, stderr)
