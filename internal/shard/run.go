@@ -162,7 +162,9 @@ func (r *Runner) start(ctx context.Context, p int) *partitionRun {
 	cfg.Stream, cfg.Durable, cfg.FilterSubjects = r.Map.Stream, r.Map.Durable(p), []string{r.Map.Filter(p)}
 	go func() {
 		defer close(pr.done)
+		wait := 100 * time.Millisecond // grows while the consumer keeps failing
 		for pctx.Err() == nil {
+			began := time.Now()
 			var bp jsinbox.BatchProcessor = r.Proc
 			if r.Batch != nil {
 				bp = r.Batch
@@ -186,10 +188,14 @@ func (r *Runner) start(ctx context.Context, p int) *partitionRun {
 			} else if err != nil {
 				r.Logger.Warn("shard: partition consumer stopped; restarting", "partition", p, "err", err)
 			}
+			if time.Since(began) > time.Minute {
+				wait = 100 * time.Millisecond
+			}
 			select {
 			case <-pctx.Done():
-			case <-time.After(100*time.Millisecond + rand.N(400*time.Millisecond)):
+			case <-time.After(wait + rand.N(wait)):
 			}
+			wait = min(2*wait, 10*time.Second)
 		}
 	}()
 	return pr
