@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"strings"
 	"testing"
 	"time"
@@ -95,6 +96,30 @@ func TestSet(t *testing.T) {
 	for _, bad := range []string{"x", "3-1", "-1", "1-"} {
 		if _, err := ParseSet(bad); err == nil {
 			t.Errorf("%q parsed", bad)
+		}
+	}
+}
+
+// TestPartitionIsFNV1a holds the allocation-free hash to hash/fnv's.
+func TestPartitionIsFNV1a(t *testing.T) {
+	for i := range 1000 {
+		k := Key(fmt.Sprint("id-", i))
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(k))
+		if got, want := Partition(k, 64), int(h.Sum32()%64); got != want {
+			t.Fatalf("%s: %d, fnv says %d", k, got, want)
+		}
+	}
+}
+
+// BenchmarkCheck is the binding check's cost per message.
+func BenchmarkCheck(b *testing.B) {
+	id := "order-2026-12-01-000042"
+	subj := StoredSubject("pintents", id, "ledger.7", 64)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Check("pintents", 64, id, subj); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
