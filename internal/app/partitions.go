@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
@@ -20,7 +21,7 @@ import (
 
 const partitionsUsage = `jetinbox partitions: the partitions of a sharded stream and the shards that own them.
 
-  jetinbox partitions list -shards FILE          each shard's partitions, as its database says, against the map file
+  jetinbox partitions list -shards FILE [-v]     each shard's partitions, as its database says, against the map file
   jetinbox partitions stream -shards FILE        create the stream with its partition transform, dead-letter and advisory streams
   jetinbox partitions move P --to B -shards FILE move partition P to shard B while every shard runs, then rewrite FILE`
 
@@ -42,6 +43,7 @@ func Partitions(ctx context.Context, args []string, env cli.Env, _ io.Reader, st
 		nf.Register(fs, env)
 	}
 	to := fs.String("to", "", "move: the shard that takes the partition")
+	verbose := fs.Bool("v", false, "list: one line per partition with its durable, filter and owners")
 	replicas := fs.Int("replicas", 1, "stream: replicas of the streams (3 in production)")
 	window := fs.Duration("duplicate-window", jsinbox.DefaultDuplicateWindow, "stream: the duplicate window; it must cover the producers' retries")
 	pos, err := parseInterspersed(fs, args[1:])
@@ -58,7 +60,7 @@ func Partitions(ctx context.Context, args []string, env cli.Env, _ io.Reader, st
 		if len(pos) > 0 {
 			return cli.UsageError{Err: errors.New("partitions list: unexpected arguments")}
 		}
-		return listPartitions(ctx, m, env, stdout, log)
+		return listPartitions(ctx, m, env, *verbose, stdout, log)
 	case "stream":
 		if len(pos) > 0 {
 			return cli.UsageError{Err: errors.New("partitions stream: unexpected arguments")}
@@ -126,7 +128,7 @@ func readOwned(ctx context.Context, m *shard.Map, env cli.Env, log *slog.Logger)
 	return out
 }
 
-func listPartitions(ctx context.Context, m *shard.Map, env cli.Env, stdout io.Writer, log *slog.Logger) error {
+func listPartitions(ctx context.Context, m *shard.Map, env cli.Env, verbose bool, stdout io.Writer, log *slog.Logger) error {
 	owned := readOwned(ctx, m, env, log)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "shard\tpartitions (database)\tpartitions (map file)\tstate")
@@ -163,6 +165,18 @@ func listPartitions(ctx context.Context, m *shard.Map, env cli.Env, stdout io.Wr
 		bad++
 	}
 	fmt.Fprintf(stdout, "stream %s, %d partitions, scope %q, durables %s\n", m.Stream, m.Partitions, m.Scope, m.Durable(0)+"…")
+	if verbose {
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "partition\tdurable\tfilter\towner (database)\towner (map file)")
+		for p := range m.Partitions {
+			owner := "none"
+			if len(owners[p]) > 0 {
+				owner = strings.Join(owners[p], ",")
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", p, m.Durable(p), m.Filter(p), owner, m.Owner(p))
+		}
+		tw.Flush()
+	}
 	if bad > 0 {
 		return errors.New("partitions: some partitions are owned twice, by none, or a shard cannot be read")
 	}

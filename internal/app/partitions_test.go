@@ -148,7 +148,9 @@ func TestShardedCommands(t *testing.T) {
 	if nm.Owner(moved) != "c" {
 		t.Errorf("the map file gives partition %d to %q after the move", moved, nm.Owner(moved))
 	}
-	mustRun("partitions", "list", "-shards", file)
+	if out := mustRun("partitions", "list", "-v", "-shards", file); !strings.Contains(strings.Join(strings.Fields(out), " "), fmt.Sprintf("%d ledger_p%02d pintents.%d.> c c", moved, moved, moved)) {
+		t.Errorf("partitions list -v does not show partition %d at c in both:\n%s", moved, out)
+	}
 	// A replay of each shard: its partitions only, every message a
 	// duplicate (the misbound copy is rejected again, with no row).
 	replayed := 0
