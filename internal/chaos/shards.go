@@ -64,6 +64,10 @@ type ShardsOptions struct {
 
 	// Mutations, for the tests that show the checks go red.
 	noBinding, noCopy bool
+	// keyFromSubject derives the key token from the intent's kind
+	// subject instead of its ID, on both sides: producers key by subject
+	// and consumers check that.
+	keyFromSubject bool
 }
 
 // ShardsResult is the sharded run's count, per intent over all shards,
@@ -341,7 +345,7 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 			}
 			r.fault("PostgreSQL kills", 1)
 		}
-		if err := r.publish(ctx, intents[i].ID, shard.PublishSubject(m.Subject, intents[i].ID, kinds[i]), intents[i].Payload, true); err != nil {
+		if err := r.publish(ctx, intents[i].ID, r.publishSubject(intents[i].ID, kinds[i]), intents[i].Payload, true); err != nil {
 			return nil, err
 		}
 	}
@@ -379,7 +383,7 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 		r.fault("crashes after commit", fp.Hits(failpoint.AfterCommit))
 	}
 	for _, f := range []string{"lost PubAcks", "retries on another subject", "poison intents", "crashes after commit", "lost acks", "PostgreSQL kills", "partition moves",
-		"replays after the window", "keys from the account", "re-drives on the stored subject", "re-drives on the publish subject", "replays of the moved partition"} {
+		"replays after the window", "keys from the account", "re-drives on the stored subject", "re-drives on the publish subject", "copies on another kind", "replays of the moved partition"} {
 		res.Faults = append(res.Faults, fmt.Sprintf("%d %s", r.faults[f], f))
 	}
 	res.Elapsed = time.Since(start)
@@ -407,8 +411,11 @@ func (r *shardRun) startShard(ctx context.Context, wg *sync.WaitGroup, i int) er
 	r.faultMu.Unlock()
 	proc := shard.NewProcessor(inner, r.m)
 	var bp jsinbox.BatchProcessor = proc
-	if r.o.noBinding {
-		bp = unbound{proc}
+	switch {
+	case r.o.noBinding:
+		bp = unbound{proc, nil}
+	case r.o.keyFromSubject:
+		bp = unbound{proc, func(ps shard.Parsed) bool { return ps.Key == shard.Key(ps.Rest) && ps.Partition == shard.Partition(ps.Key, r.m.Partitions) }}
 	}
 	run := &shard.Runner{JS: r.js, Pool: pool, Map: r.m, Proc: proc, Batch: bp, Logger: r.log, Poll: 200 * time.Millisecond,
 		Consumer: jsinbox.ConsumerConfig{BatchSize: 200, InFlight: 1, AckWait: 2 * time.Second, MaxDeliver: 50},
@@ -476,12 +483,13 @@ func (r *shardRun) strays(ctx context.Context, intents []inbox.Intent, kinds []s
 	// Each path gets IDs of its own: two copies of one ID within the
 	// window would be one stored message.
 	for k := range r.o.Stray {
-		paths := []string{"replays after the window", "keys from the account", "re-drives on the stored subject", "re-drives on the publish subject"}
+		paths := []string{"replays after the window", "keys from the account", "re-drives on the stored subject", "re-drives on the publish subject", "copies on another kind"}
 		for c, fault := range paths {
 			i := ((k*len(paths) + c) * 7919) % len(intents)
 			id, payload := intents[i].ID, intents[i].Payload
-			stored := shard.StoredSubject(subj, id, kinds[i], r.m.Partitions)
-			subject := shard.PublishSubject(subj, id, kinds[i])
+			subject := r.publishSubject(id, kinds[i])
+			ps, _ := shard.ParseStored(subj, subject[:len(subj)+1]+"0."+subject[len(subj)+1:])
+			stored := fmt.Sprintf("%s.%d.%s.%s", subj, shard.Partition(ps.Key, r.m.Partitions), ps.Key, kinds[i])
 			switch c {
 			case 1:
 				// A producer that keys by account: its copies of one ID
@@ -494,6 +502,10 @@ func (r *shardRun) strays(ctx context.Context, intents []inbox.Intent, kinds []s
 				subject = stored
 			case 3:
 				subject, _ = shard.Unstored(subj, stored)
+			case 4:
+				// The same ID and payload on another kind: a conflict in
+				// the ID's own partition, never an apply elsewhere.
+				subject = r.publishSubject(id, kinds[i]+"x")
 			}
 			if err := r.publish(ctx, id, subject, payload, false); err != nil {
 				return err
@@ -502,13 +514,22 @@ func (r *shardRun) strays(ctx context.Context, intents []inbox.Intent, kinds []s
 		}
 		if k < len(inMoved) {
 			j := inMoved[k]
-			if err := r.publish(ctx, intents[j].ID, shard.PublishSubject(subj, intents[j].ID, kinds[j]), intents[j].Payload, false); err != nil {
+			if err := r.publish(ctx, intents[j].ID, r.publishSubject(intents[j].ID, kinds[j]), intents[j].Payload, false); err != nil {
 				return err
 			}
 			r.fault("replays of the moved partition", 1)
 		}
 	}
 	return nil
+}
+
+// publishSubject is where the producer publishes an intent: on its ID's
+// key, or, in the mutation, on its kind's.
+func (r *shardRun) publishSubject(id, kind string) string {
+	if r.o.keyFromSubject {
+		return r.m.Subject + "." + shard.Key(kind) + "." + kind
+	}
+	return shard.PublishSubject(r.m.Subject, id, kind)
 }
 
 // waitApplied waits until partition p's durable has caught up with what
@@ -629,8 +650,13 @@ func (r *shardRun) count(ctx context.Context, intents []inbox.Intent, res *Shard
 }
 
 // unbound is the mutation without the binding check: a message goes to the
-// effect if the partition its subject names is owned, whatever its ID.
-type unbound struct{ *shard.Processor }
+// effect if the partition its subject names is owned, whatever its ID. With
+// bound set, it checks that instead (a binding to something else than the
+// ID).
+type unbound struct {
+	*shard.Processor
+	bound func(shard.Parsed) bool
+}
 
 func (u unbound) Process(ctx context.Context, msgs []inbox.Message) ([]inbox.Outcome, error) {
 	m := u.Map()
@@ -639,6 +665,9 @@ func (u unbound) Process(ctx context.Context, msgs []inbox.Message) ([]inbox.Out
 	for i := range msgs {
 		ps, err := shard.ParseStored(m.Subject, msgs[i].Subject)
 		switch {
+		case err == nil && u.bound != nil && !u.bound(ps):
+			err = fmt.Errorf("%w: key token not bound to the subject", shard.ErrBinding)
+			out[i] = inbox.Outcome{Status: inbox.StatusRejected, Cause: inbox.CauseBadInput, Reason: err.Error(), Err: inbox.BadInput(err)}
 		case err != nil:
 			out[i] = inbox.Outcome{Status: inbox.StatusRejected, Cause: inbox.CauseBadInput, Reason: err.Error(), Err: inbox.BadInput(err)}
 		case !u.Owns(ps.Partition):

@@ -42,7 +42,8 @@ func TestShardsSmoke(t *testing.T) {
 // is not its ID's (a producer keying by account, a re-drive on the stored
 // subject) is applied in another shard; a move that does not copy the
 // partition's inbox rows lets the new shard apply again what the old one
-// applied.
+// applied; keys derived from the subject (checked as such) put a copy of
+// an ID on another kind in another partition.
 func TestShardsMutations(t *testing.T) {
 	if testing.Short() {
 		t.Skip("two more sharded runs")
@@ -53,6 +54,7 @@ func TestShardsMutations(t *testing.T) {
 	}{
 		{"no binding check", func(o *ShardsOptions) { o.noBinding = true }},
 		{"move without the inbox rows", func(o *ShardsOptions) { o.noCopy = true }},
+		{"key from the subject, not the ID", func(o *ShardsOptions) { o.keyFromSubject = true }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			o := ShardsOptions{Shards: 3, Partitions: 64, Intents: 600, Stray: 10, Move: true, OnePostgres: true, Seed: 3}
