@@ -415,7 +415,9 @@ func (r *shardRun) startShard(ctx context.Context, wg *sync.WaitGroup, i int) er
 	case r.o.noBinding:
 		bp = unbound{proc, nil}
 	case r.o.keyFromSubject:
-		bp = unbound{proc, func(ps shard.Parsed) bool { return ps.Key == shard.Key(ps.Rest) && ps.Partition == shard.Partition(ps.Key, r.m.Partitions) }}
+		bp = unbound{proc, func(ps shard.Parsed) bool {
+			return ps.Key == shard.Key(ps.Rest) && ps.Partition == shard.Partition(ps.Key, r.m.Partitions)
+		}}
 	}
 	run := &shard.Runner{JS: r.js, Pool: pool, Map: r.m, Proc: proc, Batch: bp, Logger: r.log, Poll: 200 * time.Millisecond,
 		Consumer: jsinbox.ConsumerConfig{BatchSize: 200, InFlight: 1, AckWait: 2 * time.Second, MaxDeliver: 50},
