@@ -18,6 +18,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/shard"
 )
 
 // DLQ lists, shows and re-drives one scope's dead letters.
@@ -42,8 +43,21 @@ func DLQ(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, s
 	ids := fs.String("id", "", "select by original message ID (comma-separated)")
 	seqs := fs.String("seq", "", "select by dead-letter stream sequence (comma-separated)")
 	reason := fs.String("reason", "", "select the dead letters whose reason contains this text")
+	var sf cli.ShardFlags
+	sf.Register(fs, env)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
+	}
+	var shards *shard.Map
+	if sf.File != "" {
+		// A sharded stream: its stream and scope come from the map, and a
+		// re-drive goes to the shard that owns the ID's partition now.
+		m, _, err := sf.Load(false)
+		if err != nil {
+			return err
+		}
+		shards = m
+		*stream, *scope = shards.Stream, shards.Scope
 	}
 	if fs.NArg() > 0 {
 		return cli.UsageError{Err: fmt.Errorf("unexpected argument %q", fs.Arg(0))}
@@ -93,6 +107,14 @@ func DLQ(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, s
 		listDeadLetters(stdout, dead, picked, *stream, *scope)
 		return nil
 	}
+	if shards != nil {
+		route, closeAll, err := shardRoute(ctx, shards, env, log)
+		if err != nil {
+			return err
+		}
+		defer closeAll()
+		return redriveAll(ctx, stdout, js, nil, route, *stream, *scope, picked)
+	}
 	if err := cli.RequireDatabase(*dbURL); err != nil {
 		return err
 	}
@@ -101,7 +123,7 @@ func DLQ(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, s
 		return cli.UsageError{Err: err}
 	}
 	defer store.Close()
-	return redriveAll(ctx, stdout, js, store, *stream, *scope, picked)
+	return redriveAll(ctx, stdout, js, store, nil, *stream, *scope, picked)
 }
 
 // deadLetter is one dead letter of the scope, as the dead-letter stream
@@ -266,7 +288,7 @@ func shorten(s string, n int) string {
 }
 
 // redriveAll re-drives each picked dead letter once per intent ID.
-func redriveAll(ctx context.Context, w io.Writer, js jetstream.JetStream, store *cli.Store, stream, scope string, picked []deadLetter) error {
+func redriveAll(ctx context.Context, w io.Writer, js jetstream.JetStream, store *cli.Store, route redriveRoute, stream, scope string, picked []deadLetter) error {
 	var sent, applied, skipped, failed int
 	done := map[string]bool{}
 	for _, d := range picked {
@@ -279,7 +301,16 @@ func redriveAll(ctx context.Context, w io.Writer, js jetstream.JetStream, store 
 			continue
 		}
 		done[d.id] = true
-		switch res, err := redrive(ctx, js, store, stream, scope, d); {
+		st := store
+		if route != nil {
+			var why string
+			if st, d, why = route(d); why != "" {
+				skipped++
+				fmt.Fprintf(w, "%s: %s\n", d.id, why)
+				continue
+			}
+		}
+		switch res, err := redrive(ctx, js, st, stream, scope, d); {
 		case err != nil:
 			failed++
 			fmt.Fprintf(w, "%s: %v\n", d.id, err)
@@ -304,6 +335,53 @@ func redriveAll(ctx context.Context, w io.Writer, js jetstream.JetStream, store 
 func expiredNote(d deadLetter) string {
 	return fmt.Sprintf("stream seq %d expired before rescue: the server gave up on it and it aged out of the stream before a consumer could rescue it; "+
 		"nothing is kept to re-drive (find the intent at its producer; publishing it again with its ID is safe)", d.origSeq)
+}
+
+// redriveRoute picks the store a dead letter is re-driven through and the
+// subject it is published on, or says why it is skipped.
+type redriveRoute func(deadLetter) (*cli.Store, deadLetter, string)
+
+// shardRoute routes a sharded stream's dead letters: each to the shard
+// whose database owns its ID's partition now, published on the subject of
+// its ID's key (the stored subject carries a partition token the stream's
+// transform would add again, and a copy published under another key than
+// its ID's would be refused again).
+func shardRoute(ctx context.Context, m *shard.Map, env cli.Env, log *slog.Logger) (redriveRoute, func(), error) {
+	stores := make([]*cli.Store, 0, len(m.Shards))
+	closeAll := func() {
+		for _, s := range stores {
+			s.Close()
+		}
+	}
+	owner := map[int]*cli.Store{}
+	for i := range m.Shards {
+		st, err := cli.OpenShard(ctx, &m.Shards[i], env, 2, log)
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		stores = append(stores, st)
+		owned, err := shard.Owned(ctx, st.PG, m.Scope)
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		for _, p := range owned {
+			owner[p] = st
+		}
+	}
+	return func(d deadLetter) (*cli.Store, deadLetter, string) {
+		ps, err := shard.ParseStored(m.Subject, d.subject)
+		if err != nil {
+			return nil, d, "not a subject of the sharded stream: " + err.Error()
+		}
+		st := owner[shard.PartitionOf(d.id, m.Partitions)]
+		if st == nil {
+			return nil, d, fmt.Sprintf("partition %d of the ID is owned by no shard now (a move halfway?): run jetinbox partitions list", shard.PartitionOf(d.id, m.Partitions))
+		}
+		d.subject = shard.PublishSubject(m.Subject, d.id, ps.Rest)
+		return st, d, ""
+	}, closeAll, nil
 }
 
 // redrive deletes the intent's rejected inbox row and publishes it again

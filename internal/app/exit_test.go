@@ -20,18 +20,19 @@ import (
 func TestExitCodeConvention(t *testing.T) {
 	t.Parallel()
 	badValue := map[string][]string{
-		"demo":     {"-intents", "many"},
-		"accounts": {"-list=maybe"},
-		"dlq":      {"-show", "x"},
-		"migrate":  {"-print=maybe"},
-		"verify":   {"-from-seq", "-3"},
-		"consumer": {"-batch", "x"},
-		"replay":   {"-batch", "x"},
-		"prune":    {"-margin", "soon"},
-		"relay":    {"-batch", "x"},
-		"bench":    {"-n", "x"},
-		"chaos":    {"-intents", "x"},
-		"jitter":   {"-clients", "x"},
+		"demo":       {"-intents", "many"},
+		"accounts":   {"-list=maybe"},
+		"dlq":        {"-show", "x"},
+		"migrate":    {"-print=maybe"},
+		"verify":     {"-from-seq", "-3"},
+		"consumer":   {"-batch", "x"},
+		"replay":     {"-batch", "x"},
+		"prune":      {"-margin", "soon"},
+		"relay":      {"-batch", "x"},
+		"bench":      {"-n", "x"},
+		"chaos":      {"-intents", "x"},
+		"jitter":     {"-clients", "x"},
+		"partitions": {"list", "-replicas", "x"},
 	}
 	for name := range commands() {
 		bad, ok := badValue[name]

@@ -49,8 +49,9 @@ func commands() map[string]command {
 		"consumer": {"the consumer (same as the consumer binary), for one-binary deployments and jetinbox bench", func(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return cli.Consumer(ctx, args, env, stdout, stderr)
 		}},
-		"replay": {"run a stream range through the inbox again, rolled back unless -apply: what would it change?", Replay},
-		"prune":  {"delete one scope's inbox rows older than a horizon the servers say is safe", Prune},
+		"partitions": {"a sharded stream's partitions: list who owns them, create the stream, move one to another shard while running", Partitions},
+		"replay":     {"run a stream range through the inbox again, rolled back unless -apply: what would it change?", Replay},
+		"prune":      {"delete one scope's inbox rows older than a horizon the servers say is safe", Prune},
 		"bench": {"raw pipe vs naive vs jetinbox on the same messages, with latency and memory", func(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return bench.Main(ctx, args, stdout, cli.ProgressWriter(stderr, env))
 		}},
@@ -99,7 +100,7 @@ func Jetinbox(ctx context.Context, args []string, env cli.Env, stdin io.Reader, 
 
 // ownUsage names the commands whose usage text (cli.NewFlagSet) already
 // ends with the exit-code convention; the dispatcher adds it to the others'.
-var ownUsage = map[string]bool{"demo": true, "accounts": true, "dlq": true, "migrate": true, "verify": true, "consumer": true, "replay": true, "prune": true, "relay": true}
+var ownUsage = map[string]bool{"demo": true, "accounts": true, "dlq": true, "migrate": true, "verify": true, "consumer": true, "replay": true, "prune": true, "relay": true, "partitions": true}
 
 // Migrate applies the schemas, or prints them.
 func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
@@ -107,8 +108,13 @@ func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdou
 	dbURL := cli.DatabaseFlag(fs, env, cli.DatabaseUsage)
 	print := fs.Bool("print", false, "print the SQL for your own migration tool instead of applying it")
 	status := fs.Bool("status", false, "list each migration as applied, pending, edited (applied with other SQL: exit 1) or unknown (from a newer release); apply nothing")
+	var sf cli.ShardFlags
+	sf.Register(fs, env)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
+	}
+	if (sf.File != "" || sf.Name != "") && !*print && !*status {
+		return migrateShard(ctx, sf, env, stdout, stderr)
 	}
 	if *print {
 		if cli.StoreKind(*dbURL) == cli.StoreSQLite {
@@ -172,8 +178,16 @@ func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 		"nothing is in it without an applied parent, and -next-scope applied each once")
 	nextScope := fs.String("next-scope", "", "-next-stream: the inbox scope that applies the follow-ups (its ledger entries are counted); empty: only the stream is checked")
 	kind := fs.String("follow-up-kind", "notify", "-next-stream: the kind of the follow-ups")
+	var sf cli.ShardFlags
+	sf.Register(fs, env)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
+	}
+	if sf.File != "" {
+		if *watch || *nextStream != "" || *textfile != "" {
+			return cli.UsageError{Err: errors.New("verify -shards checks all shards once: no -watch, -next-stream or -textfile")}
+		}
+		return verifyShards(ctx, sf, &nf, env, *asJSON, stdout, stderr)
 	}
 	if *nextStream != "" && *watch {
 		return cli.UsageError{Err: errors.New("verify: -next-stream is not checked by -watch")}

@@ -41,8 +41,23 @@ func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout,
 		outboxToo = fs.Bool("outbox", false, "also delete sent outbox rows created longer ago than -older-than, under the same horizon: the parents of follow-ups come from this stream; "+
 			"pending rows and rows the stream refused are never deleted")
 	)
+	var sf cli.ShardFlags
+	sf.Register(fs, env)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
+	}
+	if sf.File != "" || sf.Name != "" {
+		// One shard: its database, the map's stream and scope, and a
+		// partition durable's settings (every partition's are the same).
+		m, s, err := sf.Load(true)
+		if err != nil {
+			return err
+		}
+		u, err := s.URL(env)
+		if err != nil {
+			return cli.UsageError{Err: err}
+		}
+		*dbURL, *stream, *scope, *durable = u, m.Stream, m.Scope, m.Durable(0)
 	}
 	if err := nf.Validate(); err != nil {
 		return cli.UsageError{Err: err}

@@ -14,6 +14,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/shard"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
@@ -46,8 +47,24 @@ func Replay(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 		batch    = fs.Int("batch", 500, "most messages per transaction")
 		timeout  = fs.Duration("timeout", 10*time.Minute, "give up after this long")
 	)
+	var sf cli.ShardFlags
+	sf.Register(fs, env)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
+	}
+	// One shard of a sharded stream: its partitions only, through its
+	// database, each message's binding checked as its consumer does.
+	var sm *shard.Map
+	if sf.File != "" || sf.Name != "" {
+		m, s, err := sf.Load(true)
+		if err != nil {
+			return err
+		}
+		u, err := s.URL(env)
+		if err != nil {
+			return cli.UsageError{Err: err}
+		}
+		sm, *stream, *scope, *dbURL = m, m.Stream, m.Scope, u
 	}
 	seqSet := false
 	fs.Visit(func(f *flag.Flag) { seqSet = seqSet || f.Name == "from-seq" })
@@ -101,12 +118,31 @@ func Replay(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	if *apply {
 		newProc = store.LedgerProcessor
 	}
-	proc, err := newProc(inbox.Config{Scope: *scope, Logger: log})
+	var proc jsinbox.BatchProcessor
+	proc, err = newProc(inbox.Config{Scope: *scope, Logger: log})
 	if err != nil {
 		return cli.UsageError{Err: err}
 	}
-	began := time.Now()
 	rg := replayRange{from: uint64(*fromSeq), to: uint64(*toSeq), fromTime: start}
+	if sm != nil {
+		if store.PG == nil {
+			return cli.UsageError{Err: errors.New("replay -shards: a shard's database is PostgreSQL")}
+		}
+		owned, err := shard.Owned(ctx, store.PG, sm.Scope)
+		if err != nil {
+			return cli.UsageError{Err: err}
+		}
+		if len(owned) == 0 {
+			return cli.UsageError{Err: fmt.Errorf("replay: shard %s owns no partition", sf.Name)}
+		}
+		sp := shard.NewProcessor(proc, sm)
+		sp.SetOwned(owned)
+		proc = sp
+		for _, p := range owned {
+			rg.filters = append(rg.filters, sm.Filter(p))
+		}
+	}
+	began := time.Now()
 	counts, first, last, err := replay(ctx, js, *stream, rg, *batch, proc)
 	if err != nil {
 		return err
@@ -157,6 +193,8 @@ func Replay(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 type replayRange struct {
 	from, to uint64
 	fromTime *time.Time
+	// filters, if set, are the only subjects read (a shard's partitions).
+	filters []string
 }
 
 // replayCounts counts replay outcomes.
@@ -221,6 +259,22 @@ func replay(ctx context.Context, js jetstream.JetStream, stream string, rg repla
 		return nil, 0, 0, fmt.Errorf("replay: stream %s: %w", stream, err)
 	}
 	last := info.State.LastSeq
+	if len(rg.filters) > 0 {
+		// The read ends at the last message of the filtered subjects, not
+		// the stream's: it would wait for more that never come.
+		var lastOf uint64
+		for _, f := range rg.filters {
+			m, err := s.GetLastMsgForSubject(ctx, f)
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				continue
+			}
+			if err != nil {
+				return nil, 0, 0, fmt.Errorf("replay: stream %s, last message of %s: %w", stream, f, err)
+			}
+			lastOf = max(lastOf, m.Sequence)
+		}
+		last = min(last, lastOf)
+	}
 	if rg.to > 0 && rg.to < last {
 		last = rg.to
 	}
@@ -231,6 +285,7 @@ func replay(ctx context.Context, js jetstream.JetStream, stream string, rg repla
 	if rg.fromTime != nil {
 		occ = jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: rg.fromTime}
 	}
+	occ.FilterSubjects = rg.filters
 	oc, err := s.OrderedConsumer(ctx, occ)
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("replay: ordered consumer on %s: %w", stream, err)

@@ -72,6 +72,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if a == "-cluster" || a == "--cluster" {
 			return ClusterMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
 		}
+		if n, ok := shardsFlag(args, i); ok {
+			rest := slices.Delete(slices.Clone(args), i, i+1)
+			if !strings.Contains(a, "=") && i+1 < len(args) {
+				rest = slices.Delete(slices.Clone(args), i, i+2)
+			}
+			return ShardsMain(ctx, n, rest, stdout, stderr)
+		}
 		if a == "-pg-failover" || a == "--pg-failover" {
 			return PGFailoverMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
 		}
@@ -99,7 +106,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			"jetinbox chaos -cluster [flags]: the jetinbox row on three nodes with R3 streams under leader kills,\n"+
 			"step-downs, a rolling restart, a partition and a client whose server dies (see jetinbox chaos -cluster -h).\n"+
 			"jetinbox chaos -pg-failover [flags]: the jetinbox row on a pg_auto_failover primary and standby under\n"+
-			"kills, failovers and cuts, synchronous and asynchronous (see jetinbox chaos -pg-failover -h).")
+			"kills, failovers and cuts, synchronous and asynchronous (see jetinbox chaos -pg-failover -h).\n"+
+			"jetinbox chaos -shards N [flags]: one partitioned stream over N shards, each on its own PostgreSQL, with a\n"+
+			"shard's PostgreSQL killed and a partition moved mid-run (see jetinbox chaos -shards 3 -h).")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

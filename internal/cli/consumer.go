@@ -49,6 +49,8 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		"keep it well inside the memory limit (env JETINBOX_MAX_BYTES; 0: 64MiB)")
 	var relay consumerRelay
 	relay.register(fs, env)
+	var sf ShardFlags
+	sf.Register(fs, env)
 	w := defaultWaits()
 	w.register(fs)
 	fs.DurationVar(&w.nak.Base, "nak-base", w.nak.Base, "base delay of a nak (NakWithDelay by delivery count)")
@@ -67,8 +69,12 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	if err := CheckScope(*scope); err != nil {
 		return err
 	}
-	if err := RequireDatabase(*dbURL); err != nil {
-		return err
+	if sf.File == "" && sf.Name == "" {
+		if err := RequireDatabase(*dbURL); err != nil {
+			return err
+		}
+	} else if relay.run || relay.followUps != "" {
+		return UsageError{Err: errors.New("-shards runs the ledger alone: -relay and -follow-ups are not supported on a shard")}
 	}
 	if *maxDeliver < 1 {
 		return UsageError{Err: errors.New("-max-deliver must be at least 1: unlimited deliveries never dead-letter a failing message")}
@@ -95,6 +101,26 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		}
 	}
 	log := NewLogger(stderr, *logFormat, slog.LevelInfo)
+	if sf.File != "" || sf.Name != "" {
+		// One shard of a partitioned stream: stream, scope, durables and
+		// database come from the map.
+		tp, stopTracing, err := tracing(ctx, env, "jetinbox-consumer", stderr)
+		if err != nil {
+			return err
+		}
+		defer stopTracing(context.WithoutCancel(ctx)) //nolint:errcheck // best effort at exit
+		txRetry := w.db
+		txRetry.Base, txRetry.Cap, txRetry.MaxAttempts = 5*time.Millisecond, 200*time.Millisecond, 3
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		m, err := metrics.NewConsumer(reg)
+		if err != nil {
+			return err
+		}
+		return consumeShard(ctx, sf, env, &nf, w, jsinbox.ConsumerConfig{BatchSize: *batch, InFlight: *inflight, AckWait: *ackWait,
+			MaxDeliver: *maxDeliver, MaxAckPending: *maxAck, MaxBytes: int64(maxBytes), Nak: nak, DBWait: w.db, Observer: m},
+			inbox.Config{Logger: log, TxRetry: txRetry, TracerProvider: tp}, *dbConns, *httpAddr, reg, *drainTimeout, log)
+	}
 
 	store, err := OpenStore(ctx, *dbURL, int32(*dbConns), log)
 	if err != nil {

@@ -1,0 +1,327 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/shard"
+	"github.com/jetinbox/jetinbox/internal/verify"
+)
+
+const partitionsUsage = `jetinbox partitions: the partitions of a sharded stream and the shards that own them.
+
+  jetinbox partitions list -shards FILE [-v]     each shard's partitions, as its database says, against the map file
+  jetinbox partitions stream -shards FILE        create the stream with its partition transform, dead-letter and advisory streams
+  jetinbox partitions move P --to B -shards FILE move partition P to shard B while every shard runs, then rewrite FILE`
+
+// Partitions is `jetinbox partitions`.
+func Partitions(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprintln(stderr, partitionsUsage+"\n\n"+cli.ExitCodes)
+		if len(args) == 0 {
+			return cli.UsageError{Err: errors.New("partitions: no subcommand")}
+		}
+		return flag.ErrHelp
+	}
+	sub := args[0]
+	fs := cli.NewFlagSet("jetinbox partitions "+sub, partitionsUsage, stderr)
+	var sf cli.ShardFlags
+	sf.Register(fs, env)
+	var nf cli.NATSFlags
+	if sub == "stream" {
+		nf.Register(fs, env)
+	}
+	to := fs.String("to", "", "move: the shard that takes the partition")
+	verbose := fs.Bool("v", false, "list: one line per partition with its durable, filter and owners")
+	replicas := fs.Int("replicas", 1, "stream: replicas of the streams (3 in production)")
+	window := fs.Duration("duplicate-window", jsinbox.DefaultDuplicateWindow, "stream: the duplicate window; it must cover the producers' retries")
+	pos, err := parseInterspersed(fs, args[1:])
+	if err != nil {
+		return err
+	}
+	m, _, err := sf.Load(false)
+	if err != nil {
+		return err
+	}
+	log := cli.EnvLogger(stderr, env, slog.LevelInfo)
+	switch sub {
+	case "list":
+		if len(pos) > 0 {
+			return cli.UsageError{Err: errors.New("partitions list: unexpected arguments")}
+		}
+		return listPartitions(ctx, m, env, *verbose, stdout, log)
+	case "stream":
+		if len(pos) > 0 {
+			return cli.UsageError{Err: errors.New("partitions stream: unexpected arguments")}
+		}
+		if err := nf.Validate(); err != nil {
+			return cli.UsageError{Err: err}
+		}
+		nc, js, err := nf.Connect("jetinbox-partitions", cli.DefaultReconnect(), log)
+		if err != nil {
+			return cli.UsageError{Err: err}
+		}
+		defer nc.Close()
+		if err := m.EnsureStream(ctx, js, jsinbox.StreamConfig{Replicas: *replicas, DuplicateWindow: *window}); err != nil {
+			return err
+		}
+		src, dest := m.SubjectTransform()
+		fmt.Fprintf(stdout, "stream %s: %s → %s (and %s, %s)\n", m.Stream, src, dest, jsinbox.DeadLetterStream(m.Stream), jsinbox.AdvisoryStream(m.Stream))
+		return nil
+	case "move":
+		if len(pos) != 1 || *to == "" {
+			return cli.UsageError{Err: errors.New("partitions move: want one partition and --to SHARD: jetinbox partitions move P --to B -shards FILE")}
+		}
+		p, err := strconv.Atoi(pos[0])
+		if err != nil || p < 0 || p >= m.Partitions {
+			return cli.UsageError{Err: fmt.Errorf("partitions move: %q is not a partition of 0-%d", pos[0], m.Partitions-1)}
+		}
+		return movePartition(ctx, m, sf.File, p, *to, env, stdout, log)
+	}
+	return cli.UsageError{Err: fmt.Errorf("partitions: unknown subcommand %q (list, stream, move)", sub)}
+}
+
+// parseInterspersed parses flags that may come before or after the
+// positional arguments ("move 7 --to b").
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := cli.Parse(fs, args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// shardOwned is what one shard's database says.
+type shardOwned struct {
+	owned shard.Set
+	err   error
+}
+
+func readOwned(ctx context.Context, m *shard.Map, env cli.Env, log *slog.Logger) []shardOwned {
+	out := make([]shardOwned, len(m.Shards))
+	for i := range m.Shards {
+		st, err := cli.OpenShard(ctx, &m.Shards[i], env, 1, log)
+		if err != nil {
+			out[i].err = err
+			continue
+		}
+		out[i].owned, out[i].err = shard.Owned(ctx, st.PG, m.Scope)
+		st.Close()
+	}
+	return out
+}
+
+func listPartitions(ctx context.Context, m *shard.Map, env cli.Env, verbose bool, stdout io.Writer, log *slog.Logger) error {
+	owned := readOwned(ctx, m, env, log)
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "shard\tpartitions (database)\tpartitions (map file)\tstate")
+	bad := 0
+	owners := map[int][]string{}
+	for i, s := range m.Shards {
+		o := owned[i]
+		state := "ok"
+		switch {
+		case o.err != nil:
+			state, bad = "UNREADABLE: "+o.err.Error(), bad+1
+		case !slices.Equal(o.owned, s.Partitions):
+			state = "differs from the map file (a move not written back, or a stale file)"
+		}
+		for _, p := range o.owned {
+			owners[p] = append(owners[p], s.Name)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Name, o.owned, s.Partitions, state)
+	}
+	tw.Flush()
+	var none shard.Set
+	for p := range m.Partitions {
+		switch n := len(owners[p]); {
+		case n == 0:
+			none = append(none, p)
+		case n > 1:
+			fmt.Fprintf(stdout, "partition %d: owned by %v: VIOLATION\n", p, owners[p])
+			bad++
+		}
+	}
+	if len(none) > 0 && bad == 0 {
+		// A move between its fence and its copy, or a shard not migrated.
+		fmt.Fprintf(stdout, "partitions %s: owned by no shard (a move stopped halfway: run it again; or a shard not migrated)\n", none)
+		bad++
+	}
+	fmt.Fprintf(stdout, "stream %s, %d partitions, scope %q, durables %s\n", m.Stream, m.Partitions, m.Scope, m.Durable(0)+"…")
+	if verbose {
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "partition\tdurable\tfilter\towner (database)\towner (map file)")
+		for p := range m.Partitions {
+			owner := "none"
+			if len(owners[p]) > 0 {
+				owner = strings.Join(owners[p], ",")
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", p, m.Durable(p), m.Filter(p), owner, m.Owner(p))
+		}
+		tw.Flush()
+	}
+	if bad > 0 {
+		return errors.New("partitions: some partitions are owned twice, by none, or a shard cannot be read")
+	}
+	return nil
+}
+
+func movePartition(ctx context.Context, m *shard.Map, file string, p int, to string, env cli.Env, stdout io.Writer, log *slog.Logger) error {
+	toShard, err := m.Shard(to)
+	if err != nil {
+		return cli.UsageError{Err: err}
+	}
+	owned := readOwned(ctx, m, env, log)
+	var owners []int
+	for i, o := range owned {
+		if o.err != nil {
+			return fmt.Errorf("partitions move: shard %s: %w", m.Shards[i].Name, o.err)
+		}
+		if slices.Contains(o.owned, p) {
+			owners = append(owners, i)
+		}
+	}
+	var from int
+	switch len(owners) {
+	case 0:
+		// A move that stopped after its fence: its source is still the
+		// map file's owner (the file is written last).
+		owner := m.Owner(p)
+		from = slices.IndexFunc(m.Shards, func(s shard.Shard) bool { return s.Name == owner })
+		if from < 0 {
+			return fmt.Errorf("partitions move: no shard owns partition %d", p)
+		}
+		log.Info("partitions: no shard owns the partition: finishing a move that stopped halfway", "partition", p, "from", owner)
+	case 1:
+		from = owners[0]
+	default:
+		return fmt.Errorf("partitions move: partition %d is owned by more than one shard; run jetinbox partitions list", p)
+	}
+	if m.Shards[from].Name == to {
+		if m.Owner(p) == to {
+			return cli.UsageError{Err: fmt.Errorf("partitions move: shard %s owns partition %d already", to, p)}
+		}
+		// Moved, but the map file was not written: write it.
+		nm, err := m.Move(p, to)
+		if err != nil {
+			return err
+		}
+		if err := nm.Save(file); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "partition %d: %s owns it already; %s rewritten\n", p, to, file)
+		return nil
+	}
+	src, err := cli.OpenShard(ctx, &m.Shards[from], env, 2, log)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dst, err := cli.OpenShard(ctx, toShard, env, 2, log)
+	if err != nil {
+		return err
+	}
+	defer dst.Close()
+	res, err := shard.Move(ctx, m, p, src.PG, dst.PG)
+	if err != nil {
+		return err
+	}
+	nm, err := m.Move(p, to)
+	if err != nil {
+		return err
+	}
+	if err := nm.Save(file); err != nil {
+		return fmt.Errorf("partitions move: the partition moved, but the map file was not written (run the move again to write it): %w", err)
+	}
+	fmt.Fprintf(stdout, "partition %d: %s → %s, %d inbox rows copied; durable %s carries on at %s; %s rewritten\n",
+		p, m.Shards[from].Name, to, res.Copied, m.Durable(p), to, file)
+	return nil
+}
+
+// migrateShard applies the schemas to one shard's database and records the
+// partitions the map gives it, where its table has no row for them yet.
+func migrateShard(ctx context.Context, sf cli.ShardFlags, env cli.Env, stdout, stderr io.Writer) error {
+	m, s, err := sf.Load(true)
+	if err != nil {
+		return err
+	}
+	store, err := cli.OpenShard(ctx, s, env, 2, cli.EnvLogger(stderr, env, slog.LevelInfo))
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	n, l, err := store.Migrate(ctx)
+	if err != nil {
+		return err
+	}
+	k, err := shard.Migrate(ctx, store.PG, m, s.Name)
+	if err != nil {
+		return err
+	}
+	owned, err := shard.Owned(ctx, store.PG, m.Scope)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "shard %s: applied %d inbox, %d ledger and %d shard migrations; owns partitions %s\n", s.Name, n, l, k, owned)
+	return nil
+}
+
+// verifyShards checks the sharded stream against every shard at once.
+func verifyShards(ctx context.Context, sf cli.ShardFlags, nf *cli.NATSFlags, env cli.Env, asJSON bool, stdout, stderr io.Writer) error {
+	m, _, err := sf.Load(false)
+	if err != nil {
+		return err
+	}
+	if err := nf.Validate(); err != nil {
+		return cli.UsageError{Err: err}
+	}
+	log := cli.EnvLogger(stderr, env, slog.LevelInfo)
+	dbs := make([]verify.ShardDB, len(m.Shards))
+	for i := range m.Shards {
+		st, err := cli.OpenShard(ctx, &m.Shards[i], env, 2, log)
+		if err != nil {
+			return cli.UsageError{Err: err}
+		}
+		defer st.Close()
+		dbs[i] = verify.ShardDB{Name: m.Shards[i].Name, DB: st.PG}
+	}
+	nc, js, err := nf.Connect("jetinbox-verify", cli.DefaultReconnect(), log)
+	if err != nil {
+		return cli.UsageError{Err: err}
+	}
+	defer nc.Close()
+	r, err := verify.Shards(ctx, js, m.Stream, m.Scope, dbs)
+	if err != nil {
+		return cli.UsageError{Err: streamMissing("verify", m.Stream, err)}
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	} else {
+		r.WriteTable(stdout)
+	}
+	if !r.Clean() {
+		return errViolations
+	}
+	return nil
+}

@@ -1,0 +1,722 @@
+// The sharded run: one stream partitioned by its subject transform, three
+// shards each on its own PostgreSQL, a shard's database killed and a
+// partition moved while intents flow, counted over all shards.
+
+package chaos
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/effects"
+	"github.com/jetinbox/jetinbox/internal/failpoint"
+	"github.com/jetinbox/jetinbox/internal/pipeline"
+	"github.com/jetinbox/jetinbox/internal/shard"
+	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/verify"
+)
+
+// ShardsOptions configures the sharded run.
+type ShardsOptions struct {
+	// Shards is how many shards, each with a PostgreSQL of its own.
+	Shards int
+	// Partitions is the stream's partition count.
+	Partitions int
+	// Intents is how many distinct intents are published.
+	Intents int
+	// LosePubAck is the fraction of PubAcks lost: the producer retries
+	// with the same ID, half of the time on another kind subject.
+	LosePubAck float64
+	// Poison is the fraction of intents no effect can apply.
+	Poison float64
+	// Stray is how many intents are published again after the duplicate
+	// window on each path that could take an ID to another partition: the
+	// same subject, a key token derived from the account instead of the
+	// ID, a dead letter re-driven on its stored subject and on its
+	// publish subject, and IDs of the moved partition after the move.
+	Stray int
+	// KillPostgres SIGKILLs one shard's PostgreSQL mid-run and starts it
+	// again; Move moves a partition between shards mid-run.
+	KillPostgres, Move bool
+	// OnePostgres puts every shard's database on one PostgreSQL (tests:
+	// cheaper to start); the killed one then takes all shards down.
+	OnePostgres bool
+	Seed        uint64
+	Progress    io.Writer
+
+	// Mutations, for the tests that show the checks go red.
+	noBinding, noCopy bool
+	// keyFromSubject derives the key token from the intent's kind
+	// subject instead of its ID, on both sides: producers key by subject
+	// and consumers check that.
+	keyFromSubject bool
+}
+
+// ShardsResult is the sharded run's count, per intent over all shards,
+// and verify's own check of the end state.
+type ShardsResult struct {
+	Intents      int
+	AppliedOnce  int
+	Lost         int
+	Duplicated   int
+	InTwoShards  int
+	Unexpected   int
+	DeadLettered int
+	// Faults done, by name.
+	Faults  []string
+	Moved   string
+	Verify  *verify.ShardsReport
+	Elapsed time.Duration
+}
+
+// Clean reports whether the count and verify both found nothing wrong.
+func (r *ShardsResult) Clean() bool {
+	return r.Lost == 0 && r.Duplicated == 0 && r.Unexpected == 0 && r.Verify != nil && r.Verify.Clean() &&
+		r.Verify.Lost == 0 && r.Verify.Duplicated == 0
+}
+
+// WriteShards prints the result.
+func WriteShards(w io.Writer, r *ShardsResult) {
+	fmt.Fprintf(w, "sharded: %d intents over %d shards (%s), %.1fs\n", r.Intents, len(r.Verify.AppliedIn), r.Moved, r.Elapsed.Seconds())
+	fmt.Fprintf(w, "  applied once %d, lost %d %s, duplicated %d %s (in two shards %d), unexpected %d %s, dead-lettered %d\n",
+		r.AppliedOnce, r.Lost, verify.Mark(r.Lost == 0), r.Duplicated, verify.Mark(r.Duplicated == 0), r.InTwoShards, r.Unexpected, verify.Mark(r.Unexpected == 0), r.DeadLettered)
+	fmt.Fprintf(w, "  faults: %s\n\nverify over all shards:\n", strings.Join(r.Faults, ", "))
+	r.Verify.WriteTable(w)
+}
+
+// ShardsMain is `jetinbox chaos -shards N`.
+func ShardsMain(ctx context.Context, n string, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("jetinbox chaos -shards", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := ShardsOptions{Progress: stderr}
+	fs.IntVar(&o.Partitions, "partitions", shard.DefaultPartitions, "the stream's partition count")
+	fs.IntVar(&o.Intents, "intents", 3000, "distinct intents")
+	fs.Float64Var(&o.LosePubAck, "lose-puback", 0.03, "fraction of PubAcks lost (the producer retries with the same ID, half of the time on another subject)")
+	fs.Float64Var(&o.Poison, "poison", 0.01, "fraction of intents no effect can apply (must end dead-lettered)")
+	fs.IntVar(&o.Stray, "stray", 20, "intents published again after the duplicate window on each path that could reach another partition")
+	fs.BoolVar(&o.KillPostgres, "kill", true, "SIGKILL one shard's PostgreSQL mid-run and start it again")
+	fs.BoolVar(&o.Move, "move", true, "move a partition from the first shard to the last mid-run")
+	fs.Uint64Var(&o.Seed, "seed", 1, "seed for the fault dice")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "Usage of jetinbox chaos -shards N: one stream partitioned by its subject transform, N shards each on its own\n"+
+			"PostgreSQL, lost PubAcks, poison intents, strays after the duplicate window, a shard's PostgreSQL killed and a\n"+
+			"partition moved mid-run; lost, duplicated and unexpected counted over all shards, then verify -shards.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var err error
+	if o.Shards, err = strconv.Atoi(n); err != nil {
+		return cli.UsageError{Err: fmt.Errorf("chaos: -shards %q: want a number of shards", n)}
+	}
+	if err := o.validate(fs.NArg()); err != nil {
+		return cli.UsageError{Err: fmt.Errorf("chaos: %w", err)}
+	}
+	r, err := RunShards(ctx, o)
+	if err != nil {
+		return err
+	}
+	WriteShards(stdout, r)
+	if !r.Clean() {
+		return errors.New("chaos: the sharded run lost, duplicated or added intents, or verify found violations")
+	}
+	return nil
+}
+
+func (o ShardsOptions) validate(extra int) error {
+	var errs []error
+	if o.Shards < 2 || o.Shards > 8 {
+		errs = append(errs, fmt.Errorf("-shards %d: want 2 to 8", o.Shards))
+	}
+	if o.Partitions < o.Shards || o.Partitions > 1024 {
+		errs = append(errs, fmt.Errorf("-partitions %d: want -shards to 1024", o.Partitions))
+	}
+	if o.Intents < 1 {
+		errs = append(errs, fmt.Errorf("-intents %d: must be at least 1", o.Intents))
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"lose-puback", o.LosePubAck}, {"poison", o.Poison}} {
+		if !(f.v >= 0 && f.v < 1) {
+			errs = append(errs, fmt.Errorf("-%s %v: want a fraction in [0, 1)", f.name, f.v))
+		}
+	}
+	if o.Stray < 0 || o.Stray > o.Intents {
+		errs = append(errs, fmt.Errorf("-stray %d: want 0 to -intents", o.Stray))
+	}
+	if extra > 0 {
+		errs = append(errs, errors.New("unexpected arguments"))
+	}
+	return errors.Join(errs...)
+}
+
+// dupWindow is the sharded stream's duplicate window in this run: short,
+// so that strays published after it are stored, not dropped by ID.
+const dupWindow = time.Second
+
+type shardRun struct {
+	o       ShardsOptions
+	m       *shard.Map
+	js      jetstream.JetStream
+	pgs     []*testenv.Postgres // one per shard, or one for all
+	pools   []*pgxpool.Pool
+	dice    *rand.Rand
+	diceMu  sync.Mutex
+	faults  map[string]int
+	faultMu sync.Mutex
+	fps     []*failpoint.Set // the partition consumers' crash points
+	log     *slog.Logger
+}
+
+func (r *shardRun) roll(p float64) bool {
+	r.diceMu.Lock()
+	defer r.diceMu.Unlock()
+	return r.dice.Float64() < p
+}
+
+func (r *shardRun) fault(name string, n int) {
+	r.faultMu.Lock()
+	r.faults[name] += n
+	r.faultMu.Unlock()
+}
+
+func (r *shardRun) progress(format string, args ...any) {
+	if r.o.Progress != nil {
+		fmt.Fprintf(r.o.Progress, "shards: "+format+"\n", args...)
+	}
+}
+
+// RunShards runs the sharded pipeline under its faults and counts.
+func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
+	start := time.Now()
+	if o.Partitions == 0 {
+		o.Partitions = shard.DefaultPartitions
+	}
+	r := &shardRun{o: o, dice: rand.New(rand.NewPCG(o.Seed, 0x5ba4d)), faults: map[string]int{},
+		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	nsrv, err := testenv.StartNATS(testenv.NATSOptions{})
+	if err != nil {
+		return nil, err
+	}
+	defer nsrv.Close()
+	nc, err := nats.Connect(nsrv.URL(), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	r.js, _ = jetstream.New(nc)
+
+	// The map: partitions dealt out in runs, a PostgreSQL per shard.
+	m := (&shard.Map{Partitions: o.Partitions}).WithDefaults()
+	for i := range o.Shards {
+		if i == 0 || !o.OnePostgres {
+			pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
+			if err != nil {
+				return nil, err
+			}
+			defer pg.Close()
+			r.pgs = append(r.pgs, pg)
+		}
+		url, err := r.pgs[len(r.pgs)-1].CreateDatabase(ctx, fmt.Sprintf("shard_%d", i))
+		if err != nil {
+			return nil, err
+		}
+		var set shard.Set
+		for p := i * o.Partitions / o.Shards; p < (i+1)*o.Partitions/o.Shards; p++ {
+			set = append(set, p)
+		}
+		m.Shards = append(m.Shards, shard.Shard{Name: "s" + strconv.Itoa(i), DatabaseURL: url, Partitions: set})
+	}
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	r.m = &m
+	for _, s := range m.Shards {
+		pool, err := pgxpool.New(ctx, s.DatabaseURL+"&pool_max_conns=12")
+		if err != nil {
+			return nil, err
+		}
+		defer pool.Close()
+		r.pools = append(r.pools, pool)
+		if _, err := pginbox.New(pool).Migrate(ctx); err != nil {
+			return nil, err
+		}
+		if _, err := effects.Migrate(ctx, pool); err != nil {
+			return nil, err
+		}
+		if err := effects.SeedAccounts(ctx, pool, 64); err != nil {
+			return nil, err
+		}
+		if _, err := shard.Migrate(ctx, pool, r.m, s.Name); err != nil {
+			return nil, err
+		}
+	}
+	if err := r.m.EnsureStream(ctx, r.js, jsinbox.StreamConfig{DuplicateWindow: dupWindow}); err != nil {
+		return nil, err
+	}
+
+	// The shards' runners.
+	rctx, stopRunners := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { stopRunners(); wg.Wait() }()
+	for i := range m.Shards {
+		if err := r.startShard(rctx, &wg, i); err != nil {
+			return nil, err
+		}
+	}
+
+	intents := pipeline.Generate(pipeline.Load{Count: o.Intents, Accounts: 64, Prefix: fmt.Sprintf("sh%d", o.Seed), Seed: o.Seed})
+	kinds := make([]string, len(intents))
+	for i := range intents {
+		kinds[i] = strings.Replace(intents[i].Subject, "intents.", "ledger.", 1)
+	}
+	if o.Poison > 0 {
+		every := max(1, int(1/o.Poison))
+		for i := every / 2; i < len(intents); i += every {
+			intents[i].Payload = []byte(`{"account":1,"amount":`)
+			r.fault("poison intents", 1)
+		}
+	}
+	// The partition to move: the first shard's first, taken from it while
+	// intents flow (once some were applied there) and given to the last.
+	moveP := m.Shards[0].Partitions[0]
+	moved := "no partition moved"
+	var moveErr error
+	var moveOnce sync.Once
+	doMove := func() {
+		moveOnce.Do(func() {
+			r.waitApplied(ctx, moveP)
+			var res shard.MoveResult
+			var err error
+			if o.noCopy {
+				err = moveWithoutRows(ctx, r.m, moveP, r.pools[0], r.pools[len(r.pools)-1])
+			} else {
+				res, err = shard.Move(ctx, r.m, moveP, r.pools[0], r.pools[len(r.pools)-1])
+			}
+			if err != nil {
+				moveErr = err
+				return
+			}
+			nm, err := r.m.Move(moveP, m.Shards[len(m.Shards)-1].Name)
+			if err != nil {
+				moveErr = err
+				return
+			}
+			r.m = nm
+			moved = fmt.Sprintf("partition %d moved s0 → s%d with %d inbox rows", moveP, o.Shards-1, res.Copied)
+			r.fault("partition moves", 1)
+			r.progress("%s", moved)
+		})
+	}
+	killed := 1 % o.Shards
+	for i := range intents {
+		switch {
+		case o.Move && i == len(intents)/3:
+			doMove()
+		case o.KillPostgres && i == 2*len(intents)/3:
+			pg := r.pgs[min(killed, len(r.pgs)-1)]
+			r.progress("SIGKILL the PostgreSQL of shard s%d", killed)
+			if err := pg.Kill(); err != nil {
+				return nil, err
+			}
+			time.Sleep(300 * time.Millisecond)
+			if err := pg.Start(ctx); err != nil {
+				return nil, err
+			}
+			r.fault("PostgreSQL kills", 1)
+		}
+		if err := r.publish(ctx, intents[i].ID, r.publishSubject(intents[i].ID, kinds[i]), intents[i].Payload, true); err != nil {
+			return nil, err
+		}
+	}
+	if moveErr != nil {
+		return nil, fmt.Errorf("move: %w", moveErr)
+	}
+	if err := r.strays(ctx, intents, kinds, moveP); err != nil {
+		return nil, err
+	}
+	r.progress("published; waiting for every partition to settle")
+	sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	err = r.waitSettled(sctx)
+	cancel()
+	stopRunners()
+	wg.Wait()
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range r.pools {
+		p.Reset() // connections the kill ended may pass for alive
+	}
+	res := &ShardsResult{Intents: len(intents), Moved: moved}
+	if err := r.count(ctx, intents, res); err != nil {
+		return nil, err
+	}
+	dbs := make([]verify.ShardDB, len(r.m.Shards))
+	for i, s := range r.m.Shards {
+		dbs[i] = verify.ShardDB{Name: s.Name, DB: r.pools[i]}
+	}
+	if res.Verify, err = verify.Shards(ctx, r.js, r.m.Stream, r.m.Scope, dbs); err != nil {
+		return nil, err
+	}
+	for _, fp := range r.fps {
+		r.fault("lost acks", fp.Hits(failpoint.SkipAck))
+		r.fault("crashes after commit", fp.Hits(failpoint.AfterCommit))
+	}
+	for _, f := range []string{"lost PubAcks", "retries on another subject", "poison intents", "crashes after commit", "lost acks", "PostgreSQL kills", "partition moves",
+		"replays after the window", "keys from the account", "re-drives on the stored subject", "re-drives on the publish subject", "copies on another kind", "replays of the moved partition"} {
+		res.Faults = append(res.Faults, fmt.Sprintf("%d %s", r.faults[f], f))
+	}
+	res.Elapsed = time.Since(start)
+	return res, nil
+}
+
+// startShard runs shard i's runner, with lost acks and a crash after a
+// COMMIT armed on its partition consumers.
+func (r *shardRun) startShard(ctx context.Context, wg *sync.WaitGroup, i int) error {
+	pool := r.pools[i]
+	led, err := effects.NewScopedLedger(r.m.Scope)
+	if err != nil {
+		return err
+	}
+	inner, err := inbox.NewProcessor(pginbox.New(pool), inbox.Handler[pgx.Tx](&shard.Fenced{Map: r.m, Inner: led}), inbox.Config{Scope: r.m.Scope, Logger: r.log})
+	if err != nil {
+		return err
+	}
+	// A few batches of the shard die between COMMIT and ack.
+	pfp := failpoint.New()
+	pfp.EnableEvery(failpoint.AfterCommit, 25, 2)
+	pfp.Attach(inner)
+	r.faultMu.Lock()
+	r.fps = append(r.fps, pfp)
+	r.faultMu.Unlock()
+	proc := shard.NewProcessor(inner, r.m)
+	var bp jsinbox.BatchProcessor = proc
+	switch {
+	case r.o.noBinding:
+		bp = unbound{proc, nil}
+	case r.o.keyFromSubject:
+		bp = unbound{proc, func(ps shard.Parsed) bool {
+			return ps.Key == shard.Key(ps.Rest) && ps.Partition == shard.Partition(ps.Key, r.m.Partitions)
+		}}
+	}
+	run := &shard.Runner{JS: r.js, Pool: pool, Map: r.m, Proc: proc, Batch: bp, Logger: r.log, Poll: 200 * time.Millisecond,
+		Consumer: jsinbox.ConsumerConfig{BatchSize: 200, InFlight: 1, AckWait: 2 * time.Second, MaxDeliver: 50},
+		OnConsumer: func(p int, c *jsinbox.Consumer) {
+			fp := failpoint.New()
+			fp.EnableEvery(failpoint.SkipAck, 7, -1)
+			fp.Attach(c)
+			r.faultMu.Lock()
+			r.fps = append(r.fps, fp)
+			r.faultMu.Unlock()
+		}}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := run.Run(ctx); err != nil {
+			r.progress("shard %d: %v", i, err)
+		}
+	}()
+	return nil
+}
+
+// publish publishes one copy until the stream acknowledged it; a lost
+// PubAck is retried with the same ID, half of the time on another kind
+// (same key token: same partition).
+func (r *shardRun) publish(ctx context.Context, id, subject string, payload []byte, faults bool) error {
+	for attempt := 0; ; attempt++ {
+		if attempt > 50 {
+			return fmt.Errorf("publish %s: no PubAck after %d attempts", id, attempt)
+		}
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := r.js.PublishMsg(pctx, &nats.Msg{Subject: subject, Data: payload, Header: nats.Header{jetstream.MsgIDHeader: {id}}})
+		cancel()
+		if err == nil && !(faults && r.roll(r.o.LosePubAck)) {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err == nil {
+			r.fault("lost PubAcks", 1)
+			if r.roll(0.5) {
+				subject += "x" // the same key, another kind
+				r.fault("retries on another subject", 1)
+			}
+		}
+		time.Sleep(time.Duration(rand.Int64N(int64(10 * time.Millisecond))))
+	}
+}
+
+// strays publishes, after the duplicate window, copies of applied intents
+// on every path that could put an ID in another partition. Each must end
+// a duplicate or dead-lettered, never a second effect.
+func (r *shardRun) strays(ctx context.Context, intents []inbox.Intent, kinds []string, moveP int) error {
+	if r.o.Stray == 0 {
+		return nil
+	}
+	time.Sleep(dupWindow + 200*time.Millisecond)
+	subj := r.m.Subject
+	var inMoved []int
+	for i := range intents {
+		if shard.PartitionOf(intents[i].ID, r.m.Partitions) == moveP && i < len(intents)/3 {
+			inMoved = append(inMoved, i)
+		}
+	}
+	// Each path gets IDs of its own: two copies of one ID within the
+	// window would be one stored message.
+	for k := range r.o.Stray {
+		paths := []string{"replays after the window", "keys from the account", "re-drives on the stored subject", "re-drives on the publish subject", "copies on another kind"}
+		for c, fault := range paths {
+			i := ((k*len(paths) + c) * 7919) % len(intents)
+			id, payload := intents[i].ID, intents[i].Payload
+			subject := r.publishSubject(id, kinds[i])
+			ps, _ := shard.ParseStored(subj, subject[:len(subj)+1]+"0."+subject[len(subj)+1:])
+			stored := fmt.Sprintf("%s.%d.%s.%s", subj, shard.Partition(ps.Key, r.m.Partitions), ps.Key, kinds[i])
+			switch c {
+			case 1:
+				// A producer that keys by account: its copies of one ID
+				// land in the account's partition.
+				acct := kinds[i][strings.LastIndexByte(kinds[i], '.')+1:]
+				subject = subj + "." + shard.Key("account-"+acct) + "." + kinds[i]
+			case 2:
+				// A re-drive that publishes the stored subject: the
+				// transform inserts a second partition token.
+				subject = stored
+			case 3:
+				subject, _ = shard.Unstored(subj, stored)
+			case 4:
+				// The same ID and payload on another kind: a conflict in
+				// the ID's own partition, never an apply elsewhere.
+				subject = r.publishSubject(id, kinds[i]+"x")
+			}
+			if err := r.publish(ctx, id, subject, payload, false); err != nil {
+				return err
+			}
+			r.fault(fault, 1)
+		}
+		if k < len(inMoved) {
+			j := inMoved[k]
+			if err := r.publish(ctx, intents[j].ID, r.publishSubject(intents[j].ID, kinds[j]), intents[j].Payload, false); err != nil {
+				return err
+			}
+			r.fault("replays of the moved partition", 1)
+		}
+	}
+	return nil
+}
+
+// publishSubject is where the producer publishes an intent: on its ID's
+// key, or, in the mutation, on its kind's.
+func (r *shardRun) publishSubject(id, kind string) string {
+	if r.o.keyFromSubject {
+		return r.m.Subject + "." + shard.Key(kind) + "." + kind
+	}
+	return shard.PublishSubject(r.m.Subject, id, kind)
+}
+
+// waitApplied waits until partition p's durable has caught up with what
+// was published so far, so that the move has inbox rows to carry (other
+// partitions keep running meanwhile).
+func (r *shardRun) waitApplied(ctx context.Context, p int) {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if done, _ := r.settled(ctx, p); done {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitSettled waits until every partition's durable has nothing pending
+// or awaiting an ack, and its rescue durable nothing either.
+func (r *shardRun) waitSettled(ctx context.Context) error {
+	for p := range r.m.Partitions {
+		for {
+			done, why := r.settled(ctx, p)
+			if done {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("partition %d did not settle: %s: %w", p, why, ctx.Err())
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+func (r *shardRun) settled(ctx context.Context, p int) (bool, string) {
+	c, err := r.js.Consumer(ctx, r.m.Stream, r.m.Durable(p))
+	if err != nil {
+		return false, err.Error()
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return false, err.Error()
+	}
+	if info.NumPending > 0 || info.NumAckPending > 0 {
+		return false, fmt.Sprintf("%d pending, %d awaiting an ack", info.NumPending, info.NumAckPending)
+	}
+	rc, err := r.js.Consumer(ctx, jsinbox.AdvisoryStream(r.m.Stream), r.m.Durable(p))
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return true, ""
+	}
+	if err != nil {
+		return false, err.Error()
+	}
+	ri, err := rc.Info(ctx)
+	if err != nil || ri.NumPending > 0 || ri.NumAckPending > 0 {
+		return false, "advisories to rescue"
+	}
+	return true, ""
+}
+
+// count reads the ledger entries of every shard per intent: none is lost
+// (or dead-lettered when the dead-letter stream has it), one is applied
+// once, more is duplicated; an entry of no intent is unexpected.
+func (r *shardRun) count(ctx context.Context, intents []inbox.Intent, res *ShardsResult) error {
+	dead, err := verify.ReadStream(ctx, r.js, jsinbox.DeadLetterStream(r.m.Stream))
+	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return err
+	}
+	deadIDs := map[string]bool{}
+	for _, d := range dead {
+		deadIDs[d.Header[jsinbox.HeaderMessageID]] = true
+	}
+	per := map[string]map[int]int{}
+	for i, pool := range r.pools {
+		rows, err := pool.Query(ctx, `SELECT message_id, count(*) FROM ledger_entries GROUP BY message_id`)
+		if err != nil {
+			return err
+		}
+		var id string
+		var n int
+		if _, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error {
+			if per[id] == nil {
+				per[id] = map[int]int{}
+			}
+			per[id][i] += n
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	known := map[string]bool{}
+	for _, in := range intents {
+		known[in.ID] = true
+		total := 0
+		for _, n := range per[in.ID] {
+			total += n
+		}
+		switch {
+		case total == 0 && deadIDs[in.ID]:
+			res.DeadLettered++
+		case total == 0:
+			res.Lost++
+		case total == 1:
+			res.AppliedOnce++
+		default:
+			res.Duplicated++
+			if len(per[in.ID]) > 1 {
+				res.InTwoShards++
+			}
+		}
+	}
+	for id := range per {
+		if !known[id] {
+			res.Unexpected++
+		}
+	}
+	return nil
+}
+
+// unbound is the mutation without the binding check: a message goes to the
+// effect if the partition its subject names is owned, whatever its ID. With
+// bound set, it checks that instead (a binding to something else than the
+// ID).
+type unbound struct {
+	*shard.Processor
+	bound func(shard.Parsed) bool
+}
+
+func (u unbound) Process(ctx context.Context, msgs []inbox.Message) ([]inbox.Outcome, error) {
+	m := u.Map()
+	out := make([]inbox.Outcome, len(msgs))
+	var keep []int
+	for i := range msgs {
+		ps, err := shard.ParseStored(m.Subject, msgs[i].Subject)
+		switch {
+		case err == nil && u.bound != nil && !u.bound(ps):
+			err = fmt.Errorf("%w: key token not bound to the subject", shard.ErrBinding)
+			out[i] = inbox.Outcome{Status: inbox.StatusRejected, Cause: inbox.CauseBadInput, Reason: err.Error(), Err: inbox.BadInput(err)}
+		case err != nil:
+			out[i] = inbox.Outcome{Status: inbox.StatusRejected, Cause: inbox.CauseBadInput, Reason: err.Error(), Err: inbox.BadInput(err)}
+		case !u.Owns(ps.Partition):
+			out[i] = inbox.Outcome{Status: inbox.StatusRetry, Cause: inbox.CauseTransient, Reason: "not owned", Err: shard.ErrNotOwned}
+		default:
+			keep = append(keep, i)
+		}
+	}
+	if len(keep) == 0 {
+		return out, nil
+	}
+	sub := make([]inbox.Message, len(keep))
+	for j, i := range keep {
+		sub[j] = msgs[i]
+	}
+	res, err := u.BatchProcessor.Process(ctx, sub)
+	for j, i := range keep {
+		if j < len(res) {
+			out[i] = res[j]
+		}
+	}
+	return out, err
+}
+
+// moveWithoutRows is the mutation of a move that takes the partition away
+// and gives it on without copying its inbox rows.
+func moveWithoutRows(ctx context.Context, m *shard.Map, p int, from, to *pgxpool.Pool) error {
+	if _, err := from.Exec(ctx, `UPDATE jetinbox_partitions SET owned = false WHERE scope = $1 AND partition = $2`, m.Scope, p); err != nil {
+		return err
+	}
+	_, err := to.Exec(ctx, `INSERT INTO jetinbox_partitions (scope, partition, owned) VALUES ($1, $2, true)
+ON CONFLICT (scope, partition) DO UPDATE SET owned = true`, m.Scope, p)
+	return err
+}
+
+// shardsFlag reports whether args[i] is -shards (with its value in it or
+// next), and the value.
+func shardsFlag(args []string, i int) (string, bool) {
+	a := strings.TrimPrefix(strings.TrimPrefix(args[i], "-"), "-")
+	if v, ok := strings.CutPrefix(a, "shards="); ok {
+		return v, true
+	}
+	if a != "shards" {
+		return "", false
+	}
+	if i+1 < len(args) {
+		return args[i+1], true
+	}
+	return "", true
+}

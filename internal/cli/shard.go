@@ -1,0 +1,179 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/effects"
+	"github.com/jetinbox/jetinbox/internal/shard"
+)
+
+// ShardFlags are -shards FILE and -shard NAME: run, migrate or check one
+// shard of a partitioned stream as the map file describes it.
+type ShardFlags struct {
+	File, Name string
+}
+
+// Register registers -shards and -shard.
+func (f *ShardFlags) Register(fs FlagSet, env Env) {
+	fs.StringVar(&f.File, "shards", env("JETINBOX_SHARDS"), "shard map file of a partitioned stream (env JETINBOX_SHARDS); with -shard, the stream, scope, durables and database come from it")
+	fs.StringVar(&f.Name, "shard", env("JETINBOX_SHARD"), "the shard of -shards this process runs (env JETINBOX_SHARD)")
+}
+
+// Load reads the map and, when needName, the shard; a missing or bad map
+// is a usage error.
+func (f *ShardFlags) Load(needName bool) (*shard.Map, *shard.Shard, error) {
+	if f.File == "" {
+		return nil, nil, UsageError{Err: errors.New("-shard needs -shards FILE")}
+	}
+	m, err := shard.Load(f.File)
+	if err != nil {
+		return nil, nil, UsageError{Err: err}
+	}
+	if !needName && f.Name == "" {
+		return m, nil, nil
+	}
+	if f.Name == "" {
+		return nil, nil, UsageError{Err: errors.New("-shards needs -shard NAME: the shard this process runs")}
+	}
+	s, err := m.Shard(f.Name)
+	if err != nil {
+		return nil, nil, UsageError{Err: err}
+	}
+	return m, s, nil
+}
+
+// OpenShard opens a shard's database, which must be PostgreSQL: shards
+// are primaries of their own, and a move copies rows between them.
+func OpenShard(ctx context.Context, s *shard.Shard, env Env, maxConns int32, log *slog.Logger) (*Store, error) {
+	u, err := s.URL(env)
+	if err != nil {
+		return nil, UsageError{Err: err}
+	}
+	if StoreKind(u) != StorePostgres {
+		return nil, UsageError{Err: fmt.Errorf("shard %q: a shard's database is PostgreSQL, not %s", s.Name, StoreKind(u))}
+	}
+	st, err := OpenStore(ctx, u, maxConns, log)
+	if err != nil {
+		return nil, fmt.Errorf("shard %q: %w", s.Name, err)
+	}
+	return st, nil
+}
+
+// batchOnly hides an observer's Attach: the partition consumers share one
+// observer, whose counters add up; its gauges follow one consumer only.
+type batchOnly struct{ jsinbox.Observer }
+
+// consumeShard runs one shard of a partitioned stream: a consumer per
+// partition its database owns, started and stopped as partitions move.
+func consumeShard(ctx context.Context, sf ShardFlags, env Env, nf *NATSFlags, w waits, cfg jsinbox.ConsumerConfig, pcfg inbox.Config,
+	dbConns int, httpAddr string, reg *prometheus.Registry, drainTimeout time.Duration, log *slog.Logger) error {
+	m, s, err := sf.Load(true)
+	if err != nil {
+		return err
+	}
+	store, err := OpenShard(ctx, s, env, int32(dbConns), log)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	if err := store.CheckSchema(ctx); err != nil {
+		return err
+	}
+	if _, err := shard.Owned(ctx, store.PG, m.Scope); err != nil {
+		return UsageError{Err: fmt.Errorf("%w: run jetinbox migrate -shards %s -shard %s", err, sf.File, sf.Name)}
+	}
+	nc, js, err := nf.Connect("jetinbox-consumer-"+s.Name, w.natsReconnect, log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	led, err := effects.NewScopedLedger(m.Scope)
+	if err != nil {
+		return err
+	}
+	pcfg.Scope = m.Scope
+	inner, err := inbox.NewProcessor(pginbox.New(store.PG), inbox.Handler[pgx.Tx](&shard.Fenced{Map: m, Inner: led}), pcfg)
+	if err != nil {
+		return err
+	}
+	if cfg.Observer != nil {
+		cfg.Observer = batchOnly{cfg.Observer}
+	}
+	// The memory budget is the process's: shared out over the partitions
+	// the shard starts with.
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = jsinbox.DefaultConsumerMaxBytes
+	}
+	cfg.MaxBytes = max(cfg.MaxBytes/int64(max(1, len(s.Partitions))), 1<<20)
+	r := &shard.Runner{JS: js, Pool: store.PG, Map: m, Proc: shard.NewProcessor(inner, m), Consumer: cfg, Logger: log}
+	if httpAddr != "" {
+		srv, err := serveShardHTTP(httpAddr, r, nc, reg, log)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+	}
+	log.Info("consumer: running a shard", "shard", s.Name, "stream", m.Stream, "scope", m.Scope, "partitions", s.Partitions.String(), "batch", cfg.BatchSize, "inflight", cfg.InFlight)
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		log.Info("consumer: draining", "timeout", drainTimeout)
+		cancel()
+		select {
+		case err = <-done:
+		case <-time.After(drainTimeout):
+			return fmt.Errorf("in-flight batches did not finish within %v; unacked messages will be redelivered", drainTimeout)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if err := nc.Drain(); err != nil {
+		log.Warn("nats: drain", "err", err)
+	}
+	log.Info("consumer: stopped", "shard", s.Name)
+	return nil
+}
+
+// serveShardHTTP serves /metrics and /healthz as the consumer does, and
+// /readyz: every partition the shard runs is consuming.
+func serveShardHTTP(addr string, r *shard.Runner, nc *nats.Conn, reg *prometheus.Registry, log *slog.Logger) (*http.Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("http: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/", httpHandler(nil, nc, reg))
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !r.Ready() {
+			http.Error(w, "not ready: a partition is not consuming, or NATS or PostgreSQL unreachable", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http", "err", err)
+		}
+	}()
+	log.Info("http: serving", "addr", ln.Addr().String())
+	return srv, nil
+}

@@ -1,0 +1,101 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+)
+
+// Processor checks every message's binding before the inbox sees it: a
+// message stored under another partition than its ID's, or on a subject
+// whose key token is not its ID's, is rejected with the reason (and so
+// dead-lettered) and never claimed, so no shard applies an ID outside its
+// partition. A message of a partition the shard does not own now is
+// retried (nak'd) without a claim. The rest goes to the inner processor.
+type Processor struct {
+	jsinbox.BatchProcessor
+	m     *Map
+	owned atomic.Pointer[[]bool]
+}
+
+// NewProcessor wraps inner for the shard map m; it owns no partition
+// until SetOwned.
+func NewProcessor(inner jsinbox.BatchProcessor, m *Map) *Processor {
+	p := &Processor{BatchProcessor: inner, m: m}
+	none := make([]bool, m.Partitions)
+	p.owned.Store(&none)
+	return p
+}
+
+// SetOwned sets the partitions this shard takes.
+func (p *Processor) SetOwned(s Set) {
+	o := make([]bool, p.m.Partitions)
+	for _, q := range s {
+		if q >= 0 && q < len(o) {
+			o[q] = true
+		}
+	}
+	p.owned.Store(&o)
+}
+
+// Process implements jsinbox.BatchProcessor.
+func (p *Processor) Process(ctx context.Context, msgs []inbox.Message) ([]inbox.Outcome, error) {
+	owned := *p.owned.Load()
+	var out []inbox.Outcome
+	var keep []int
+	for i := range msgs {
+		part, err := Check(p.m.Subject, p.m.Partitions, msgs[i].ID, msgs[i].Subject)
+		var o inbox.Outcome
+		switch {
+		case err != nil:
+			o = inbox.Outcome{Status: inbox.StatusRejected, Cause: inbox.CauseBadInput, Reason: inbox.SanitizeReason(err.Error()), Err: inbox.BadInput(err)}
+		case !owned[part]:
+			err = fmt.Errorf("%w: partition %d", ErrNotOwned, part)
+			o = inbox.Outcome{Status: inbox.StatusRetry, Cause: inbox.CauseTransient, Reason: err.Error(), Err: err}
+		default:
+			if out != nil {
+				keep = append(keep, i)
+			}
+			continue
+		}
+		if out == nil { // the first message held back: from now on, keep count
+			out = make([]inbox.Outcome, len(msgs))
+			keep = make([]int, 0, len(msgs))
+			for j := range i {
+				keep = append(keep, j)
+			}
+		}
+		out[i] = o
+	}
+	if out == nil {
+		return p.BatchProcessor.Process(ctx, msgs)
+	}
+	if len(keep) == 0 {
+		return out, nil
+	}
+	sub := make([]inbox.Message, len(keep))
+	for j, i := range keep {
+		sub[j] = msgs[i]
+	}
+	res, err := p.BatchProcessor.Process(ctx, sub)
+	for j, i := range keep {
+		if j < len(res) {
+			out[i] = res[j]
+		}
+	}
+	return out, err
+}
+
+// Map returns the shard map the processor checks against.
+func (p *Processor) Map() *Map { return p.m }
+
+// Owns reports whether the shard takes partition q now.
+func (p *Processor) Owns(q int) bool {
+	o := *p.owned.Load()
+	return q >= 0 && q < len(o) && o[q]
+}
+
+var _ jsinbox.BatchProcessor = (*Processor)(nil)

@@ -1,0 +1,218 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+)
+
+// Runner runs one shard: a jsinbox consumer on the durable of every
+// partition its database says it owns, all on one processor and one pool.
+// It reads the partition table every Poll and starts or stops partitions
+// as moves change it, without touching the others.
+type Runner struct {
+	JS   jetstream.JetStream
+	Pool *pgxpool.Pool
+	Map  *Map
+	// Proc is the shard's processor: [NewProcessor] over the inbox
+	// processor whose effect is wrapped in [Fenced].
+	Proc *Processor
+	// Batch, if set, is what the partition consumers process with in
+	// place of Proc (tests swap in a broken one); Proc still holds the
+	// owned set.
+	Batch jsinbox.BatchProcessor
+	// Consumer is the settings every partition's consumer gets; Stream,
+	// Durable and FilterSubjects are set per partition.
+	Consumer jsinbox.ConsumerConfig
+	// Poll is how often the partition table is read. Default 1s.
+	Poll time.Duration
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+	// OnConsumer, if set, sees every partition consumer before it runs
+	// (tests arm crash points on it).
+	OnConsumer func(partition int, c *jsinbox.Consumer)
+
+	mu      sync.Mutex
+	running map[int]*partitionRun
+}
+
+type partitionRun struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	mu     sync.Mutex
+	c      *jsinbox.Consumer
+}
+
+// Running returns the partitions whose consumers run now.
+func (r *Runner) Running() Set {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var s Set
+	for p := range r.running {
+		s = append(s, p)
+	}
+	slices.Sort(s)
+	return s
+}
+
+// Ready reports whether every running partition consumer pulls.
+func (r *Runner) Ready() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, pr := range r.running {
+		pr.mu.Lock()
+		c := pr.c
+		pr.mu.Unlock()
+		if c == nil || !c.Ready() {
+			return false
+		}
+	}
+	return true
+}
+
+// Run consumes the shard's partitions until ctx ends, then stops every
+// partition consumer (each drains its batches in flight) and returns nil.
+// It fails only if the partition table cannot be read at start.
+func (r *Runner) Run(ctx context.Context) error {
+	if r.Poll <= 0 {
+		r.Poll = time.Second
+	}
+	if r.Logger == nil {
+		r.Logger = slog.Default()
+	}
+	r.running = map[int]*partitionRun{}
+	owned, err := Owned(ctx, r.Pool, r.Map.Scope)
+	if err != nil {
+		return fmt.Errorf("%w (run jetinbox migrate -shards FILE -shard NAME first)", err)
+	}
+	defer r.stopAll()
+	tick := time.NewTicker(r.Poll)
+	defer tick.Stop()
+	for {
+		r.apply(ctx, owned)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		if o, err := Owned(ctx, r.Pool, r.Map.Scope); err == nil {
+			owned = o
+		} else if ctx.Err() == nil {
+			// The fence in each transaction still holds; keep what runs.
+			r.Logger.Warn("shard: reading the partition table failed; keeping the partitions running", "err", err)
+		}
+	}
+}
+
+// apply starts the partitions newly owned and stops those given away.
+func (r *Runner) apply(ctx context.Context, owned Set) {
+	r.mu.Lock()
+	var stop []*partitionRun
+	var stopped Set
+	for p, pr := range r.running {
+		if !slices.Contains(owned, p) {
+			stop = append(stop, pr)
+			stopped = append(stopped, p)
+			delete(r.running, p)
+		}
+	}
+	// The processor refuses a partition before its consumer stops, and
+	// takes one before its consumer starts.
+	r.Proc.SetOwned(owned)
+	var started Set
+	for _, p := range owned {
+		if _, ok := r.running[p]; ok || p >= r.Map.Partitions {
+			continue
+		}
+		r.running[p] = r.start(ctx, p)
+		started = append(started, p)
+	}
+	r.mu.Unlock()
+	if len(started) > 0 {
+		slices.Sort(started)
+		r.Logger.Info("shard: partitions started", "partitions", started.String())
+	}
+	if len(stop) > 0 {
+		slices.Sort(stopped)
+		r.Logger.Info("shard: partitions given away; stopping their consumers", "partitions", stopped.String())
+		for _, pr := range stop {
+			pr.cancel()
+		}
+		for _, pr := range stop {
+			<-pr.done
+		}
+	}
+}
+
+// start runs partition p's consumer, restarting it after a crash.
+func (r *Runner) start(ctx context.Context, p int) *partitionRun {
+	pctx, cancel := context.WithCancel(ctx)
+	pr := &partitionRun{cancel: cancel, done: make(chan struct{})}
+	cfg := r.Consumer
+	cfg.Stream, cfg.Durable, cfg.FilterSubjects = r.Map.Stream, r.Map.Durable(p), []string{r.Map.Filter(p)}
+	go func() {
+		defer close(pr.done)
+		wait := 100 * time.Millisecond // grows while the consumer keeps failing
+		for pctx.Err() == nil {
+			began := time.Now()
+			var bp jsinbox.BatchProcessor = r.Proc
+			if r.Batch != nil {
+				bp = r.Batch
+			}
+			c, err := jsinbox.NewConsumer(r.JS, bp, cfg)
+			if err == nil {
+				pr.mu.Lock()
+				pr.c = c
+				pr.mu.Unlock()
+				if r.OnConsumer != nil {
+					r.OnConsumer(p, c)
+				}
+				err = c.Run(pctx)
+			}
+			if pctx.Err() != nil {
+				return
+			}
+			var setup *jsinbox.SetupError
+			if errors.As(err, &setup) {
+				r.Logger.Error("shard: partition consumer cannot start", "partition", p, "durable", cfg.Durable, "err", err)
+			} else if err != nil {
+				r.Logger.Warn("shard: partition consumer stopped; restarting", "partition", p, "err", err)
+			}
+			if time.Since(began) > time.Minute {
+				wait = 100 * time.Millisecond
+			}
+			select {
+			case <-pctx.Done():
+			case <-time.After(wait + rand.N(wait)):
+			}
+			wait = min(2*wait, 10*time.Second)
+		}
+	}()
+	return pr
+}
+
+func (r *Runner) stopAll() {
+	r.mu.Lock()
+	all := make([]*partitionRun, 0, len(r.running))
+	for _, pr := range r.running {
+		all = append(all, pr)
+	}
+	r.running = map[int]*partitionRun{}
+	r.mu.Unlock()
+	for _, pr := range all {
+		pr.cancel()
+	}
+	for _, pr := range all {
+		<-pr.done
+	}
+}
