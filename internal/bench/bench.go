@@ -72,6 +72,17 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if a == "-cluster" || a == "--cluster" {
 			return ClusterMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
 		}
+		// -shards 1,2,4 switches to the sharded run (shards.go).
+		if name, v, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "="); strings.HasPrefix(a, "-") && name == "shards" {
+			rest := slices.Delete(slices.Clone(args), i, i+1)
+			if !hasValue {
+				if i+1 >= len(args) {
+					return cli.UsageError{Err: errors.New("bench: -shards needs shard counts, e.g. -shards 1,2,4")}
+				}
+				v, rest = args[i+1], slices.Delete(rest, i, i+1)
+			}
+			return ShardsMain(ctx, v, rest, stdout, stderr)
+		}
 	}
 	fs := flag.NewFlagSet("jetinbox bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
