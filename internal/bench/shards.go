@@ -191,6 +191,9 @@ type ShardFigures struct {
 	// (zero when it ran in this process).
 	PGCPU, ConsumerCPU time.Duration
 	WALBytes           float64
+	// Transactions that committed ledger entries: each partition's
+	// consumer commits its own batches.
+	Transactions int
 }
 
 // ShardsRound is one row in one round.
@@ -479,6 +482,9 @@ func (b *shardsBench) row(ctx context.Context, exe string, round, k int) (Shards
 	for i, s := range shards {
 		if err := checkLedger(ctx, s.store, s.msgs, s.sum); err != nil {
 			return ShardsRound{}, fmt.Errorf("shard %s (partitions %s): %w", s.s.Name, s.s.Partitions, err)
+		}
+		if err := s.store.PG.QueryRow(ctx, `SELECT count(DISTINCT xmin::text) FROM ledger_entries`).Scan(&r.Shards[i].Transactions); err != nil {
+			return ShardsRound{}, fmt.Errorf("shard %s: %w", s.s.Name, err)
 		}
 		dbs[i] = verify.ShardDB{Name: s.s.Name, DB: s.store.PG}
 	}
@@ -957,14 +963,15 @@ func (r *ShardsResult) Write(w io.Writer) {
 			strings.Join(row.perShardRates(), " "), us(c.PG), cons, us(c.Process), c.WALBytes, row.cores(), runtime.NumCPU())
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "\neach shard (median over rounds): its partitions, messages, rate until its last message, its PostgreSQL's CPU and WAL per message")
+	fmt.Fprintln(w, "\neach shard (median over rounds): its partitions, messages, rate until its last message, its PostgreSQL's CPU and WAL per message, messages per committed transaction")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "shards\tshard\tpartitions\tmessages\tmsg/s\tPostgreSQL CPU/msg\tconsumer CPU/msg\tWAL/msg\t")
+	fmt.Fprintln(tw, "shards\tshard\tpartitions\tmessages\tmsg/s\tPostgreSQL CPU/msg\tconsumer CPU/msg\tWAL/msg\tmsgs/transaction\t")
 	for _, row := range r.Rows {
 		for j := range row.Shards {
-			var rate, pg, cons, wal []float64
+			var rate, pg, cons, wal, perTx []float64
 			for _, rd := range row.Rounds {
 				s := rd.Shards[j]
+				perTx = append(perTx, float64(s.Msgs)/float64(max(s.Transactions, 1)))
 				rate = append(rate, float64(s.Msgs)/s.Elapsed.Seconds())
 				pg = append(pg, float64(s.PGCPU)/float64(s.Msgs))
 				cons = append(cons, float64(s.ConsumerCPU)/float64(s.Msgs))
@@ -975,8 +982,8 @@ func (r *ShardsResult) Write(w io.Writer) {
 			if !o.Processes {
 				consS = "-"
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%.0f\t%s\t%s\t%.0f B\t\n", row.Shards, s.Name, s.Partitions, s.Msgs, median(rate),
-				us(time.Duration(median(pg))), consS, median(wal))
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%.0f\t%s\t%s\t%.0f B\t%.0f\t\n", row.Shards, s.Name, s.Partitions, s.Msgs, median(rate),
+				us(time.Duration(median(pg))), consS, median(wal), median(perTx))
 		}
 	}
 	tw.Flush()
