@@ -3,6 +3,8 @@ package bench
 import (
 	"bytes"
 	"context"
+	"errors"
+	"flag"
 	"io"
 	"math"
 	"regexp"
@@ -21,9 +23,14 @@ func TestShardsBenchFlags(t *testing.T) {
 	} {
 		var out, errOut bytes.Buffer
 		err := Main(context.Background(), args, &out, &errOut)
-		if err == nil || !strings.Contains(err.Error(), "-shards") || cli.ExitCode(err) != 2 {
-			t.Errorf("%q: %v (exit %d, want 2)", args, err, cli.ExitCode(err))
+		if err == nil || !strings.HasPrefix(err.Error(), "bench -shards: ") || cli.ExitCode(err) != 2 {
+			t.Errorf("%q: %v (exit %d, want 2 and the sharded run's own check)", args, err, cli.ExitCode(err))
 		}
+	}
+	var errOut bytes.Buffer
+	if err := Main(context.Background(), []string{"-n", "5", "-shards", "1", "-h"}, io.Discard, &errOut); !errors.Is(err, flag.ErrHelp) ||
+		!strings.Contains(errOut.String(), "Usage of jetinbox bench -shards") || !strings.Contains(errOut.String(), "-nats-cores") {
+		t.Errorf("bench -shards 1 -h: %v\n%s", err, errOut.String())
 	}
 }
 
