@@ -124,7 +124,7 @@ func TestShardsBench(t *testing.T) {
 	o.Counts, o.N = []int{2}, 300
 	o.partitionOf = func(id string, n int) int { return shard.PartitionOf(id+" ", n) }
 	_, err = RunShards(ctx, o)
-	if err == nil || !strings.Contains(err.Error(), "shard s") {
+	if err == nil || !strings.Contains(err.Error(), "more than its partitions' messages hold") {
 		t.Fatalf("with a partition function that is not the server's, the run says %v; want a shard's check to fail", err)
 	}
 	t.Logf("with a partition function that is not the server's: %v", err)
