@@ -50,8 +50,8 @@ func commands() map[string]command {
 			return cli.Consumer(ctx, args, env, stdout, stderr)
 		}},
 		"partitions": {"a sharded stream's partitions: list who owns them, create the stream, move one to another shard while running", Partitions},
-		"replay": {"run a stream range through the inbox again, rolled back unless -apply: what would it change?", Replay},
-		"prune":  {"delete one scope's inbox rows older than a horizon the servers say is safe", Prune},
+		"replay":     {"run a stream range through the inbox again, rolled back unless -apply: what would it change?", Replay},
+		"prune":      {"delete one scope's inbox rows older than a horizon the servers say is safe", Prune},
 		"bench": {"raw pipe vs naive vs jetinbox on the same messages, with latency and memory", func(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return bench.Main(ctx, args, stdout, cli.ProgressWriter(stderr, env))
 		}},
