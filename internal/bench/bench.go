@@ -72,6 +72,17 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if a == "-cluster" || a == "--cluster" {
 			return ClusterMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
 		}
+		// -shards 1,2,4 switches to the sharded run (shards.go).
+		if name, v, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "="); strings.HasPrefix(a, "-") && name == "shards" {
+			rest := slices.Delete(slices.Clone(args), i, i+1)
+			if !hasValue {
+				if i+1 >= len(args) {
+					return cli.UsageError{Err: errors.New("bench -shards: want shard counts, e.g. -shards 1,2,4")}
+				}
+				v, rest = args[i+1], slices.Delete(rest, i, i+1)
+			}
+			return ShardsMain(ctx, v, rest, stdout, stderr)
+		}
 	}
 	fs := flag.NewFlagSet("jetinbox bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -98,7 +109,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.Only, "only", "", "run only these approaches, comma separated: raw,naive,jetinbox,jetinbox-hot (jetinbox on the hot stream, see -hot-too),outbox (jetinbox whose ledger emits a follow-up per credit through the outbox, then the relay draining it)")
 	fs.StringVar(&o.Store, "store", cli.StorePostgres, "the inbox store: postgres (a throwaway server, fsync on), pgbouncer (the same server behind a pgbouncer in transaction mode) or sqlite (files in a temporary directory, WAL, synchronous=FULL)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage of jetinbox bench: raw pipe vs naive vs jetinbox on the same messages, embedded NATS and a throwaway PostgreSQL (fsync on) or SQLite files (-store sqlite).")
+		fmt.Fprintln(stderr, "Usage of jetinbox bench: raw pipe vs naive vs jetinbox on the same messages, embedded NATS and a throwaway PostgreSQL (fsync on) or SQLite files (-store sqlite).\n"+
+			"-cluster (three nodes) and -shards 1,2,4 (a partitioned stream, a PostgreSQL per shard) have flags of their own: jetinbox bench -shards 1 -h.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

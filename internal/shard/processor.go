@@ -17,8 +17,9 @@ import (
 // retried (nak'd) without a claim. The rest goes to the inner processor.
 type Processor struct {
 	jsinbox.BatchProcessor
-	m     *Map
-	owned atomic.Pointer[[]bool]
+	m      *Map
+	owned  atomic.Pointer[[]bool]
+	warmed atomic.Bool
 }
 
 // NewProcessor wraps inner for the shard map m; it owns no partition
@@ -87,6 +88,17 @@ func (p *Processor) Process(ctx context.Context, msgs []inbox.Message) ([]inbox.
 		}
 	}
 	return out, err
+}
+
+// Warm warms the inner processor's connections once for the whole shard.
+// Its partition consumers share one small pool, and each warming its
+// batches' connections at once would hold a connection while waiting for
+// another: every consumer stalled until the warm-up gave up.
+func (p *Processor) Warm(ctx context.Context, n int) error {
+	if !p.warmed.CompareAndSwap(false, true) {
+		return nil
+	}
+	return p.BatchProcessor.Warm(ctx, n)
 }
 
 // Map returns the shard map the processor checks against.
