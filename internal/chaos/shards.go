@@ -335,8 +335,10 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 			doMove()
 		case o.KillPostgres && i == 2*len(intents)/3:
 			pg := r.pgs[min(killed, len(r.pgs)-1)]
+			// Every process of the server at once, as a crash of its
+			// host would: the backends do not outlive the postmaster.
 			r.progress("SIGKILL the PostgreSQL of shard s%d", killed)
-			if err := pg.Kill(); err != nil {
+			if err := pg.KillAll(); err != nil {
 				return nil, err
 			}
 			time.Sleep(300 * time.Millisecond)
