@@ -213,6 +213,14 @@ type clusterRun struct {
 	held     bool
 	working  int
 	cancels  map[int]context.CancelFunc
+
+	// consumer-pause's first consumer process, started before the phase
+	// publishes; the durable's unacked count then, and the durable.
+	pauseA    *consumerProc
+	pauseBase int
+	pauseCons jetstream.Consumer
+	// membership's fresh server, joined before the phase publishes.
+	fresh int
 }
 
 // ClusterStats says how hard the faults hit: publish retries and the
@@ -425,6 +433,23 @@ func setupR3(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool) er
 // phase publishes intents and, once a third of them is out, applies the
 // fault; it returns when both are done and the cluster is whole again.
 func (r *clusterRun) phase(ctx context.Context, fault string, intents []inbox.Intent) (string, error) {
+	if fault == "consumer-pause" {
+		cleanup, err := r.prepareConsumerPause(ctx)
+		if err != nil {
+			return "", err
+		}
+		defer cleanup()
+	}
+	if fault == "membership" {
+		// The fresh server joins first: the peer change and the
+		// partition then meet the publishing.
+		n, err := r.cl.AddNode(ctx)
+		if err != nil {
+			return "", err
+		}
+		r.fresh = n
+		r.say("  %s joined the cluster (pid %d)", r.cl.Name(n), r.cl.Pid(n))
+	}
 	r.say("phase %s: publishing %d intents", fault, len(intents))
 	third := make(chan struct{})
 	pubErr := make(chan error, 1)
