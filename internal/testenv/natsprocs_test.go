@@ -78,10 +78,11 @@ func TestNATSProcsKillPause(t *testing.T) {
 	}
 }
 
-// TestNATSProcsLeaderPause: the stream leader paused past the election
+// TestNATSProcsClusterLeaderPause (Cluster in its name: make test runs it
+// with the other three-node tests, one package at a time): the stream leader paused past the election
 // timeout is replaced by one of the other two; resumed, it rejoins and
 // the stream is current on all three.
-func TestNATSProcsLeaderPause(t *testing.T) {
+func TestNATSProcsClusterLeaderPause(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c := NewNATSProcs(t, NATSProcsOptions{Nodes: 3, SyncInterval: "always"})
@@ -135,10 +136,10 @@ func TestNATSProcsLeaderPause(t *testing.T) {
 	}
 }
 
-// TestNATSProcsReplacePeer: a fresh node joins, and a stream follower
+// TestNATSProcsClusterReplacePeer: a fresh node joins, and a stream follower
 // removed from the stream is replaced by it while another node is cut
 // off; the stream ends current on three peers with its messages.
-func TestNATSProcsReplacePeer(t *testing.T) {
+func TestNATSProcsClusterReplacePeer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c := NewNATSProcs(t, NATSProcsOptions{Nodes: 3, SyncInterval: "always", Logf: t.Logf})
