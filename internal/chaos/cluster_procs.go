@@ -6,6 +6,7 @@ package chaos
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -214,23 +215,27 @@ func (r *clusterRun) prepareConsumerPause(ctx context.Context) (cleanup func(), 
 	return cleanup, nil
 }
 
-// consumerPause: the in-process workers step aside for two consumer
-// processes. The first runs alone until it is stopped (SIGSTOP) holding
-// messages it has not acked; the second starts, and once AckWait ran out
-// it is given those messages again and settles them, or waits for rows the
-// sleeper locked. The sleeper stays stopped for more than AckWait, then
-// continues (SIGCONT): whatever it was doing (fetched, mid-transaction,
-// committed but not acked) it finishes late, and only the inbox keeps the
-// effect from being applied twice.
+// consumerPause: the in-process workers stepped aside for two consumer
+// processes (prepareConsumerPause). The first is stopped (SIGSTOP) inside
+// a batch's transaction, caught where pg_stat_activity shows the server
+// waiting on it, or failing that while it holds messages it has not
+// acked. The second starts; once AckWait ran out it is given those
+// messages again, and the server ends the sleeper's idle transaction
+// (idle_in_transaction_session_timeout, AckWait) and so releases the rows
+// it locked. The sleeper stays stopped for more than twice AckWait, then
+// continues (SIGCONT): its commit fails and it tries the batch again, or
+// it acks what it had committed, late; only the inbox keeps an effect
+// from being applied twice.
 func (r *clusterRun) consumerPause(ctx context.Context) (note string, err error) {
 	a, base, cons := r.pauseA, r.pauseBase, r.pauseCons
 	if a == nil {
 		return "", errors.New("chaos: consumer-pause without its first consumer process")
 	}
 	r.pauseA = nil
+	aStopped := false
 	defer func() {
-		if serr := a.stop(); err == nil && serr != nil {
-			err = serr
+		if !aStopped {
+			_ = a.stop()
 		}
 	}()
 	pending := func() int {
@@ -308,9 +313,10 @@ func (r *clusterRun) consumerPause(ctx context.Context) (note string, err error)
 	if err != nil {
 		return "", err
 	}
+	bStopped := false
 	defer func() {
-		if serr := b.stop(); err == nil && serr != nil {
-			err = serr
+		if !bStopped {
+			_ = b.stop()
 		}
 	}()
 	time.Sleep(2*r.o.AckWait + time.Second)
@@ -323,18 +329,40 @@ func (r *clusterRun) consumerPause(ctx context.Context) (note string, err error)
 	if err := syscall.Kill(a.cmd.Process.Pid, syscall.SIGCONT); err != nil {
 		return "", fmt.Errorf("chaos: SIGCONT consumer A: %w", err)
 	}
-	r.say("  continued consumer process A after %.1fs (AckWait %s)", time.Since(t0).Seconds(), r.o.AckWait)
-	// Both work on until the phase's intents are out (phase waits), then
-	// drain; the workers come back.
+	stopped := time.Since(t0)
+	r.say("  continued consumer process A after %.1fs (AckWait %s)", stopped.Seconds(), r.o.AckWait)
+	// Both work on a while, then drain; the workers come back.
 	time.Sleep(time.Second)
-	return fmt.Sprintf("consumer process A stopped %.1fs (AckWait %s) %s %d unacked; B took over; A continued", time.Since(t0).Seconds()-1, r.o.AckWait, where, held), nil
+	bStopped, aStopped = true, true
+	if err := errors.Join(b.stop(), a.stop()); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("consumer process A stopped %.1fs (AckWait %s) %s %d unacked; B %s; A continued: %s", stopped.Seconds(), r.o.AckWait, where, held, b.summary(), a.summary()), nil
+}
+
+// summary is what the process said it did when it stopped (over its whole
+// life): deliveries, applied, found applied by the inbox.
+func (p *consumerProc) summary() string {
+	for _, line := range strings.Split(p.log.String(), "\n") {
+		var l struct {
+			Msg        string `json:"msg"`
+			Received   int    `json:"received"`
+			Applied    int    `json:"applied"`
+			Duplicates int    `json:"duplicates"`
+		}
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "consumer: stopped" {
+			return fmt.Sprintf("received %d, applied %d, found %d applied", l.Received, l.Applied, l.Duplicates)
+		}
+	}
+	return "said nothing on stopping"
 }
 
 // membership replaces a stream peer while publishing: a fresh server
-// joined before the phase (r.fresh), one node is cut off, a follower of the stream is removed from it
-// (the meta leader places the replica on the fresh server, which catches
-// up), the cut-off node is healed, and the phase ends with the stream
-// current on three peers, the removed one not among them.
+// joined before the phase (r.fresh), one node is cut off, a follower of
+// the stream is removed from it (the meta leader places the replica on
+// the fresh server, which catches up), the cut-off node is healed, and
+// the phase ends with the stream current on three peers, the removed one
+// not among them.
 func (r *clusterRun) membership(ctx context.Context) (string, error) {
 	l, err := r.cl.WaitStreamLeader(ctx, r.stream)
 	if err != nil {
