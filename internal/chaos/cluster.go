@@ -238,10 +238,13 @@ func (r *clusterRun) say(format string, a ...any) {
 	}
 }
 
-// RunCluster starts PostgreSQL and a three-node cluster, runs every fault
-// phase with the producer publishing and two inbox consumers consuming,
-// waits until everything is settled and returns a row per phase and
-// verify's report on the end state.
+// RunCluster starts PostgreSQL and a three-node cluster of nats-server
+// processes, runs every fault phase with the producer publishing and two
+// inbox consumers consuming (in this process; consumer-pause runs its
+// consumers as `jetinbox consumer` processes), waits until everything is
+// settled and returns a row per phase and verify's report on the end
+// state. The binary must run the nats-server and jetinbox child roles
+// (subproc.Dispatch; a test binary registers [ConsumerRole] as jetinbox).
 func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Report, *ClusterStats, error) {
 	if o.Rounds < 1 {
 		o.Rounds = 1
