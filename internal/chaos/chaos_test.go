@@ -10,7 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/jetinbox/jetinbox/internal/cli"
-
+	"github.com/jetinbox/jetinbox/internal/subproc"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -19,6 +19,12 @@ import (
 // rows restart NATS while they publish in atomic batches, and leave one
 // file store's goroutines behind (no other row does).
 func TestMain(m *testing.M) {
+	// The cluster run starts this binary again as nats-servers and as
+	// consumer processes.
+	subproc.Dispatch(map[string]func([]string) int{
+		subproc.RoleNATSServer: subproc.NATSServer,
+		subproc.RoleJetinbox:   ConsumerRole,
+	})
 	testenv.MainNoLeaks(m,
 		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).flushStreamStateLoop"),
 		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*msgBlock).flushLoop"),
@@ -88,12 +94,14 @@ func TestChaosSmoke(t *testing.T) {
 }
 
 // TestClusterChaosSmoke is the CI-sized cluster run: every fault phase on
-// three nodes with R3 streams, the jetinbox row must lose nothing,
-// duplicate nothing, apply nothing unexpected, and verify must pass.
+// three nats-server processes with R3 streams (SIGKILL and SIGSTOP of the
+// leaders, a consumer process paused past AckWait, a peer replaced during
+// a partition, ...), the jetinbox row must lose nothing, duplicate
+// nothing, apply nothing unexpected, and verify must pass.
 func TestClusterChaosSmoke(t *testing.T) {
 	var progress bytes.Buffer
 	logs := testenv.NewLogTail(400)
-	rows, rep, _, err := RunCluster(context.Background(), ClusterOptions{Intents: 150, Rate: 300, Faults: ClusterFaults, SyncAlways: true, Progress: &progress,
+	rows, rep, _, err := RunCluster(context.Background(), ClusterOptions{Intents: 150, Rate: 150, Faults: ClusterFaults, SyncAlways: true, Progress: &progress,
 		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		OnStall: func() { testenv.LogGoroutines(t, "jsinbox") }})
 	t.Logf("\n%s", progress.String())
@@ -119,7 +127,7 @@ func TestClusterChaosSmoke(t *testing.T) {
 }
 
 func TestClusterChaosFlags(t *testing.T) {
-	for _, args := range [][]string{{"-faults", "stream-leader-kill,meteor"}, {"-intents", "0"}, {"-batch", "5000"}, {"-rounds", "0"}, {"extra"}, {"-intents", "x"}} {
+	for _, args := range [][]string{{"-faults", "stream-leader-kill,meteor"}, {"-intents", "0"}, {"-batch", "5000"}, {"-rounds", "0"}, {"-ack-wait", "10ms"}, {"extra"}, {"-intents", "x"}} {
 		var out, errOut bytes.Buffer
 		err := Main(context.Background(), append([]string{"-cluster"}, args...), &out, &errOut)
 		if cli.ExitCode(err) != 2 {
