@@ -75,6 +75,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if a == "-pg-failover" || a == "--pg-failover" {
 			return PGFailoverMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
 		}
+		if a == "-power-loss" || a == "--power-loss" {
+			return PowerLossMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
+		}
 	}
 	fs := flag.NewFlagSet("jetinbox chaos", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -99,7 +102,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			"jetinbox chaos -cluster [flags]: the jetinbox row on three nodes with R3 streams under leader kills,\n"+
 			"step-downs, a rolling restart, a partition and a client whose server dies (see jetinbox chaos -cluster -h).\n"+
 			"jetinbox chaos -pg-failover [flags]: the jetinbox row on a pg_auto_failover primary and standby under\n"+
-			"kills, failovers and cuts, synchronous and asynchronous (see jetinbox chaos -pg-failover -h).")
+			"kills, failovers and cuts, synchronous and asynchronous (see jetinbox chaos -pg-failover -h).\n"+
+			"jetinbox chaos -power-loss [flags]: the jetinbox row while the power goes out, every store on a filesystem\n"+
+			"that forgets unsynced writes; shipped and unsafe settings side by side (see jetinbox chaos -power-loss -h).")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
