@@ -290,7 +290,6 @@ type powerStack struct {
 	nats   *testenv.NATSProcs
 	pg     *testenv.Postgres
 	dbURL  string // what the consumers open
-	pool   *pgxpool.Pool
 	sqlite string // the SQLite file
 
 	consumers []*consumerProc
@@ -391,10 +390,12 @@ func (s *powerStack) run(ctx context.Context, row *PowerRow, round uint64) error
 		if s.dbURL, err = s.pg.CreateDatabase(ctx, "chaos_power"); err != nil {
 			return err
 		}
-		if s.pool, err = pgxpool.New(ctx, s.dbURL); err != nil {
-			return fmt.Errorf("chaos: %w", err)
+		pool, perr := pgxpool.New(ctx, s.dbURL)
+		if perr != nil {
+			return fmt.Errorf("chaos: %w", perr)
 		}
-		err = retrySetup(ctx, func(ctx context.Context) error { return pipeline.Setup(ctx, js, s.pool, streamCfg, 64) })
+		err = retrySetup(ctx, func(ctx context.Context) error { return pipeline.Setup(ctx, js, pool, streamCfg, 64) })
+		pool.Close() // the count opens a pool of its own, on the server as the cuts left it
 	}
 	if err != nil {
 		return err
@@ -461,8 +462,13 @@ func (s *powerStack) run(ctx context.Context, row *PowerRow, round uint64) error
 			return err
 		}
 	} else {
-		db = verify.Postgres(s.pool)
-		if applied, err = appliedPG(ctx, s.pool); err != nil {
+		pool, err := pgxpool.New(ctx, s.dbURL)
+		if err != nil {
+			return fmt.Errorf("chaos: %w", err)
+		}
+		defer pool.Close()
+		db = verify.Postgres(pool)
+		if applied, err = appliedPG(ctx, pool); err != nil {
 			return err
 		}
 	}
@@ -549,7 +555,7 @@ func (s *powerStack) load(ctx context.Context, pub *jsinbox.Publisher, intents [
 		if err := pub.Flush(ctx); err != nil {
 			return err
 		}
-		delay := time.Duration(dice.Int64N(int64(30 * time.Millisecond)))
+		delay := time.Duration(dice.Int64N(int64(10 * time.Millisecond)))
 		node := nodes[k%len(nodes)]
 		seed := dice.Uint64()
 		cutDone = make(chan error, 1)
@@ -636,9 +642,6 @@ func (s *powerStack) cut(ctx context.Context, node int, seed uint64) (string, er
 func (s *powerStack) close() {
 	for _, c := range s.consumers {
 		c.kill()
-	}
-	if s.pool != nil {
-		s.pool.Close()
 	}
 	if s.pg != nil {
 		_ = s.pg.Close()
