@@ -8,9 +8,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
+
+	"github.com/jetinbox/jetinbox/internal/subproc"
 )
 
-func TestMain(m *testing.M) { MainNoLeaks(m) }
+func TestMain(m *testing.M) {
+	// NATSProcs' tests start this binary again as nats-servers.
+	subproc.Dispatch(map[string]func([]string) int{subproc.RoleNATSServer: subproc.NATSServer})
+	MainNoLeaks(m)
+}
 
 func TestPostgresRestart(t *testing.T) {
 	ctx := context.Background()

@@ -1,0 +1,127 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestNATSProcsKillPause: a node killed with SIGKILL is really gone (its
+// pid no longer exists) and comes back on its store with the stream
+// intact; a paused node answers nothing until it is resumed.
+func TestNATSProcsKillPause(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := NewNATSProcs(t, NATSProcsOptions{SyncInterval: "always", Logf: t.Logf})
+	nc, err := nats.Connect(c.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		if _, err := js.Publish(ctx, "s.x", fmt.Appendf(nil, "m%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pid := c.Pid(0)
+	if err := c.Kill(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Fatalf("pid %d after Kill: %v, want ESRCH (gone)", pid, err)
+	}
+	if c.Pid(0) != 0 {
+		t.Fatalf("Pid after Kill: %d", c.Pid(0))
+	}
+	if err := c.Start(0); err != nil {
+		t.Fatal(err)
+	}
+	if c.Pid(0) == pid || c.Pid(0) == 0 {
+		t.Fatalf("pid after Start: %d (before: %d)", c.Pid(0), pid)
+	}
+	var msgs uint64
+	err = poll(ctx, "the stream after the restart", func() bool {
+		actx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		s, err := js.Stream(actx, "S")
+		if err == nil {
+			msgs = s.CachedInfo().State.Msgs
+		}
+		return err == nil
+	})
+	if err != nil || msgs != 20 {
+		t.Fatalf("after SIGKILL and restart: %d messages (%v), want 20", msgs, err)
+	}
+
+	if err := c.Pause(0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.Request("$JS.API.INFO", nil, time.Second); err == nil {
+		t.Fatal("a paused server answered a request")
+	}
+	if err := c.Resume(0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.Request("$JS.API.INFO", nil, 5*time.Second); err != nil {
+		t.Fatalf("after Resume: %v", err)
+	}
+}
+
+// TestNATSProcsLeaderPause: the stream leader paused past the election
+// timeout is replaced by one of the other two; resumed, it rejoins and
+// the stream is current on all three.
+func TestNATSProcsLeaderPause(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := NewNATSProcs(t, NATSProcsOptions{Nodes: 3, SyncInterval: "always"})
+	nc, err := nats.Connect(c.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := CreateStream(ctx, js, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.WaitStreamLeader(ctx, "S")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Pause(l); err != nil {
+		t.Fatal(err)
+	}
+	nl, err := c.WaitStreamLeader(ctx, "S")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nl == l {
+		t.Fatalf("the paused node %s still leads", c.Name(l))
+	}
+	// The new leader takes writes while the old one sleeps.
+	if _, err := js.Publish(ctx, "s.x", []byte("while paused")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Resume(l); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitStreamCurrent(ctx, "S"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitHealthy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stream leader %s paused, %s elected; peers %v", c.Name(l), c.Name(nl), c.StreamPeers("S"))
+	if p := c.StreamPeers("S"); len(p) != 3 {
+		t.Fatalf("peers after resume: %v", p)
+	}
+}
