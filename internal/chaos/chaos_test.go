@@ -3,13 +3,18 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"testing"
 
 	"go.uber.org/goleak"
 
 	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/subproc"
 
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
@@ -19,11 +24,30 @@ import (
 // rows restart NATS while they publish in atomic batches, and leave one
 // file store's goroutines behind (no other row does).
 func TestMain(m *testing.M) {
+	// The power-loss run starts nats-servers and consumers as children.
+	subproc.Dispatch(map[string]func([]string) int{
+		subproc.RoleNATSServer: subproc.NATSServer,
+		subproc.RoleJetinbox:   consumerChild,
+	})
 	testenv.MainNoLeaks(m,
 		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).flushStreamStateLoop"),
 		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*msgBlock).flushLoop"),
 		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server/ats.Register.func1"),
 	)
+}
+
+// consumerChild is `jetinbox consumer` in a child of the test binary (the
+// real binary runs the whole jetinbox CLI in that role).
+func consumerChild(args []string) int {
+	if len(args) == 0 || args[0] != "consumer" {
+		fmt.Fprintf(os.Stderr, "chaos test child: only `consumer` runs here, not %q\n", args)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := cli.Consumer(ctx, args[1:], os.Getenv, os.Stdout, os.Stderr)
+	cli.ReportError(os.Stderr, "consumer", args, os.Getenv, "text", err)
+	return cli.ExitCode(err)
 }
 
 // TestChaosSmoke is the CI-sized chaos run: every producer strategy × every

@@ -584,7 +584,9 @@ func (s *powerStack) load(ctx context.Context, pub *jsinbox.Publisher, intents [
 func (s *powerStack) cut(ctx context.Context, node int, seed uint64) (string, error) {
 	t0 := time.Now()
 	if s.spec.OneNode {
-		s.nats.Kill(node)
+		if err := s.nats.Kill(node); err != nil {
+			return "", err
+		}
 		m := nodeMount(node)
 		st, err := s.mounts[m].Crash(powerfs.CrashOptions{Tear: s.o.Tear, Seed: seed})
 		if err != nil {
@@ -600,7 +602,7 @@ func (s *powerStack) cut(ctx context.Context, node int, seed uint64) (string, er
 	}
 	// Every process at once, as the power takes them.
 	var wg sync.WaitGroup
-	wg.Go(func() { s.nats.KillAll() })
+	wg.Go(func() { _ = s.nats.KillAll() })
 	if s.pg != nil {
 		wg.Go(func() { _ = s.pg.KillAll() })
 	}
@@ -772,7 +774,7 @@ type consumerProc struct {
 func (s *powerStack) newConsumer(w int) *consumerProc {
 	args := []string{"consumer", "-server", strings.Join(s.natsURLs(), ","), "-database-url", s.dbURL, "-durable", powerDurable,
 		"-batch", "100", "-inflight", "2", "-ack-wait", "5s", "-max-deliver", "100", "-http", "", "-log-format", "text", "-drain-timeout", "10s"}
-	env := os.Environ()
+	var env []string
 	if s.spec.SQLiteNormal {
 		env = append(env, cli.UnsafeSQLiteSynchronousEnv+"=NORMAL")
 	}
@@ -792,8 +794,13 @@ func (c *consumerProc) supervise(ctx context.Context) {
 			time.Sleep(20 * time.Millisecond)
 			continue
 		}
-		cmd := subproc.Command(context.WithoutCancel(ctx), "jetinbox", c.args...)
-		cmd.Env = c.env
+		cmd, err := subproc.Command(context.WithoutCancel(ctx), subproc.RoleJetinbox, c.args...)
+		if err != nil {
+			c.mu.Unlock()
+			c.s.logf("consumer %d: %v", c.w+1, err)
+			return
+		}
+		cmd.Env = append(cmd.Env, c.env...)
 		out := &prefixWriter{logf: c.s.logf, prefix: fmt.Sprintf("consumer %d: ", c.w+1)}
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
@@ -806,7 +813,7 @@ func (c *consumerProc) supervise(ctx context.Context) {
 		c.cmd, c.done = cmd, done
 		c.starts++
 		c.mu.Unlock()
-		err := cmd.Wait()
+		err = cmd.Wait()
 		close(done)
 		c.mu.Lock()
 		c.cmd = nil
