@@ -773,7 +773,7 @@ type consumerProc struct {
 
 func (s *powerStack) newConsumer(w int) *consumerProc {
 	args := []string{"consumer", "-server", strings.Join(s.natsURLs(), ","), "-database-url", s.dbURL, "-durable", powerDurable,
-		"-batch", "100", "-inflight", "2", "-ack-wait", "5s", "-max-deliver", "100", "-http", "", "-log-format", "text", "-drain-timeout", "10s"}
+		"-batch", "100", "-inflight", "2", "-ack-wait", "3s", "-max-deliver", "100", "-http", "", "-log-format", "text", "-drain-timeout", "10s"}
 	var env []string
 	if s.spec.SQLiteNormal {
 		env = append(env, cli.UnsafeSQLiteSynchronousEnv+"=NORMAL")
