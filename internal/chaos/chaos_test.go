@@ -3,19 +3,14 @@ package chaos
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"log/slog"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"testing"
 
 	"go.uber.org/goleak"
 
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/subproc"
-
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -24,30 +19,17 @@ import (
 // rows restart NATS while they publish in atomic batches, and leave one
 // file store's goroutines behind (no other row does).
 func TestMain(m *testing.M) {
-	// The power-loss run starts nats-servers and consumers as children.
+	// The cluster run starts this binary again as nats-servers and as
+	// consumer processes.
 	subproc.Dispatch(map[string]func([]string) int{
 		subproc.RoleNATSServer: subproc.NATSServer,
-		subproc.RoleJetinbox:   consumerChild,
+		subproc.RoleJetinbox:   ConsumerRole,
 	})
 	testenv.MainNoLeaks(m,
 		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).flushStreamStateLoop"),
 		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*msgBlock).flushLoop"),
 		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server/ats.Register.func1"),
 	)
-}
-
-// consumerChild is `jetinbox consumer` in a child of the test binary (the
-// real binary runs the whole jetinbox CLI in that role).
-func consumerChild(args []string) int {
-	if len(args) == 0 || args[0] != "consumer" {
-		fmt.Fprintf(os.Stderr, "chaos test child: only `consumer` runs here, not %q\n", args)
-		return 2
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err := cli.Consumer(ctx, args[1:], os.Getenv, os.Stdout, os.Stderr)
-	cli.ReportError(os.Stderr, "consumer", args, os.Getenv, "text", err)
-	return cli.ExitCode(err)
 }
 
 // TestChaosSmoke is the CI-sized chaos run: every producer strategy × every
@@ -112,8 +94,10 @@ func TestChaosSmoke(t *testing.T) {
 }
 
 // TestClusterChaosSmoke is the CI-sized cluster run: every fault phase on
-// three nodes with R3 streams, the jetinbox row must lose nothing,
-// duplicate nothing, apply nothing unexpected, and verify must pass.
+// three nats-server processes with R3 streams (SIGKILL and SIGSTOP of the
+// leaders, a consumer process paused past AckWait, a peer replaced during
+// a partition, ...), the jetinbox row must lose nothing, duplicate
+// nothing, apply nothing unexpected, and verify must pass.
 func TestClusterChaosSmoke(t *testing.T) {
 	var progress bytes.Buffer
 	logs := testenv.NewLogTail(400)
@@ -143,7 +127,7 @@ func TestClusterChaosSmoke(t *testing.T) {
 }
 
 func TestClusterChaosFlags(t *testing.T) {
-	for _, args := range [][]string{{"-faults", "stream-leader-kill,meteor"}, {"-intents", "0"}, {"-batch", "5000"}, {"-rounds", "0"}, {"extra"}, {"-intents", "x"}} {
+	for _, args := range [][]string{{"-faults", "stream-leader-kill,meteor"}, {"-intents", "0"}, {"-batch", "5000"}, {"-rounds", "0"}, {"-ack-wait", "10ms"}, {"extra"}, {"-intents", "x"}} {
 		var out, errOut bytes.Buffer
 		err := Main(context.Background(), append([]string{"-cluster"}, args...), &out, &errOut)
 		if cli.ExitCode(err) != 2 {

@@ -1,7 +1,11 @@
 // The jetinbox row on a three-node cluster with R3 streams and consumers,
-// under the faults a cluster meets: leaders killed while they work,
-// step-downs, a rolling restart, a one-node partition and its heal, a
-// client whose server dies with its acks on the wire.
+// every nats-server a process of its own, under the faults a cluster
+// meets: leaders killed (SIGKILL) or paused (SIGSTOP past the election
+// timeout) while they work, step-downs, a rolling restart, a one-node
+// partition and its heal, a client whose server dies with its acks on the
+// wire, a consumer process paused past AckWait while another takes its
+// messages, and a stream peer replaced by a fresh server during a
+// partition.
 
 package chaos
 
@@ -38,12 +42,16 @@ import (
 // ClusterFaults are the faults of a cluster run, one phase each, in the
 // order they run.
 var ClusterFaults = []string{
-	"stream-leader-kill",   // the stream leader dies while intents are published
-	"consumer-leader-kill", // the durable's leader dies while batches are consumed
-	"step-downs",           // stream, then consumer leader hand over on request
-	"rolling-restart",      // every node restarted in turn, each waited for
-	"partition",            // the stream leader cut off from the other two, then healed
-	"client-server-dies",   // a consumer's server dies as the consumer acks a batch
+	"stream-leader-kill",    // the stream leader gets SIGKILL while intents are published
+	"consumer-leader-kill",  // the durable's leader gets SIGKILL while batches are consumed
+	"stream-leader-pause",   // the stream leader gets SIGSTOP past the election timeout, then SIGCONT
+	"consumer-leader-pause", // the same for the durable's leader
+	"step-downs",            // stream, then consumer leader hand over on request
+	"rolling-restart",       // every node restarted in turn, each waited for
+	"partition",             // the stream leader cut off from the other two, then healed
+	"client-server-dies",    // a consumer's server dies as the consumer acks a batch
+	"consumer-pause",        // a consumer process gets SIGSTOP past AckWait while another takes its messages, then SIGCONT
+	"membership",            // a fresh server joins, a stream peer is removed in its favour, while a node is cut off
 }
 
 // ClusterOptions configures a cluster chaos run.
@@ -61,6 +69,9 @@ type ClusterOptions struct {
 	Rounds int
 	// SyncAlways fsyncs every JetStream write, the production setting.
 	SyncAlways bool
+	// AckWait is the durable's redelivery timer; consumer-pause holds a
+	// consumer process longer. Default 3s.
+	AckWait time.Duration
 	// Progress, if set, gets a line per step.
 	Progress io.Writer
 	// Logger, if set, gets the consumers' logs (nil: discarded).
@@ -100,10 +111,14 @@ func ClusterMain(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.IntVar(&o.Batch, "batch", 0, "publish in atomic batches of this size (0: one by one)")
 	fs.IntVar(&o.Rounds, "rounds", 1, "run every fault phase this many times")
 	fs.BoolVar(&o.SyncAlways, "sync-always", true, "the nodes fsync every JetStream write (sync_interval: always)")
+	fs.DurationVar(&o.AckWait, "ack-wait", 3*time.Second, "the durable's AckWait; consumer-pause pauses a consumer process for longer")
 	fs.StringVar(&faults, "faults", strings.Join(ClusterFaults, ","), "fault phases, in order: "+strings.Join(ClusterFaults, ", "))
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage of jetinbox chaos -cluster: the jetinbox row (stable IDs, inbox consumer) on three embedded\n"+
-			"nats-servers with R3 streams and consumers, one phase per fault; counts lost, applied once,\n"+
+		fmt.Fprintln(stderr, "Usage of jetinbox chaos -cluster: the jetinbox row (stable IDs, inbox consumer) on three\n"+
+			"nats-servers, each a process of its own (this binary re-executed), with R3 streams and consumers,\n"+
+			"one phase per fault: SIGKILL and SIGSTOP of the leaders, step-downs, a rolling restart, a\n"+
+			"partition, a consumer's server dying, a `jetinbox consumer` process paused past AckWait, a\n"+
+			"stream peer replaced by a fresh server during a partition. Counts lost, applied once,\n"+
 			"duplicated and unexpected per phase, then runs verify on the end state.")
 		fs.PrintDefaults()
 	}
@@ -119,8 +134,8 @@ func ClusterMain(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			return cli.UsageError{Err: fmt.Errorf("chaos -cluster: unknown fault %q (known: %s)", f, strings.Join(ClusterFaults, ", "))}
 		}
 	}
-	if o.Intents < 1 || o.Rate < 0 || o.Batch < 0 || o.Batch > jsinbox.MaxBatch || o.Rounds < 1 {
-		return cli.UsageError{Err: fmt.Errorf("chaos -cluster: -intents and -rounds must be at least 1, -rate at least 0, -batch 0..%d", jsinbox.MaxBatch)}
+	if o.Intents < 1 || o.Rate < 0 || o.Batch < 0 || o.Batch > jsinbox.MaxBatch || o.Rounds < 1 || o.AckWait < time.Second {
+		return cli.UsageError{Err: fmt.Errorf("chaos -cluster: -intents and -rounds must be at least 1, -rate at least 0, -batch 0..%d, -ack-wait at least 1s", jsinbox.MaxBatch)}
 	}
 	rows, rep, stats, err := RunCluster(ctx, o)
 	if err != nil {
@@ -173,8 +188,9 @@ type dieArm struct {
 // clusterRun is the state of one cluster run.
 type clusterRun struct {
 	o       ClusterOptions
-	cl      *testenv.Cluster
+	cl      *testenv.NATSProcs
 	pool    *pgxpool.Pool
+	dbURL   string
 	nc      *nats.Conn // the producer's and the operator's connection
 	js      jetstream.JetStream
 	pub     *jsinbox.Publisher
@@ -189,6 +205,14 @@ type clusterRun struct {
 
 	statsMu sync.Mutex
 	stats   jsinbox.ConsumerStats // of the consumers' ended lives
+
+	// The in-process workers step aside while consumer processes run
+	// (holdWorkers).
+	workMu   sync.Mutex
+	workCond *sync.Cond
+	held     bool
+	working  int
+	cancels  map[int]context.CancelFunc
 }
 
 // ClusterStats says how hard the faults hit: publish retries and the
@@ -214,26 +238,33 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 	if o.Rounds < 1 {
 		o.Rounds = 1
 	}
-	r := &clusterRun{o: o, start: time.Now(), stream: jsinbox.DefaultStream, durable: "ledger"}
+	if o.AckWait <= 0 {
+		o.AckWait = 3 * time.Second
+	}
+	r := &clusterRun{o: o, start: time.Now(), stream: jsinbox.DefaultStream, durable: "ledger", cancels: map[int]context.CancelFunc{}}
+	r.workCond = sync.NewCond(&r.workMu)
 	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	defer pg.Close()
-	if r.cl, err = testenv.StartCluster(ctx, testenv.ClusterOptions{SyncAlways: o.SyncAlways}); err != nil {
+	syncInterval := ""
+	if o.SyncAlways {
+		syncInterval = "always"
+	}
+	if r.cl, err = testenv.StartNATSProcs(ctx, testenv.NATSProcsOptions{Nodes: 3, SyncInterval: syncInterval}); err != nil {
 		return nil, nil, nil, err
 	}
 	defer r.cl.Close()
-	r.say("three nodes up (%s), meta leader elected", r.cl.URLs())
-	url, err := pg.CreateDatabase(ctx, "chaos_cluster")
-	if err != nil {
+	r.say("three nats-server processes up (%s), meta leader elected", r.cl.URLs())
+	if r.dbURL, err = pg.CreateDatabase(ctx, "chaos_cluster"); err != nil {
 		return nil, nil, nil, err
 	}
-	if r.pool, err = pgxpool.New(ctx, url); err != nil {
+	if r.pool, err = pgxpool.New(ctx, r.dbURL); err != nil {
 		return nil, nil, nil, fmt.Errorf("chaos: %w", err)
 	}
 	defer r.pool.Close()
-	if r.nc, err = connectAll(r.cl, "chaos-producer"); err != nil {
+	if r.nc, err = connectAll(r.cl.URLs(), "chaos-producer"); err != nil {
 		return nil, nil, nil, err
 	}
 	defer r.nc.Close()
@@ -360,8 +391,8 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 
 // connectAll connects to every node's URL: when its node goes away the
 // client reconnects to another one.
-func connectAll(cl *testenv.Cluster, name string) (*nats.Conn, error) {
-	nc, err := nats.Connect(cl.URLs(), nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
+func connectAll(urls, name string) (*nats.Conn, error) {
+	nc, err := nats.Connect(urls, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
 		nats.ReconnectJitter(50*time.Millisecond, 50*time.Millisecond),
 		// A write to a server that just died is what this harness is
 		// for: keep nats.go's default handler from printing it.
@@ -480,7 +511,8 @@ func (r *clusterRun) fault(ctx context.Context, fault string) (string, error) {
 		}
 		return fmt.Sprintf("stream leader %s → %s, consumer leader %s → %s", r.cl.Name(sl), r.cl.Name(nsl), r.cl.Name(cl), r.cl.Name(ncl)), nil
 	case "rolling-restart":
-		for i := range testenv.ClusterSize {
+		var names []string
+		for i := range r.cl.Size() {
 			if err := r.cl.Restart(i); err != nil {
 				return "", err
 			}
@@ -488,8 +520,9 @@ func (r *clusterRun) fault(ctx context.Context, fault string) (string, error) {
 				return "", err
 			}
 			r.say("  restarted %s; stream and durable whole again", r.cl.Name(i))
+			names = append(names, r.cl.Name(i))
 		}
-		return "n1, n2, n3 restarted in turn", nil
+		return strings.Join(names, ", ") + " restarted in turn", nil
 	case "partition":
 		l, err := r.cl.WaitStreamLeader(ctx, r.stream)
 		if err != nil {
@@ -497,14 +530,8 @@ func (r *clusterRun) fault(ctx context.Context, fault string) (string, error) {
 		}
 		r.cl.Partition(l)
 		r.say("  partitioned %s (stream leader) from the other two", r.cl.Name(l))
-		nl, err := r.waitNewLeader(ctx, l, func() int {
-			for i := range testenv.ClusterSize {
-				if i != l && r.cl.Server(i).JetStreamIsStreamLeader("$G", r.stream) {
-					return i
-				}
-			}
-			return -1
-		})
+		// StreamLeader asks the nodes that are not cut off first.
+		nl, err := r.waitNewLeader(ctx, l, func() int { return r.cl.StreamLeader(r.stream) })
 		if err != nil {
 			return "", err
 		}
@@ -524,8 +551,8 @@ func (r *clusterRun) fault(ctx context.Context, fault string) (string, error) {
 			return "", fmt.Errorf("no consumer acked a batch: %w", ctx.Err())
 		}
 		var dead int
-		for i := range testenv.ClusterSize {
-			if r.cl.Server(i) == nil {
+		for i := range r.cl.Size() {
+			if !r.cl.Running(i) {
 				dead = i
 			}
 		}
@@ -537,6 +564,22 @@ func (r *clusterRun) fault(ctx context.Context, fault string) (string, error) {
 			return "", err
 		}
 		return fmt.Sprintf("%s killed as consumer %d acked a batch; the consumer reconnected to another node; %s restarted", r.cl.Name(dead), fired.consumer, r.cl.Name(dead)), nil
+	case "stream-leader-pause":
+		l, err := r.cl.WaitStreamLeader(ctx, r.stream)
+		if err != nil {
+			return "", err
+		}
+		return r.pauseLeader(ctx, l, "stream leader", func() int { return r.cl.StreamLeader(r.stream) })
+	case "consumer-leader-pause":
+		l, err := r.cl.WaitConsumerLeader(ctx, r.stream, r.durable)
+		if err != nil {
+			return "", err
+		}
+		return r.pauseLeader(ctx, l, "consumer leader", func() int { return r.cl.ConsumerLeader(r.stream, r.durable) })
+	case "consumer-pause":
+		return r.consumerPause(ctx)
+	case "membership":
+		return r.membership(ctx)
 	}
 	return "", fmt.Errorf("unknown fault %q", fault)
 }
@@ -550,7 +593,9 @@ func (r *clusterRun) afterFaults(ctx context.Context, what string, read func() e
 // killAndRestart kills node i (no leadership handed over), waits for the
 // groups to elect elsewhere, and starts it again.
 func (r *clusterRun) killAndRestart(ctx context.Context, i int, role string) (string, error) {
-	r.cl.Kill(i)
+	if err := r.cl.Kill(i); err != nil {
+		return "", err
+	}
 	r.say("  killed %s (%s)", r.cl.Name(i), role)
 	sl, err := r.cl.WaitStreamLeader(ctx, r.stream)
 	if err != nil {
@@ -594,12 +639,12 @@ func (r *clusterRun) logger(w int) *slog.Logger {
 func (r *clusterRun) sayState() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for i := range testenv.ClusterSize {
-		state := "up"
-		if r.cl.Server(i) == nil {
+	for i := range r.cl.Size() {
+		state := fmt.Sprintf("pid %d", r.cl.Pid(i))
+		if !r.cl.Running(i) {
 			state = "down"
 		}
-		r.say("state: %s %s", r.cl.Name(i), state)
+		r.say("state: %s %s; last log lines:\n%s", r.cl.Name(i), state, r.cl.Log(i))
 	}
 	r.say("state: stream leader %d, consumer leader %d (node index, -1 none)", r.cl.StreamLeader(r.stream), r.cl.ConsumerLeader(r.stream, r.durable))
 	if c, err := r.js.Consumer(ctx, r.stream, r.durable); err != nil {
@@ -622,7 +667,13 @@ func (r *clusterRun) sayState() {
 // nodes, and starts it again when it stops.
 func (r *clusterRun) supervise(ctx context.Context, w int) {
 	for ctx.Err() == nil {
-		if err := r.runWorker(ctx, w); err != nil && ctx.Err() == nil {
+		lctx, ok := r.workerLife(ctx, w)
+		if !ok {
+			return
+		}
+		err := r.runWorker(lctx, w)
+		r.workerDone(w)
+		if err != nil && lctx.Err() == nil {
 			r.crashes.Add(1)
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -630,7 +681,7 @@ func (r *clusterRun) supervise(ctx context.Context, w int) {
 }
 
 func (r *clusterRun) runWorker(ctx context.Context, w int) error {
-	nc, err := connectAll(r.cl, fmt.Sprintf("chaos-consumer-%d", w+1))
+	nc, err := connectAll(r.cl.URLs(), fmt.Sprintf("chaos-consumer-%d", w+1))
 	if err != nil {
 		return err
 	}
@@ -640,8 +691,8 @@ func (r *clusterRun) runWorker(ctx context.Context, w int) error {
 	if err != nil {
 		return err
 	}
-	c, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{Durable: r.durable, BatchSize: 100, AckWait: 3 * time.Second,
-		MaxDeliver: 100})
+	c, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{Durable: r.durable, BatchSize: consumerBatch, AckWait: r.o.AckWait,
+		MaxDeliver: consumerMaxDeliver, MaxAckPending: consumerMaxAckPending})
 	if err != nil {
 		return err
 	}
@@ -660,7 +711,7 @@ func (r *clusterRun) runWorker(ctx context.Context, w int) error {
 		}
 		if n := r.cl.Node(nc.ConnectedServerName()); n >= 0 {
 			go func() {
-				r.cl.Kill(n)
+				_ = r.cl.Kill(n)
 				r.say("  killed %s, consumer %d's server, as it acked a batch", r.cl.Name(n), w+1)
 				fired.consumer = w + 1
 				close(fired.ch)

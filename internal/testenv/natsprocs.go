@@ -637,6 +637,51 @@ func (c *NATSProcs) up() []int {
 	return is
 }
 
+// preferAnswering lists the running, unpaused nodes, those not cut off
+// first.
+func (c *NATSProcs) preferAnswering() []int {
+	ok := c.answering()
+	for _, i := range c.up() {
+		if !slices.Contains(ok, i) {
+			ok = append(ok, i)
+		}
+	}
+	return ok
+}
+
+// MoveStreamLeader asks stream's leader to step down until another node
+// leads it, and returns both nodes (see [Cluster.MoveStreamLeader]).
+func (c *NATSProcs) MoveStreamLeader(ctx context.Context, nc *nats.Conn, stream string) (from, to int, err error) {
+	return c.moveLeader(ctx, func() int { return c.StreamLeader(stream) }, func() error { return StepDownStream(ctx, nc, stream) })
+}
+
+// MoveConsumerLeader is MoveStreamLeader for a consumer.
+func (c *NATSProcs) MoveConsumerLeader(ctx context.Context, nc *nats.Conn, stream, consumer string) (from, to int, err error) {
+	return c.moveLeader(ctx, func() int { return c.ConsumerLeader(stream, consumer) }, func() error { return StepDownConsumer(ctx, nc, stream, consumer) })
+}
+
+func (c *NATSProcs) moveLeader(ctx context.Context, leader func() int, stepDown func() error) (from, to int, err error) {
+	if err := poll(ctx, "a leader", func() bool { from = leader(); return from >= 0 }); err != nil {
+		return -1, -1, err
+	}
+	var last error
+	for ctx.Err() == nil {
+		if last = stepDown(); last == nil {
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := poll(wctx, "another leader", func() bool { to = leader(); return to >= 0 && to != from })
+			cancel()
+			if err == nil {
+				return from, to, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	return from, -1, fmt.Errorf("testenv: leadership did not move from %s: %w (last step-down: %v)", c.Name(from), ctx.Err(), last)
+}
+
 var monitorClient = &http.Client{Timeout: 2 * time.Second}
 
 // monitor GETs path from node i's monitoring port into v.
@@ -687,9 +732,9 @@ func (c *NATSProcs) streamDetail(i int, stream string) *server.StreamDetail {
 
 // StreamLeader returns the running, unpaused node that says it leads
 // stream, or -1 while none does. A node cut off by Partition may still
-// say so until it notices.
+// say so until it notices; one that is not cut off is asked first.
 func (c *NATSProcs) StreamLeader(stream string) int {
-	for _, i := range c.up() {
+	for _, i := range c.preferAnswering() {
 		if d := c.streamDetail(i, stream); d != nil && d.Cluster != nil && d.Cluster.Leader == c.Name(i) {
 			return i
 		}
@@ -699,7 +744,7 @@ func (c *NATSProcs) StreamLeader(stream string) int {
 
 // ConsumerLeader returns the node that says it leads consumer, or -1.
 func (c *NATSProcs) ConsumerLeader(stream, consumer string) int {
-	for _, i := range c.up() {
+	for _, i := range c.preferAnswering() {
 		d := c.streamDetail(i, stream)
 		if d == nil {
 			continue

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -123,5 +125,77 @@ func TestNATSProcsLeaderPause(t *testing.T) {
 	t.Logf("stream leader %s paused, %s elected; peers %v", c.Name(l), c.Name(nl), c.StreamPeers("S"))
 	if p := c.StreamPeers("S"); len(p) != 3 {
 		t.Fatalf("peers after resume: %v", p)
+	}
+}
+
+// TestNATSProcsReplacePeer: a fresh node joins, and a stream follower
+// removed from the stream is replaced by it while another node is cut
+// off; the stream ends current on three peers with its messages.
+func TestNATSProcsReplacePeer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := NewNATSProcs(t, NATSProcsOptions{Nodes: 3, SyncInterval: "always", Logf: t.Logf})
+	nc, err := nats.Connect(c.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := CreateStream(ctx, js, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if _, err := js.Publish(ctx, "s.x", []byte("before")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := c.WaitStreamLeader(ctx, "S")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var followers []int
+	for _, p := range c.StreamPeers("S") {
+		if p != l {
+			followers = append(followers, p)
+		}
+	}
+	n, err := c.AddNode(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 3 || c.Size() != 4 {
+		t.Fatalf("AddNode: %d, size %d", n, c.Size())
+	}
+	victim, cut := followers[0], followers[1]
+	_, info, _ := c.jsz(0)
+	if m := c.Node(info.Meta.Leader); m != victim && os.Getenv("CUTMETA") != "" {
+		cut = m
+	}
+	t.Logf("meta leader %s, cut %s", info.Meta.Leader, c.Name(cut))
+	c.Partition(cut)
+	err = poll(ctx, "the peer removal", func() bool {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		err := c.RemovePeer(rctx, nc, "S", victim)
+		if err != nil {
+			t.Log(err)
+		}
+		return err == nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Heal(cut); err != nil {
+		t.Fatal(err)
+	}
+	err = poll(ctx, "n4 among the peers", func() bool {
+		p := c.StreamPeers("S")
+		return len(p) == 3 && slices.Contains(p, n) && !slices.Contains(p, victim)
+	})
+	if err != nil {
+		t.Fatalf("%v: peers %v", err, c.StreamPeers("S"))
+	}
+	if err := c.WaitStreamCurrent(ctx, "S"); err != nil {
+		t.Fatal(err)
 	}
 }
