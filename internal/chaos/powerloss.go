@@ -292,7 +292,7 @@ type powerStack struct {
 	dbURL  string // what the consumers open
 	sqlite string // the SQLite file
 
-	consumers []*consumerProc
+	consumers []*powerConsumer
 }
 
 func (s *powerStack) say(format string, a ...any) {
@@ -588,7 +588,7 @@ func (s *powerStack) cut(ctx context.Context, node int, seed uint64) (string, er
 			return "", err
 		}
 		m := nodeMount(node)
-		st, err := s.mounts[m].Crash(powerfs.CrashOptions{Tear: s.o.Tear, Seed: seed})
+		st, err := s.mounts[m].Crash(powerfs.CrashOptions{Tear: s.o.Tear, Seed: int64(seed)})
 		if err != nil {
 			return "", fmt.Errorf("crash %s: %w", m, err)
 		}
@@ -598,7 +598,7 @@ func (s *powerStack) cut(ctx context.Context, node int, seed uint64) (string, er
 		if err := s.waitHealthy(ctx); err != nil {
 			return "", err
 		}
-		return fmt.Sprintf("n%d lost power (%s: %+v), back after %.1fs", node+1, m, st, time.Since(t0).Seconds()), nil
+		return fmt.Sprintf("n%d lost power (%s: %s), back after %.1fs", node+1, m, st, time.Since(t0).Seconds()), nil
 	}
 	// Every process at once, as the power takes them.
 	var wg sync.WaitGroup
@@ -612,11 +612,11 @@ func (s *powerStack) cut(ctx context.Context, node int, seed uint64) (string, er
 	wg.Wait()
 	var dropped []string
 	for _, name := range slices.Sorted(maps.Keys(s.mounts)) {
-		st, err := s.mounts[name].Crash(powerfs.CrashOptions{Tear: s.o.Tear, Seed: seed})
+		st, err := s.mounts[name].Crash(powerfs.CrashOptions{Tear: s.o.Tear, Seed: int64(seed)})
 		if err != nil {
 			return "", fmt.Errorf("crash %s: %w", name, err)
 		}
-		dropped = append(dropped, fmt.Sprintf("%s: %+v", name, st))
+		dropped = append(dropped, fmt.Sprintf("%s: %s", name, st))
 	}
 	if s.pg != nil {
 		if err := s.pg.Start(ctx); err != nil {
@@ -754,9 +754,9 @@ func appliedSQLite(ctx context.Context, db *sql.DB) (map[string]int, error) {
 	return applied, nil
 }
 
-// consumerProc is one `jetinbox consumer` process, started again when it
+// powerConsumer is one `jetinbox consumer` process, started again when it
 // exits, but held down from a power cut until the servers are back.
-type consumerProc struct {
+type powerConsumer struct {
 	s    *powerStack
 	w    int
 	args []string
@@ -771,18 +771,18 @@ type consumerProc struct {
 	cuts    int
 }
 
-func (s *powerStack) newConsumer(w int) *consumerProc {
+func (s *powerStack) newConsumer(w int) *powerConsumer {
 	args := []string{"consumer", "-server", strings.Join(s.natsURLs(), ","), "-database-url", s.dbURL, "-durable", powerDurable,
 		"-batch", "100", "-inflight", "2", "-ack-wait", "3s", "-max-deliver", "100", "-http", "", "-log-format", "text", "-drain-timeout", "10s"}
 	var env []string
 	if s.spec.SQLiteNormal {
 		env = append(env, cli.UnsafeSQLiteSynchronousEnv+"=NORMAL")
 	}
-	return &consumerProc{s: s, w: w, args: args, env: env}
+	return &powerConsumer{s: s, w: w, args: args, env: env}
 }
 
 // supervise runs the process until stop, again whenever it exits.
-func (c *consumerProc) supervise(ctx context.Context) {
+func (c *powerConsumer) supervise(ctx context.Context) {
 	for ctx.Err() == nil {
 		c.mu.Lock()
 		if c.stopped {
@@ -827,7 +827,7 @@ func (c *consumerProc) supervise(ctx context.Context) {
 }
 
 // kill holds the consumer down and SIGKILLs it, returning once it is dead.
-func (c *consumerProc) kill() {
+func (c *powerConsumer) kill() {
 	c.mu.Lock()
 	c.held = true
 	cmd, done := c.cmd, c.done
@@ -842,7 +842,7 @@ func (c *consumerProc) kill() {
 }
 
 // release lets the consumer start again after a cut.
-func (c *consumerProc) release() {
+func (c *powerConsumer) release() {
 	c.mu.Lock()
 	c.held = false
 	c.mu.Unlock()
@@ -850,7 +850,7 @@ func (c *consumerProc) release() {
 
 // stop ends the consumer for good: SIGTERM, which drains, then SIGKILL
 // if it takes too long.
-func (c *consumerProc) stop() {
+func (c *powerConsumer) stop() {
 	c.mu.Lock()
 	c.stopped = true
 	cmd, done := c.cmd, c.done
@@ -868,7 +868,7 @@ func (c *consumerProc) stop() {
 }
 
 // restarts counts the process's starts that no cut caused.
-func (c *consumerProc) restarts() int {
+func (c *powerConsumer) restarts() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return max(c.starts-1-c.cuts, 0)
