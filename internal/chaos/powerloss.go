@@ -16,6 +16,7 @@ import (
 	"io/fs"
 	"maps"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -379,7 +380,7 @@ func (s *powerStack) run(ctx context.Context, row *PowerRow, round uint64) error
 	if s.spec.SQLite {
 		s.sqlite = filepath.Join(s.mounts["sqlite"].Dir(), "ledger.db")
 		s.dbURL = "sqlite://" + s.sqlite
-		if err := setupSQLite(ctx, s.dbURL); err != nil {
+		if err := setupSQLite(ctx, s.sqlite); err != nil {
 			return err
 		}
 		err = retrySetup(ctx, func(ctx context.Context) error { _, err := jsinbox.EnsureStream(ctx, js, streamCfg); return err })
@@ -451,7 +452,7 @@ func (s *powerStack) run(ctx context.Context, row *PowerRow, round uint64) error
 	var db verify.DB
 	var applied map[string]int
 	if s.spec.SQLite {
-		sdb, err := sqliteinbox.Open(ctx, s.sqlite)
+		sdb, err := openSQLiteHere(s.sqlite)
 		if err != nil {
 			return err
 		}
@@ -659,12 +660,29 @@ func (s *powerStack) close() {
 	}
 }
 
+// openSQLiteHere opens the SQLite file on a powerfs mount from this
+// process, which serves the mount: with locking_mode=EXCLUSIVE, so that
+// SQLite keeps its WAL index on the heap instead of mapping the -shm file.
+// A page fault on a mapping served by the same Go process can stall the
+// runtime (a thread in a fault cannot be stopped for the collector, and
+// the collector stops the goroutines that would answer the fault). Only
+// while no consumer uses the file.
+func openSQLiteHere(path string) (*sql.DB, error) {
+	db, err := sql.Open("sqlite", "file:"+(&url.URL{Path: path}).EscapedPath()+"?_pragma=locking_mode(EXCLUSIVE)&"+sqliteinbox.DSNParams())
+	if err != nil {
+		return nil, fmt.Errorf("chaos: %w", err)
+	}
+	db.SetMaxOpenConns(1)
+	return db, nil
+}
+
 // setupSQLite migrates the SQLite file and seeds its accounts.
-func setupSQLite(ctx context.Context, dbURL string) error {
-	st, err := cli.OpenStore(ctx, dbURL, 1, nil)
+func setupSQLite(ctx context.Context, path string) error {
+	db, err := openSQLiteHere(path)
 	if err != nil {
 		return err
 	}
+	st := &cli.Store{SQLite: db, Path: path}
 	defer st.Close()
 	if _, _, err := st.Migrate(ctx); err != nil {
 		return err
