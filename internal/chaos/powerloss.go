@@ -16,7 +16,6 @@ import (
 	"io/fs"
 	"maps"
 	"math/rand/v2"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -291,7 +290,6 @@ type powerStack struct {
 	nats   *testenv.NATSProcs
 	pg     *testenv.Postgres
 	dbURL  string // what the consumers open
-	sqlite string // the SQLite file
 
 	consumers []*powerConsumer
 }
@@ -352,6 +350,18 @@ func (s *powerStack) run(ctx context.Context, row *PowerRow, round uint64) error
 				return fmt.Errorf("chaos: %w", err)
 			}
 		}
+		if n == "sqlite" {
+			// This process serves the mount and must not use SQLite
+			// through it: SQLite maps its WAL index, and a page fault on
+			// a mapping the same Go process serves can stall the runtime
+			// (the thread in the fault cannot stop for the collector,
+			// which holds back the goroutines that would answer it). The
+			// file is made in the backing directory before the mount, as
+			// an installed, synced file, and read there after it.
+			if err := setupSQLite(ctx, filepath.Join(backing, sqliteFile)); err != nil {
+				return err
+			}
+		}
 		m, err := powerfs.Mount(backing, mnt, powerfs.Options{AllowOther: true})
 		if err != nil {
 			return fmt.Errorf("chaos: mount %s: %w", n, err)
@@ -378,11 +388,7 @@ func (s *powerStack) run(ctx context.Context, row *PowerRow, round uint64) error
 	js, _ := jetstream.New(nc)
 	streamCfg := jsinbox.StreamConfig{Replicas: s.spec.Nodes}
 	if s.spec.SQLite {
-		s.sqlite = filepath.Join(s.mounts["sqlite"].Dir(), "ledger.db")
-		s.dbURL = "sqlite://" + s.sqlite
-		if err := setupSQLite(ctx, s.sqlite); err != nil {
-			return err
-		}
+		s.dbURL = "sqlite://" + filepath.Join(s.mounts["sqlite"].Dir(), sqliteFile)
 		err = retrySetup(ctx, func(ctx context.Context) error { _, err := jsinbox.EnsureStream(ctx, js, streamCfg); return err })
 	} else {
 		if s.pg, err = testenv.StartPostgres(ctx, testenv.PostgresOptions{Dir: s.mounts["pg"].Dir(), Durable: true, Settings: s.spec.PGSettings, Logf: s.logf}); err != nil {
@@ -452,7 +458,12 @@ func (s *powerStack) run(ctx context.Context, row *PowerRow, round uint64) error
 	var db verify.DB
 	var applied map[string]int
 	if s.spec.SQLite {
-		sdb, err := openSQLiteHere(s.sqlite)
+		// Unmounted once the consumers are gone (see above), the file is
+		// read in the backing directory.
+		if err := s.mounts["sqlite"].Close(); err != nil {
+			return fmt.Errorf("chaos: unmount sqlite: %w", err)
+		}
+		sdb, err := sqliteinbox.Open(ctx, filepath.Join(s.base, "backing", "sqlite", sqliteFile))
 		if err != nil {
 			return err
 		}
@@ -494,6 +505,9 @@ func (s *powerStack) run(ctx context.Context, row *PowerRow, round uint64) error
 
 // powerDurable is the consumers' durable.
 const powerDurable = "ledger"
+
+// sqliteFile is the SQLite file's name on its mount.
+const sqliteFile = "ledger.db"
 
 func (s *powerStack) storeName() string {
 	switch {
@@ -660,29 +674,12 @@ func (s *powerStack) close() {
 	}
 }
 
-// openSQLiteHere opens the SQLite file on a powerfs mount from this
-// process, which serves the mount: with locking_mode=EXCLUSIVE, so that
-// SQLite keeps its WAL index on the heap instead of mapping the -shm file.
-// A page fault on a mapping served by the same Go process can stall the
-// runtime (a thread in a fault cannot be stopped for the collector, and
-// the collector stops the goroutines that would answer the fault). Only
-// while no consumer uses the file.
-func openSQLiteHere(path string) (*sql.DB, error) {
-	db, err := sql.Open("sqlite", "file:"+(&url.URL{Path: path}).EscapedPath()+"?_pragma=locking_mode(EXCLUSIVE)&"+sqliteinbox.DSNParams())
-	if err != nil {
-		return nil, fmt.Errorf("chaos: %w", err)
-	}
-	db.SetMaxOpenConns(1)
-	return db, nil
-}
-
 // setupSQLite migrates the SQLite file and seeds its accounts.
 func setupSQLite(ctx context.Context, path string) error {
-	db, err := openSQLiteHere(path)
+	st, err := cli.OpenStore(ctx, "sqlite://"+path, 1, nil)
 	if err != nil {
 		return err
 	}
-	st := &cli.Store{SQLite: db, Path: path}
 	defer st.Close()
 	if _, _, err := st.Migrate(ctx); err != nil {
 		return err
