@@ -28,6 +28,13 @@
 //   - the kernel's page cache plays no part: Crash unmounts, so no cached page
 //     outlives it, and every process that used the mount must already be dead;
 //   - O_TMPFILE is refused, and copy_file_range falls back to read and write.
+//
+// The process that mounts serves the filesystem with goroutines, so it must
+// not itself touch a file on the mount through mmap (SQLite's -shm file
+// is one): a page fault there blocks its thread in a way the Go runtime
+// cannot preempt, a stop-the-world then waits forever, and the serving
+// goroutines never answer the fault. Run such users in another process;
+// plain read and write calls from the mounting process are fine.
 package powerfs
 
 import (

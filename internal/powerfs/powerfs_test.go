@@ -16,6 +16,15 @@ import (
 func mount(t *testing.T, o powerfs.Options) *powerfs.FS {
 	t.Helper()
 	dir := t.TempDir()
+	if o.AllowOther {
+		// Another user (postgres) must be able to walk to the mountpoint;
+		// the test's temp dirs are 0700.
+		for _, d := range []string{dir, filepath.Dir(dir)} {
+			if err := os.Chmod(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
 	for _, d := range []string{backing, mnt} {
 		if err := os.Mkdir(d, 0o755); err != nil {
@@ -26,6 +35,7 @@ func mount(t *testing.T, o powerfs.Options) *powerfs.FS {
 		o.Logf = t.Logf
 	}
 	f, err := powerfs.Mount(backing, mnt, o)
+	backings[f] = backing
 	if err != nil {
 		if os.Getenv("CI") == "" {
 			t.Skipf("no FUSE here: %v", err)
@@ -39,6 +49,9 @@ func mount(t *testing.T, o powerfs.Options) *powerfs.FS {
 	})
 	return f
 }
+
+// backings maps a test's mount to its backing directory.
+var backings = map[*powerfs.FS]string{}
 
 func crash(t *testing.T, f *powerfs.FS, o powerfs.CrashOptions) powerfs.CrashStats {
 	t.Helper()
@@ -289,4 +302,27 @@ func TestCrashRefusesABusyMount(t *testing.T) {
 	}
 	fh.Close()
 	crash(t, f, powerfs.CrashOptions{})
+}
+
+// O_APPEND offsets come from the kernel, which must see the pending size.
+func TestAppendFollowsThePendingSize(t *testing.T) {
+	f := mount(t, powerfs.Options{})
+	p := durable(t, f, "log", []byte("synced;"))
+	fh, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"one;", "two;"} {
+		if _, err := fh.WriteString(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fh.Close()
+	if got := read(t, p); string(got) != "synced;one;two;" {
+		t.Fatalf("before the crash: %q", got)
+	}
+	crash(t, f, powerfs.CrashOptions{})
+	if got := read(t, p); string(got) != "synced;" {
+		t.Fatalf("after the crash: %q, want %q", got, "synced;")
+	}
 }

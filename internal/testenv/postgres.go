@@ -35,12 +35,16 @@ type PostgresOptions struct {
 	// Dir is the parent directory for the cluster. Default: a new temp dir,
 	// removed by Close.
 	Dir string
-	// Durable keeps fsync on, as in production.
+	// Durable keeps fsync on, as in production; with Dir set, initdb
+	// also syncs the new cluster.
 	// Default false: tests trade durability against an OS crash (which they
 	// never simulate) for speed. Process crashes are still safe either way.
 	Durable bool
 	// MaxConnections is the server's max_connections. Default 200.
 	MaxConnections int
+	// Settings are extra server settings, "name=value" each, passed as
+	// -c name=value at every start, after (so over) the defaults.
+	Settings []string
 	// Logf, if set, receives the server's output lines.
 	Logf func(format string, args ...any)
 }
@@ -149,20 +153,39 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	p.root = root
 	p.dataDir = filepath.Join(root, "data")
 	p.sockDir = root
-	if p.cred != nil {
-		if err := os.Chown(root, int(p.cred.Uid), int(p.cred.Gid)); err != nil {
+	if opts.Dir != "" {
+		// The socket stays off the caller's directory, which may be a
+		// FUSE mount (where a socket may not work, and which a simulated
+		// crash unmounts).
+		if p.sockDir, err = os.MkdirTemp("", "jetinbox-pgsock-"); err != nil {
 			p.Close()
 			return nil, fmt.Errorf("testenv: %w", err)
 		}
 	}
-	// The socket's directory is the server user's alone: connecting to a
-	// Unix socket takes search permission on its directory.
-	if err := os.Chmod(root, 0o700); err != nil {
-		p.Close()
-		return nil, fmt.Errorf("testenv: %w", err)
+	for _, d := range []string{root, p.sockDir} {
+		if p.cred != nil {
+			if err := os.Chown(d, int(p.cred.Uid), int(p.cred.Gid)); err != nil {
+				p.Close()
+				return nil, fmt.Errorf("testenv: %w", err)
+			}
+		}
+		// The socket's directory is the server user's alone: connecting to a
+		// Unix socket takes search permission on its directory.
+		if err := os.Chmod(d, 0o700); err != nil {
+			p.Close()
+			return nil, fmt.Errorf("testenv: %w", err)
+		}
 	}
-	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"), "-D", p.dataDir, "-U", "postgres",
-		"-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions")
+	initArgs := []string{"-D", p.dataDir, "-U", "postgres",
+		"-A", "trust", "-E", "UTF8", "--locale=C", "--no-instructions"}
+	if !opts.Durable || opts.Dir == "" {
+		// A durable cluster in a caller's directory (which may be a
+		// filesystem that loses unsynced data) is synced from the start,
+		// or a power cut could take the catalog. A temp dir never loses
+		// power during a test, and syncing costs initdb a second or two.
+		initArgs = append(initArgs, "--no-sync")
+	}
+	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"), initArgs...)
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
 	if out, err := initdb.CombinedOutput(); err != nil {
 		p.Close()
@@ -225,6 +248,9 @@ func (p *Postgres) start(ctx context.Context) error {
 		// killed server never loses a commit it reported.
 		args = append(args, "-c", "fsync=off", "-c", "full_page_writes=off")
 	}
+	for _, kv := range p.opts.Settings {
+		args = append(args, "-c", kv)
+	}
 	cmd := exec.Command(filepath.Join(p.bin, "postgres"), args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred, Setpgid: true}
 	if p.opts.Logf != nil {
@@ -267,6 +293,116 @@ func (p *Postgres) Stop() error { return p.signal(syscall.SIGINT) }
 // group), the way a power cut or OOM kill would.
 func (p *Postgres) Kill() error { return p.signal(syscall.SIGKILL) }
 
+// KillAll cuts the power to the server: SIGKILL to the postmaster and every
+// backend and auxiliary process at once, then it waits until none is left,
+// so that whatever they had open is closed and a filesystem under the data
+// directory can crash next. A later Start runs crash recovery on what the
+// disk kept.
+//
+// The children are not in the postmaster's process group (each backend
+// calls setsid), so they are found as its descendants. All are stopped
+// first, so that none acts on the others' death (a backend that sees the
+// postmaster gone, a postmaster that sees a child die) before it dies too.
+func (p *Postgres) KillAll() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return nil
+	}
+	root := p.cmd.Process.Pid
+	var tree []int
+	for {
+		// Stopping the postmaster first ends its forking; a child forked
+		// while we stopped the others shows up in the next pass.
+		procs, err := processTable()
+		if err != nil {
+			return err
+		}
+		next := descendants(procs, root)
+		for _, pid := range next {
+			_ = syscall.Kill(pid, syscall.SIGSTOP)
+		}
+		if len(next) == len(tree) {
+			tree = next
+			break
+		}
+		tree = next
+	}
+	for _, pid := range tree {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	<-p.done
+	p.cmd = nil
+	_ = os.Remove(filepath.Join(p.dataDir, "postmaster.pid"))
+	// The children are orphans now, reaped by someone else; a zombie holds
+	// no files, so only live ones count.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		procs, err := processTable()
+		if err != nil {
+			return err
+		}
+		var live []int
+		for _, pid := range tree {
+			if _, ok := procs[pid]; ok {
+				live = append(live, pid)
+			}
+		}
+		if len(live) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("testenv: postgres processes %v still alive 30s after SIGKILL", live)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// processTable maps every live (not zombie) process to its parent.
+func processTable() (map[int]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("testenv: %w", err)
+	}
+	procs := make(map[int]int, len(ents))
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// pid (comm) state ppid …; comm may hold spaces and parens.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 2 || f[0] == "Z" || f[0] == "X" {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		procs[pid] = ppid
+	}
+	return procs, nil
+}
+
+// descendants lists root and every live process below it, root first.
+func descendants(procs map[int]int, root int) []int {
+	children := make(map[int][]int)
+	for pid, ppid := range procs {
+		children[ppid] = append(children[ppid], pid)
+	}
+	out := []int{root}
+	for i := 0; i < len(out); i++ {
+		out = append(out, children[out[i]]...)
+	}
+	return out
+}
+
 func (p *Postgres) signal(sig syscall.Signal) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -297,6 +433,9 @@ func (p *Postgres) Close() error {
 	err := p.Stop()
 	if p.root != "" {
 		_ = os.RemoveAll(p.root)
+	}
+	if p.sockDir != "" && p.sockDir != p.root {
+		_ = os.RemoveAll(p.sockDir)
 	}
 	return err
 }
