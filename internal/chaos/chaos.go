@@ -99,8 +99,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&o.Duration, "duration", 0, "soak: repeat the stable-id × jetinbox combination with fresh intents until this long has passed")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage of jetinbox chaos: producer strategies × consumer strategies under lost publishes, lost PubAcks,\ncrashes at each crash point, lost acks, poison intents, give-ups after MaxDeliver while no worker\nlistens, two workers, a NATS and a PostgreSQL restart.\n"+
-			"jetinbox chaos -cluster [flags]: the jetinbox row on three nodes with R3 streams under leader kills,\n"+
-			"step-downs, a rolling restart, a partition and a client whose server dies (see jetinbox chaos -cluster -h).\n"+
+			"jetinbox chaos -cluster [flags]: the jetinbox row on three nats-server processes with R3 streams under\n"+
+			"leader kills and pauses, step-downs, a rolling restart, a partition, a client whose server dies, a\n"+
+			"consumer process paused past AckWait and a peer replaced (see jetinbox chaos -cluster -h).\n"+
 			"jetinbox chaos -pg-failover [flags]: the jetinbox row on a pg_auto_failover primary and standby under\n"+
 			"kills, failovers and cuts, synchronous and asynchronous (see jetinbox chaos -pg-failover -h).\n"+
 			"jetinbox chaos -power-loss [flags]: the jetinbox row while the power goes out, every store on a filesystem\n"+

@@ -101,7 +101,7 @@ func TestChaosSmoke(t *testing.T) {
 func TestClusterChaosSmoke(t *testing.T) {
 	var progress bytes.Buffer
 	logs := testenv.NewLogTail(400)
-	rows, rep, _, err := RunCluster(context.Background(), ClusterOptions{Intents: 150, Rate: 300, Faults: ClusterFaults, SyncAlways: true, Progress: &progress,
+	rows, rep, _, err := RunCluster(context.Background(), ClusterOptions{Intents: 150, Rate: 150, Faults: ClusterFaults, SyncAlways: true, Progress: &progress,
 		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		OnStall: func() { testenv.LogGoroutines(t, "jsinbox") }})
 	t.Logf("\n%s", progress.String())

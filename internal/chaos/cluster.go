@@ -213,6 +213,14 @@ type clusterRun struct {
 	held     bool
 	working  int
 	cancels  map[int]context.CancelFunc
+
+	// consumer-pause's first consumer process, started before the phase
+	// publishes; the durable's unacked count then, and the durable.
+	pauseA    *consumerProc
+	pauseBase int
+	pauseCons jetstream.Consumer
+	// membership's fresh server, joined before the phase publishes.
+	fresh int
 }
 
 // ClusterStats says how hard the faults hit: publish retries and the
@@ -230,10 +238,13 @@ func (r *clusterRun) say(format string, a ...any) {
 	}
 }
 
-// RunCluster starts PostgreSQL and a three-node cluster, runs every fault
-// phase with the producer publishing and two inbox consumers consuming,
-// waits until everything is settled and returns a row per phase and
-// verify's report on the end state.
+// RunCluster starts PostgreSQL and a three-node cluster of nats-server
+// processes, runs every fault phase with the producer publishing and two
+// inbox consumers consuming (in this process; consumer-pause runs its
+// consumers as `jetinbox consumer` processes), waits until everything is
+// settled and returns a row per phase and verify's report on the end
+// state. The binary must run the nats-server and jetinbox child roles
+// (subproc.Dispatch; a test binary registers [ConsumerRole] as jetinbox).
 func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Report, *ClusterStats, error) {
 	if o.Rounds < 1 {
 		o.Rounds = 1
@@ -425,6 +436,23 @@ func setupR3(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool) er
 // phase publishes intents and, once a third of them is out, applies the
 // fault; it returns when both are done and the cluster is whole again.
 func (r *clusterRun) phase(ctx context.Context, fault string, intents []inbox.Intent) (string, error) {
+	if fault == "consumer-pause" {
+		cleanup, err := r.prepareConsumerPause(ctx)
+		if err != nil {
+			return "", err
+		}
+		defer cleanup()
+	}
+	if fault == "membership" {
+		// The fresh server joins first: the peer change and the
+		// partition then meet the publishing.
+		n, err := r.cl.AddNode(ctx)
+		if err != nil {
+			return "", err
+		}
+		r.fresh = n
+		r.say("  %s joined the cluster (pid %d)", r.cl.Name(n), r.cl.Pid(n))
+	}
 	r.say("phase %s: publishing %d intents", fault, len(intents))
 	third := make(chan struct{})
 	pubErr := make(chan error, 1)

@@ -6,12 +6,16 @@ package chaos
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -131,7 +135,15 @@ func (r *clusterRun) startConsumerProc(ctx context.Context, name string) (*consu
 	if err != nil {
 		return nil, fmt.Errorf("chaos: %w", err)
 	}
-	cmd.Env = append(cmd.Env, "NATS_URL="+r.cl.URLs(), "DATABASE_URL="+r.dbURL)
+	// The application name finds the process's sessions in
+	// pg_stat_activity. A session left idle in a transaction longer than
+	// AckWait is ended by the server, as production settings do: a
+	// consumer paused mid-transaction then meets a commit that fails when
+	// it wakes, and must not have acked.
+	dsn := r.dbURL + "&application_name=chaos-consumer-" + name +
+		// pgx reads a "+" in the query as itself, not as a space.
+		"&options=" + strings.ReplaceAll(url.QueryEscape(fmt.Sprintf("-c idle_in_transaction_session_timeout=%d", r.o.AckWait.Milliseconds())), "+", "%20")
+	cmd.Env = append(cmd.Env, "NATS_URL="+r.cl.URLs(), "DATABASE_URL="+dsn)
 	p := &consumerProc{name: name, cmd: cmd, log: testenv.NewLogTail(100), done: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = p.log, p.log
 	if r.o.Logger != nil {
@@ -164,21 +176,68 @@ func (p *consumerProc) stop() error {
 	}
 }
 
-// consumerPause: the in-process workers step aside for two consumer
-// processes. The first runs alone until it is stopped (SIGSTOP) holding
-// messages it has not acked; the second starts, and once AckWait ran out
-// it is given those messages again and settles them, or waits for rows the
-// sleeper locked. The sleeper stays stopped for more than AckWait, then
-// continues (SIGCONT): whatever it was doing (fetched, mid-transaction,
-// committed but not acked) it finishes late, and only the inbox keeps the
-// effect from being applied twice.
-func (r *clusterRun) consumerPause(ctx context.Context) (note string, err error) {
+// prepareConsumerPause makes way for consumer-pause before its phase
+// publishes: the in-process workers step aside and the first consumer
+// process starts, so that the fault meets it busy. The returned cleanup
+// undoes what the fault did not.
+func (r *clusterRun) prepareConsumerPause(ctx context.Context) (cleanup func(), err error) {
 	r.holdWorkers(true)
-	defer r.holdWorkers(false)
-	cons, err := r.js.Consumer(ctx, r.stream, r.durable)
-	if err != nil {
-		return "", fmt.Errorf("chaos: %w", err)
+	cleanup = func() {
+		if r.pauseA != nil {
+			_ = r.pauseA.stop()
+			r.pauseA = nil
+		}
+		r.holdWorkers(false)
 	}
+	defer func() {
+		if err != nil {
+			cleanup()
+		}
+	}()
+	if r.pauseCons, err = r.js.Consumer(ctx, r.stream, r.durable); err != nil {
+		return nil, fmt.Errorf("chaos: %w", err)
+	}
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ci, err := r.pauseCons.Info(ictx)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("chaos: %w", err)
+	}
+	// What the workers handed back and nobody took yet.
+	r.pauseBase = ci.NumAckPending
+	if r.pauseA, err = r.startConsumerProc(ctx, "A"); err != nil {
+		return nil, err
+	}
+	// Past its start: the schema check is a transaction too.
+	if err := pollUntil(ctx, func() bool { return strings.Contains(r.pauseA.log.String(), "consumer: running") }); err != nil {
+		return nil, fmt.Errorf("chaos: consumer process A did not start: %w:\n%s", err, r.pauseA.log)
+	}
+	return cleanup, nil
+}
+
+// consumerPause: the in-process workers stepped aside for two consumer
+// processes (prepareConsumerPause). The first is stopped (SIGSTOP) inside
+// a batch's transaction, caught where pg_stat_activity shows the server
+// waiting on it, or failing that while it holds messages it has not
+// acked. The second starts; once AckWait ran out it is given those
+// messages again, and the server ends the sleeper's idle transaction
+// (idle_in_transaction_session_timeout, AckWait) and so releases the rows
+// it locked. The sleeper stays stopped for more than twice AckWait, then
+// continues (SIGCONT): its commit fails and it tries the batch again, or
+// it acks what it had committed, late; only the inbox keeps an effect
+// from being applied twice.
+func (r *clusterRun) consumerPause(ctx context.Context) (note string, err error) {
+	a, base, cons := r.pauseA, r.pauseBase, r.pauseCons
+	if a == nil {
+		return "", errors.New("chaos: consumer-pause without its first consumer process")
+	}
+	r.pauseA = nil
+	aStopped := false
+	defer func() {
+		if !aStopped {
+			_ = a.stop()
+		}
+	}()
 	pending := func() int {
 		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
@@ -188,60 +247,122 @@ func (r *clusterRun) consumerPause(ctx context.Context) (note string, err error)
 		}
 		return ci.NumAckPending
 	}
-	base := pending()
-	a, err := r.startConsumerProc(ctx, "A")
-	if err != nil {
-		return "", err
-	}
-	defer func() {
-		if serr := a.stop(); err == nil && serr != nil {
-			err = serr
-		}
-	}()
-	// Stop A the moment it holds messages: stopped, it acks nothing, so
-	// what the durable counts as unacked beyond what the workers left is
-	// A's. Not holding any yet: let it go on a little and try again.
-	held := 0
-	for try := 0; try < 200 && ctx.Err() == nil; try++ {
-		time.Sleep(time.Duration(20+try%5*10) * time.Millisecond)
+	// Stop A in the middle of a transaction if it can be caught there
+	// (its session is in a transaction in pg_stat_activity), else the
+	// moment it holds messages it has not acked: stopped, it acks nothing,
+	// so what the durable counts as unacked beyond what the workers left
+	// is A's.
+	stop := func() error {
 		if err := syscall.Kill(a.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
-			return "", fmt.Errorf("chaos: SIGSTOP consumer A: %w:\n%s", err, a.log)
+			select {
+			case werr := <-a.done:
+				a.done <- werr
+				err = fmt.Errorf("%w (it exited: %v)", err, werr)
+			default:
+			}
+			return fmt.Errorf("chaos: SIGSTOP consumer A: %w:\n%s", err, a.log)
+		}
+		return nil
+	}
+	// The server waits on A inside a transaction: stopped now, A sends
+	// nothing more of it (a statement already sent would still run, and a
+	// COMMIT among them would commit).
+	inTx := func() bool {
+		var n int
+		err := r.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'chaos-consumer-A' AND state = 'idle in transaction'`).Scan(&n)
+		return err == nil && n > 0
+	}
+	held, midTx := 0, false
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && ctx.Err() == nil; {
+		if !inTx() {
+			continue
+		}
+		if err := stop(); err != nil {
+			return "", err
+		}
+		time.Sleep(50 * time.Millisecond) // what A sent before it stopped has run
+		// Past its start, A's only transactions are batches'. Its count
+		// of unacked messages may be 0 if it acked before committing.
+		if inTx() {
+			held, midTx = pending()-base, true
+			break
+		}
+		_ = syscall.Kill(a.cmd.Process.Pid, syscall.SIGCONT)
+	}
+	for try := 0; !midTx && try < 200 && ctx.Err() == nil; try++ {
+		time.Sleep(time.Duration(20+try%5*10) * time.Millisecond)
+		if err := stop(); err != nil {
+			return "", err
 		}
 		if held = pending() - base; held > 0 {
 			break
 		}
 		_ = syscall.Kill(a.cmd.Process.Pid, syscall.SIGCONT)
 	}
-	if held <= 0 {
+	if held <= 0 && !midTx {
 		return "", fmt.Errorf("chaos: consumer process A held no messages in 200 tries:\n%s", a.log)
 	}
+	where := "holding"
+	if midTx {
+		where = "in a transaction, holding"
+	}
 	t0 := time.Now()
-	r.say("  stopped consumer process A holding %d unacked messages", held)
+	r.say("  stopped consumer process A %s %d unacked messages", where, held)
 	b, err := r.startConsumerProc(ctx, "B")
 	if err != nil {
 		return "", err
 	}
+	bStopped := false
 	defer func() {
-		if serr := b.stop(); err == nil && serr != nil {
-			err = serr
+		if !bStopped {
+			_ = b.stop()
 		}
 	}()
 	time.Sleep(2*r.o.AckWait + time.Second)
+	if midTx {
+		where = "in a transaction (the server ended it), holding"
+		if inTx() {
+			where = "in a transaction (still open), holding"
+		}
+	}
 	if err := syscall.Kill(a.cmd.Process.Pid, syscall.SIGCONT); err != nil {
 		return "", fmt.Errorf("chaos: SIGCONT consumer A: %w", err)
 	}
-	r.say("  continued consumer process A after %.1fs (AckWait %s)", time.Since(t0).Seconds(), r.o.AckWait)
-	// Both work on until the phase's intents are out (phase waits), then
-	// drain; the workers come back.
+	stopped := time.Since(t0)
+	r.say("  continued consumer process A after %.1fs (AckWait %s)", stopped.Seconds(), r.o.AckWait)
+	// Both work on a while, then drain; the workers come back.
 	time.Sleep(time.Second)
-	return fmt.Sprintf("consumer process A stopped %.1fs (AckWait %s) holding %d unacked; B took over; A continued", time.Since(t0).Seconds()-1, r.o.AckWait, held), nil
+	bStopped, aStopped = true, true
+	if err := errors.Join(b.stop(), a.stop()); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("consumer process A stopped %.1fs (AckWait %s) %s %d unacked; B %s; A continued: %s", stopped.Seconds(), r.o.AckWait, where, held, b.summary(), a.summary()), nil
+}
+
+// summary is what the process said it did when it stopped (over its whole
+// life): deliveries, applied, found applied by the inbox.
+func (p *consumerProc) summary() string {
+	for _, line := range strings.Split(p.log.String(), "\n") {
+		var l struct {
+			Msg        string `json:"msg"`
+			Received   int    `json:"received"`
+			Applied    int    `json:"applied"`
+			Duplicates int    `json:"duplicates"`
+		}
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "consumer: stopped" {
+			return fmt.Sprintf("received %d, applied %d, found %d applied", l.Received, l.Applied, l.Duplicates)
+		}
+	}
+	return "said nothing on stopping"
 }
 
 // membership replaces a stream peer while publishing: a fresh server
-// joins, one node is cut off, a follower of the stream is removed from it
-// (the meta leader places the replica on the fresh server, which catches
-// up), the cut-off node is healed, and the phase ends with the stream
-// current on three peers, the removed one not among them.
+// joined before the phase (r.fresh), one node is cut off, a follower of
+// the stream is removed from it (the meta leader places the replica on
+// the fresh server, which catches up), the cut-off node is healed, and
+// the phase ends with the stream current on three peers, the removed one
+// not among them.
 func (r *clusterRun) membership(ctx context.Context) (string, error) {
 	l, err := r.cl.WaitStreamLeader(ctx, r.stream)
 	if err != nil {
@@ -257,12 +378,7 @@ func (r *clusterRun) membership(ctx context.Context) (string, error) {
 	if len(followers) < 2 {
 		return "", fmt.Errorf("stream peers %v under leader %s: want two followers", peers, r.cl.Name(l))
 	}
-	victim, cut := followers[0], followers[1]
-	n, err := r.cl.AddNode(ctx)
-	if err != nil {
-		return "", err
-	}
-	r.say("  %s joined the cluster (pid %d)", r.cl.Name(n), r.cl.Pid(n))
+	victim, cut, n := followers[0], followers[1], r.fresh
 	r.cl.Partition(cut)
 	r.say("  partitioned %s (a stream follower)", r.cl.Name(cut))
 	// The operator asks through a node on the majority side: the run's

@@ -480,8 +480,45 @@ func (c *NATSProcs) Pause(i int) error {
 	c.mu.Lock()
 	n.paused = true
 	c.mu.Unlock()
+	// kill(2) returns before every thread has stopped: wait until the
+	// kernel reports the process stopped.
+	if err := waitProcState(c.Pid(i), true); err != nil {
+		return fmt.Errorf("testenv: pause %s: %w", n.name, err)
+	}
 	c.logf("paused %s", n.name)
 	return nil
+}
+
+// waitProcState waits up to five seconds until every thread of process
+// pid is stopped (state T in /proc/pid/task/*/stat), or none is.
+func waitProcState(pid int, stopped bool) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+		if err != nil || len(tasks) == 0 {
+			return fmt.Errorf("process %d: no threads (%v)", pid, err)
+		}
+		all := true
+		for _, t := range tasks {
+			b, err := os.ReadFile(t)
+			if err != nil {
+				continue // a thread that just ended
+			}
+			// The state follows the command name, in parentheses.
+			s := string(b)
+			if k := strings.LastIndexByte(s, ')'); k >= 0 && k+2 < len(s) && (s[k+2] == 'T') != stopped {
+				all = false
+				break
+			}
+		}
+		if all {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("process %d not %s after 5s", pid, map[bool]string{true: "stopped", false: "continued"}[stopped])
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // Resume continues node i with SIGCONT after Pause.
@@ -493,6 +530,9 @@ func (c *NATSProcs) Resume(i int) error {
 	c.mu.Lock()
 	n.paused = false
 	c.mu.Unlock()
+	if err := waitProcState(c.Pid(i), false); err != nil {
+		return fmt.Errorf("testenv: resume %s: %w", n.name, err)
+	}
 	c.logf("resumed %s", n.name)
 	return nil
 }
