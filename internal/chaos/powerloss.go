@@ -238,7 +238,7 @@ func WritePowerTable(w io.Writer, rows []PowerRow) {
 		case r.Spec.Shipped:
 			fmt.Fprint(w, " NOT CLEAN")
 		case r.Lost == 0:
-			fmt.Fprint(w, " no loss seen this run: no cut met an acknowledged write that setting had not synced yet")
+			fmt.Fprint(w, " no loss seen this run")
 		default:
 			fmt.Fprintf(w, " lost %d of %d acknowledged intents (%.1f%%)", r.Lost, r.Acked(), 100*float64(r.Lost)/float64(max(r.Acked(), 1)))
 		}
@@ -708,10 +708,14 @@ func retrySetup(ctx context.Context, setup func(context.Context) error) error {
 
 // waitDurable waits until the consumers created their durable.
 func waitDurable(ctx context.Context, js jetstream.JetStream, stream, durable string) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	for {
-		_, err := js.Consumer(ctx, stream, durable)
+		// Each lookup its own timeout: a request the cluster dropped
+		// while it elected must not use up the whole wait.
+		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := js.Consumer(actx, stream, durable)
+		acancel()
 		if err == nil {
 			return nil
 		}
