@@ -16,7 +16,7 @@ import (
 func TestPowerLossSmoke(t *testing.T) {
 	var progress bytes.Buffer
 	start := time.Now()
-	rows, err := RunPowerLoss(context.Background(), PowerOptions{Cuts: 1, Intents: 300, Rate: 400, Burst: 150, Seed: 1,
+	rows, err := RunPowerLoss(context.Background(), PowerOptions{Cuts: 1, Intents: 600, Rate: 400, Burst: 150, Seed: 1,
 		Settle: 90 * time.Second, Progress: &progress})
 	t.Logf("\n%s", progress.String())
 	if err != nil {
