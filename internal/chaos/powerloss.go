@@ -110,8 +110,6 @@ type PowerOptions struct {
 	Progress io.Writer
 	// Verbose also copies the servers' and consumers' logs to Progress.
 	Verbose bool
-	// specs overrides PowerRows (a test's mutation).
-	specs []PowerRowSpec
 }
 
 // PowerRow is one configuration's result, counted per intent as the
@@ -253,10 +251,7 @@ func WritePowerTable(w io.Writer, rows []PowerRow) {
 // configuration. A row whose run failed carries its error; the others
 // still run.
 func RunPowerLoss(ctx context.Context, o PowerOptions) ([]PowerRow, error) {
-	specs := o.specs
-	if specs == nil {
-		specs = PowerRows
-	}
+	specs := PowerRows
 	if o.Settle <= 0 {
 		o.Settle = 3 * time.Minute
 	}
@@ -656,7 +651,7 @@ func (s *powerStack) cut(ctx context.Context, node int, seed uint64) (string, er
 // close stops everything and removes the mounts and their files.
 func (s *powerStack) close() {
 	for _, c := range s.consumers {
-		c.kill()
+		c.end()
 	}
 	if s.pg != nil {
 		_ = s.pg.Close()
@@ -794,6 +789,8 @@ type powerConsumer struct {
 	args []string
 	env  []string
 
+	exited chan struct{} // closed when supervise returns
+
 	mu      sync.Mutex
 	cmd     *exec.Cmd
 	done    chan struct{}
@@ -810,11 +807,12 @@ func (s *powerStack) newConsumer(w int) *powerConsumer {
 	if s.spec.SQLiteNormal {
 		env = append(env, cli.UnsafeSQLiteSynchronousEnv+"=NORMAL")
 	}
-	return &powerConsumer{s: s, w: w, args: args, env: env}
+	return &powerConsumer{s: s, w: w, args: args, env: env, exited: make(chan struct{})}
 }
 
 // supervise runs the process until stop, again whenever it exits.
 func (c *powerConsumer) supervise(ctx context.Context) {
+	defer close(c.exited)
 	for ctx.Err() == nil {
 		c.mu.Lock()
 		if c.stopped {
@@ -871,6 +869,15 @@ func (c *powerConsumer) kill() {
 		_ = cmd.Process.Signal(syscall.SIGKILL)
 		<-done
 	}
+}
+
+// end kills the consumer for good and waits until its supervisor is gone.
+func (c *powerConsumer) end() {
+	c.mu.Lock()
+	c.stopped = true
+	c.mu.Unlock()
+	c.kill()
+	<-c.exited
 }
 
 // release lets the consumer start again after a cut.
