@@ -9,8 +9,9 @@ test: lint unit cluster deploy bench-smoke
 
 # The tests on a three-node cluster (leader kills, partitions) run on their
 # own, one package at a time, after the rest: three servers under -race
-# beside the other packages' tests starve each other on a 2-core machine.
-CLUSTER := Cluster|LeaderElections
+# beside the other packages' tests starve each other on a 2-core machine;
+# the power-loss run's servers and consumers are processes of their own.
+CLUSTER := Cluster|LeaderElections|PowerLoss
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -82,6 +82,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if a == "-pg-failover" || a == "--pg-failover" {
 			return PGFailoverMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
 		}
+		if a == "-power-loss" || a == "--power-loss" {
+			return PowerLossMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
+		}
 	}
 	fs := flag.NewFlagSet("jetinbox chaos", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -109,7 +112,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			"jetinbox chaos -pg-failover [flags]: the jetinbox row on a pg_auto_failover primary and standby under\n"+
 			"kills, failovers and cuts, synchronous and asynchronous (see jetinbox chaos -pg-failover -h).\n"+
 			"jetinbox chaos -shards N [flags]: one partitioned stream over N shards, each on its own PostgreSQL, with a\n"+
-			"shard's PostgreSQL killed and a partition moved mid-run (see jetinbox chaos -shards 3 -h).")
+			"shard's PostgreSQL killed and a partition moved mid-run (see jetinbox chaos -shards 3 -h).\n"+
+			"jetinbox chaos -power-loss [flags]: the jetinbox row while the power goes out, every store on a filesystem\n"+
+			"that forgets unsynced writes; shipped and unsafe settings side by side (see jetinbox chaos -power-loss -h).")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -474,6 +474,38 @@ func (r *pgRun) waitPrimary(ctx context.Context, want int) error {
 
 // countPG counts per intent, from the ledger and the dead letters.
 func countPG(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, intents []inbox.Intent, failures []jsinbox.Failure, row *PGFailoverRow) error {
+	applied, err := appliedPG(ctx, pool)
+	if err != nil {
+		return err
+	}
+	return countApplied(ctx, js, intents, failures, applied, row)
+}
+
+// appliedPG counts the ledger entries per message ID.
+func appliedPG(ctx context.Context, pool *pgxpool.Pool) (map[string]int, error) {
+	applied := map[string]int{}
+	rows, err := pool.Query(ctx, `SELECT message_id, count(*) FROM ledger_entries GROUP BY message_id`)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			return nil, fmt.Errorf("chaos: %w", err)
+		}
+		applied[id] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("chaos: %w", err)
+	}
+	return applied, nil
+}
+
+// countApplied counts per intent, from the ledger entries per message ID
+// (whatever store they were read from) and the dead letters.
+func countApplied(ctx context.Context, js jetstream.JetStream, intents []inbox.Intent, failures []jsinbox.Failure, applied map[string]int, row *PGFailoverRow) error {
 	published := map[string]bool{}
 	for _, in := range intents {
 		published[in.ID] = true
@@ -482,26 +514,10 @@ func countPG(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, in
 	for _, f := range failures {
 		failed[f.ID] = true
 	}
-	applied := map[string]int{}
-	rows, err := pool.Query(ctx, `SELECT message_id, count(*) FROM ledger_entries GROUP BY message_id`)
-	if err != nil {
-		return fmt.Errorf("chaos: %w", err)
-	}
-	for rows.Next() {
-		var id string
-		var n int
-		if err := rows.Scan(&id, &n); err != nil {
-			rows.Close()
-			return fmt.Errorf("chaos: %w", err)
-		}
-		applied[id] = n
+	for id := range applied {
 		if !published[id] {
 			row.Unexpected++
 		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("chaos: %w", err)
 	}
 	dead := map[string]bool{}
 	dls, err := verify.ReadStream(ctx, js, jsinbox.DeadLetterStream(jsinbox.DefaultStream))

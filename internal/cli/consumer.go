@@ -122,7 +122,18 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 			inbox.Config{Logger: log, TxRetry: txRetry, TracerProvider: tp}, *dbConns, *httpAddr, reg, *drainTimeout, log)
 	}
 
-	store, err := OpenStore(ctx, *dbURL, int32(*dbConns), log)
+	var store *Store
+	var err error
+	switch v := env(UnsafeSQLiteSynchronousEnv); v {
+	case "":
+		store, err = OpenStore(ctx, *dbURL, int32(*dbConns), log)
+	case "NORMAL":
+		log.Error("UNSAFE: "+UnsafeSQLiteSynchronousEnv+"=NORMAL: the SQLite file runs with synchronous=NORMAL; "+
+			"a power loss can lose commits whose messages were already acked. Only the power-loss chaos run sets this.", "database", *dbURL)
+		store, err = openSQLiteUnsafeNormal(ctx, *dbURL)
+	default:
+		return UsageError{Err: fmt.Errorf("%s=%q: the only value is NORMAL (unsafe; unset it for the guarantee)", UnsafeSQLiteSynchronousEnv, v)}
+	}
 	if err != nil {
 		return err
 	}

@@ -103,6 +103,44 @@ func OpenStore(ctx context.Context, dbURL string, maxConns int32, log *slog.Logg
 	return &Store{PG: pool, Pooled: pooled}, nil
 }
 
+// UnsafeSQLiteSynchronousEnv names the environment variable that makes the
+// consumer open its SQLite file with synchronous=NORMAL, which the
+// guarantee forbids: in WAL mode a commit then returns before it is on
+// disk, and a power loss can take commits whose messages were already
+// acked. It exists so that the power-loss chaos run can show what that
+// setting loses; the only value it takes is NORMAL, it is honoured only
+// when set, only by the consumer, only for a sqlite:// URL, and logged as
+// an error-level warning at start. Never set it in production.
+const UnsafeSQLiteSynchronousEnv = "JETINBOX_UNSAFE_SQLITE_SYNCHRONOUS"
+
+// openSQLiteUnsafeNormal opens the file dbURL names as [OpenStore] does,
+// but with synchronous=NORMAL (see [UnsafeSQLiteSynchronousEnv]), and
+// checks that the connection really runs with it.
+func openSQLiteUnsafeNormal(ctx context.Context, dbURL string) (*Store, error) {
+	path, ok, err := SQLitePath(dbURL)
+	if err != nil || !ok {
+		return nil, UsageError{Err: fmt.Errorf("%s is set but DATABASE_URL names no SQLite file: %v", UnsafeSQLiteSynchronousEnv, err)}
+	}
+	params := strings.Replace(sqliteinbox.DSNParams(), "synchronous(FULL)", "synchronous(NORMAL)", 1)
+	db, err := sql.Open("sqlite", "file:"+(&url.URL{Path: path}).EscapedPath()+"?"+params)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(1)
+	db.SetConnMaxLifetime(0)
+	var level int
+	if err := db.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&level); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	if level != 1 {
+		db.Close()
+		return nil, fmt.Errorf("database: synchronous is %d after asking for NORMAL (1)", level)
+	}
+	return &Store{SQLite: db, Path: path}, nil
+}
+
 // ListenDatabaseUsage is the help text of the flags that take a relay's
 // direct URL for LISTEN.
 const ListenDatabaseUsage = "a direct PostgreSQL URL (same database, no connection pooler) for the relay's LISTEN, when the database URL reaches the server " +
