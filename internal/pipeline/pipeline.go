@@ -94,26 +94,9 @@ func WaitSettled(ctx context.Context, js jetstream.JetStream, stream, durable st
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		s, err := js.Stream(ctx, stream)
-		if err == nil {
-			var c jetstream.Consumer
-			c, err = s.Consumer(ctx, durable)
-			if err == nil {
-				var info *jetstream.ConsumerInfo
-				info, err = c.Info(ctx)
-				if err == nil {
-					last := s.CachedInfo().State.LastSeq
-					if si, err := s.Info(ctx); err == nil {
-						last = si.State.LastSeq
-					}
-					if progress != nil {
-						progress(info.AckFloor.Stream, last)
-					}
-					if info.NumPending == 0 && info.NumAckPending == 0 && info.Delivered.Stream >= last && rescued(ctx, js, stream, durable) {
-						return nil
-					}
-				}
-			}
+		settled, err := settledOnce(ctx, js, stream, durable, progress)
+		if settled {
+			return nil
 		}
 		select {
 		case <-ctx.Done():
@@ -121,6 +104,34 @@ func WaitSettled(ctx context.Context, js jetstream.JetStream, stream, durable st
 		case <-tick.C:
 		}
 	}
+}
+
+// settledOnce asks once whether the durable has settled the stream. Each
+// look has a timeout of its own: on a cluster right after a fault, a
+// request can be dropped, and it must not hold the whole wait.
+func settledOnce(ctx context.Context, js jetstream.JetStream, stream, durable string, progress func(settled, total uint64)) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return false, err
+	}
+	c, err := s.Consumer(ctx, durable)
+	if err != nil {
+		return false, err
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return false, err
+	}
+	last := s.CachedInfo().State.LastSeq
+	if si, err := s.Info(ctx); err == nil {
+		last = si.State.LastSeq
+	}
+	if progress != nil {
+		progress(info.AckFloor.Stream, last)
+	}
+	return info.NumPending == 0 && info.NumAckPending == 0 && info.Delivered.Stream >= last && rescued(ctx, js, stream, durable), nil
 }
 
 // rescued reports whether the durable's rescue consumer on the advisory

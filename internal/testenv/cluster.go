@@ -398,15 +398,18 @@ func (c *Cluster) ConsumerLeader(stream, consumer string) int {
 
 // WaitStreamLeader waits until stream has a leader and returns it.
 func (c *Cluster) WaitStreamLeader(ctx context.Context, stream string) (int, error) {
-	l := -1
-	err := poll(ctx, "a leader of stream "+stream, func() bool { l = c.StreamLeader(stream); return l >= 0 })
-	return l, err
+	return waitLeader(ctx, "a leader of stream "+stream, func() int { return c.StreamLeader(stream) })
 }
 
 // WaitConsumerLeader waits until consumer has a leader and returns it.
 func (c *Cluster) WaitConsumerLeader(ctx context.Context, stream, consumer string) (int, error) {
+	return waitLeader(ctx, "a leader of consumer "+stream+"/"+consumer, func() int { return c.ConsumerLeader(stream, consumer) })
+}
+
+// waitLeader polls leader until it names a node.
+func waitLeader(ctx context.Context, what string, leader func() int) (int, error) {
 	l := -1
-	err := poll(ctx, "a leader of consumer "+stream+"/"+consumer, func() bool { l = c.ConsumerLeader(stream, consumer); return l >= 0 })
+	err := poll(ctx, what, func() bool { l = leader(); return l >= 0 })
 	return l, err
 }
 
@@ -462,9 +465,14 @@ func (c *Cluster) ReadWhenHealthy(ctx context.Context, read func() error, again 
 	if c == nil {
 		return read()
 	}
+	return readWhenHealthy(ctx, c.WaitHealthy, read, again)
+}
+
+// readWhenHealthy is ReadWhenHealthy for both kinds of cluster.
+func readWhenHealthy(ctx context.Context, waitHealthy func(context.Context) error, read func() error, again func(error)) error {
 	for attempt := 1; ; attempt++ {
 		hctx, cancel := context.WithTimeout(ctx, time.Minute)
-		err := c.WaitHealthy(hctx)
+		err := waitHealthy(hctx)
 		cancel()
 		if err != nil {
 			return err
@@ -482,15 +490,17 @@ func (c *Cluster) ReadWhenHealthy(ctx context.Context, read func() error, again 
 // leads it (a step-down may end with the same node elected again, or be
 // refused while a replica catches up) and returns both nodes.
 func (c *Cluster) MoveStreamLeader(ctx context.Context, nc *nats.Conn, stream string) (from, to int, err error) {
-	return c.moveLeader(ctx, func() int { return c.StreamLeader(stream) }, func() error { return StepDownStream(ctx, nc, stream) })
+	return moveLeader(ctx, c.Name, func() int { return c.StreamLeader(stream) }, func() error { return StepDownStream(ctx, nc, stream) })
 }
 
 // MoveConsumerLeader is MoveStreamLeader for a consumer.
 func (c *Cluster) MoveConsumerLeader(ctx context.Context, nc *nats.Conn, stream, consumer string) (from, to int, err error) {
-	return c.moveLeader(ctx, func() int { return c.ConsumerLeader(stream, consumer) }, func() error { return StepDownConsumer(ctx, nc, stream, consumer) })
+	return moveLeader(ctx, c.Name, func() int { return c.ConsumerLeader(stream, consumer) }, func() error { return StepDownConsumer(ctx, nc, stream, consumer) })
 }
 
-func (c *Cluster) moveLeader(ctx context.Context, leader func() int, stepDown func() error) (from, to int, err error) {
+// moveLeader steps a leader down until another node leads, for both kinds
+// of cluster; name names a node in the error.
+func moveLeader(ctx context.Context, name func(int) string, leader func() int, stepDown func() error) (from, to int, err error) {
 	if err := poll(ctx, "a leader", func() bool { from = leader(); return from >= 0 }); err != nil {
 		return -1, -1, err
 	}
@@ -509,7 +519,7 @@ func (c *Cluster) moveLeader(ctx context.Context, leader func() int, stepDown fu
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
-	return from, -1, fmt.Errorf("testenv: leadership did not move from %s: %w (last step-down: %v)", c.Name(from), ctx.Err(), last)
+	return from, -1, fmt.Errorf("testenv: leadership did not move from %s: %w (last step-down: %v)", name(from), ctx.Err(), last)
 }
 
 // StepDownStream asks stream's leader to hand leadership to another
@@ -526,7 +536,12 @@ func StepDownConsumer(ctx context.Context, nc *nats.Conn, stream, consumer strin
 }
 
 func stepDown(ctx context.Context, nc *nats.Conn, subject string) error {
-	m, err := nc.RequestWithContext(ctx, subject, nil)
+	return jsAPI(ctx, nc, subject, nil)
+}
+
+// jsAPI makes one JetStream API request and turns a refusal into an error.
+func jsAPI(ctx context.Context, nc *nats.Conn, subject string, req []byte) error {
+	m, err := nc.RequestWithContext(ctx, subject, req)
 	if err != nil {
 		return fmt.Errorf("testenv: %s: %w", subject, err)
 	}

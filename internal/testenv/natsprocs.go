@@ -609,26 +609,8 @@ func (c *NATSProcs) AddNode(ctx context.Context) (int, error) {
 // replica on another server, which catches up from the others.
 func (c *NATSProcs) RemovePeer(ctx context.Context, nc *nats.Conn, stream string, node int) error {
 	req, _ := json.Marshal(map[string]string{"peer": c.Name(node)})
-	subject := "$JS.API.STREAM.PEER.REMOVE." + stream
-	m, err := nc.RequestWithContext(ctx, subject, req)
-	if err != nil {
-		return fmt.Errorf("testenv: %s: %w", subject, err)
-	}
-	var resp struct {
-		Success bool `json:"success"`
-		Error   *struct {
-			Description string `json:"description"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return fmt.Errorf("testenv: %s: %w", subject, err)
-	}
-	if !resp.Success {
-		desc := "no success"
-		if resp.Error != nil {
-			desc = resp.Error.Description
-		}
-		return fmt.Errorf("testenv: %s %s: %s", subject, c.Name(node), desc)
+	if err := jsAPI(ctx, nc, "$JS.API.STREAM.PEER.REMOVE."+stream, req); err != nil {
+		return fmt.Errorf("remove %s: %w", c.Name(node), err)
 	}
 	c.logf("removed %s from stream %s", c.Name(node), stream)
 	return nil
@@ -692,34 +674,12 @@ func (c *NATSProcs) preferAnswering() []int {
 // MoveStreamLeader asks stream's leader to step down until another node
 // leads it, and returns both nodes (see [Cluster.MoveStreamLeader]).
 func (c *NATSProcs) MoveStreamLeader(ctx context.Context, nc *nats.Conn, stream string) (from, to int, err error) {
-	return c.moveLeader(ctx, func() int { return c.StreamLeader(stream) }, func() error { return StepDownStream(ctx, nc, stream) })
+	return moveLeader(ctx, c.Name, func() int { return c.StreamLeader(stream) }, func() error { return StepDownStream(ctx, nc, stream) })
 }
 
 // MoveConsumerLeader is MoveStreamLeader for a consumer.
 func (c *NATSProcs) MoveConsumerLeader(ctx context.Context, nc *nats.Conn, stream, consumer string) (from, to int, err error) {
-	return c.moveLeader(ctx, func() int { return c.ConsumerLeader(stream, consumer) }, func() error { return StepDownConsumer(ctx, nc, stream, consumer) })
-}
-
-func (c *NATSProcs) moveLeader(ctx context.Context, leader func() int, stepDown func() error) (from, to int, err error) {
-	if err := poll(ctx, "a leader", func() bool { from = leader(); return from >= 0 }); err != nil {
-		return -1, -1, err
-	}
-	var last error
-	for ctx.Err() == nil {
-		if last = stepDown(); last == nil {
-			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err := poll(wctx, "another leader", func() bool { to = leader(); return to >= 0 && to != from })
-			cancel()
-			if err == nil {
-				return from, to, nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
-	return from, -1, fmt.Errorf("testenv: leadership did not move from %s: %w (last step-down: %v)", c.Name(from), ctx.Err(), last)
+	return moveLeader(ctx, c.Name, func() int { return c.ConsumerLeader(stream, consumer) }, func() error { return StepDownConsumer(ctx, nc, stream, consumer) })
 }
 
 var monitorClient = &http.Client{Timeout: 2 * time.Second}
@@ -844,16 +804,12 @@ func (c *NATSProcs) WaitMetaLeader(ctx context.Context) error {
 
 // WaitStreamLeader waits until stream has a leader and returns it.
 func (c *NATSProcs) WaitStreamLeader(ctx context.Context, stream string) (int, error) {
-	l := -1
-	err := poll(ctx, "a leader of stream "+stream, func() bool { l = c.StreamLeader(stream); return l >= 0 })
-	return l, err
+	return waitLeader(ctx, "a leader of stream "+stream, func() int { return c.StreamLeader(stream) })
 }
 
 // WaitConsumerLeader waits until consumer has a leader and returns it.
 func (c *NATSProcs) WaitConsumerLeader(ctx context.Context, stream, consumer string) (int, error) {
-	l := -1
-	err := poll(ctx, "a leader of consumer "+stream+"/"+consumer, func() bool { l = c.ConsumerLeader(stream, consumer); return l >= 0 })
-	return l, err
+	return waitLeader(ctx, "a leader of consumer "+stream+"/"+consumer, func() int { return c.ConsumerLeader(stream, consumer) })
 }
 
 // WaitStreamCurrent waits until stream has a leader that is not cut off and
@@ -898,20 +854,7 @@ func (c *NATSProcs) WaitHealthy(ctx context.Context) error {
 // ReadWhenHealthy is [Cluster.ReadWhenHealthy] for processes: read runs
 // once every node is healthy, up to three times.
 func (c *NATSProcs) ReadWhenHealthy(ctx context.Context, read func() error, again func(error)) error {
-	for attempt := 1; ; attempt++ {
-		hctx, cancel := context.WithTimeout(ctx, time.Minute)
-		err := c.WaitHealthy(hctx)
-		cancel()
-		if err != nil {
-			return err
-		}
-		if err = read(); err == nil || attempt == 3 || ctx.Err() != nil {
-			return err
-		}
-		if again != nil {
-			again(err)
-		}
-	}
+	return readWhenHealthy(ctx, c.WaitHealthy, read, again)
 }
 
 // lineFunc calls f with each complete line written to it.
