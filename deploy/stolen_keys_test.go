@@ -97,7 +97,7 @@ func attackRequest(subj string) *nats.Msg {
 	subj = strings.ReplaceAll(strings.ReplaceAll(subj, ".>", ".attack"), ".*", ".attack")
 	m := nats.NewMsg(subj)
 	switch {
-	case strings.HasPrefix(subj, "intents.") || strings.HasPrefix(subj, "notifications."):
+	case strings.HasPrefix(subj, "intents.") || strings.HasPrefix(subj, "pintents.") || strings.HasPrefix(subj, "notifications."):
 		// A publish the stream refuses (pinned to a stream that does not
 		// capture it): its PubAck is an error, sent to the reply subject,
 		// and the test's streams gain nothing from the publish itself.
