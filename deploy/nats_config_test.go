@@ -24,7 +24,9 @@ var natsNodes = []string{"nats-1", "nats-2", "nats-3"}
 // Permissions the configs must grant, exactly: a change here is a change of
 // the security policy and must be deliberate. TestProjectUnderShippedRoles
 // runs jetinbox's own producer and consumer under them and checks that they
-// use each of these (but $JS.API.INFO) and are refused nothing.
+// use each of these (but $JS.API.INFO) and are refused nothing;
+// TestShardsUnderShippedRoles does the same with the binaries on the
+// partitioned stream for the *ShardPublish lists.
 var (
 	producerPublish = []string{
 		"intents.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.STREAM.MSG.GET.INTENTS",
