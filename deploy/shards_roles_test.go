@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -27,7 +28,6 @@ import (
 // rewrites it) and a PostgreSQL server per shard, as a shard is a primary
 // of its own.
 type shardEnv struct {
-	t        *testing.T
 	ctx      context.Context
 	fx       *secretsFixture
 	urls     string
@@ -80,8 +80,8 @@ func (e *shardEnv) env(natsUser, dbRole string) []string {
 // run runs one command to its end and returns its standard output; it
 // fails the test on a non-zero exit, or if the command's log says the
 // server refused it something.
-func (e *shardEnv) run(natsUser, dbRole string, args ...string) string {
-	e.t.Helper()
+func (e *shardEnv) run(t *testing.T, natsUser, dbRole string, args ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(e.bin, args[0]), args[1:]...)
@@ -90,10 +90,10 @@ func (e *shardEnv) run(natsUser, dbRole string, args ...string) string {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		e.t.Fatalf("%s (NATS user %q, database role %q): %v\n%s%s", strings.Join(args, " "), natsUser, dbRole, err, out, stderr.String())
+		t.Fatalf("%s (NATS user %q, database role %q): %v\n%s%s", strings.Join(args, " "), natsUser, dbRole, err, out, stderr.String())
 	}
 	if violation(stderr.String()) {
-		e.t.Errorf("%s (NATS user %q) was refused something:\n%s", strings.Join(args, " "), natsUser, stderr.String())
+		t.Errorf("%s (NATS user %q) was refused something:\n%s", strings.Join(args, " "), natsUser, stderr.String())
 	}
 	return string(out)
 }
@@ -113,8 +113,8 @@ type shardProc struct {
 
 // startShards starts `jetinbox consumer -shards FILE -shard NAME` for every
 // shard, as the consumer user and jetinbox_consumer.
-func (e *shardEnv) startShards() []*shardProc {
-	e.t.Helper()
+func (e *shardEnv) startShards(t *testing.T) []*shardProc {
+	t.Helper()
 	var ps []*shardProc
 	for _, s := range e.m.Shards {
 		p := &shardProc{name: s.Name, out: &testenv.SyncBuffer{}, done: make(chan error, 1)}
@@ -122,15 +122,15 @@ func (e *shardEnv) startShards() []*shardProc {
 		p.cmd.Dir, p.cmd.Env = e.dir, e.env("consumer", "jetinbox_consumer")
 		p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 		if err := p.cmd.Start(); err != nil {
-			e.t.Fatal(err)
+			t.Fatal(err)
 		}
 		go func() { p.done <- p.cmd.Wait() }()
-		e.t.Cleanup(func() {
+		t.Cleanup(func() {
 			if p.cmd.ProcessState == nil {
 				_ = p.cmd.Process.Kill()
 			}
-			if e.t.Failed() {
-				e.t.Logf("shard %s consumer:\n%s", p.name, lastOutputLines(p.out.String(), 40))
+			if t.Failed() {
+				t.Logf("shard %s consumer:\n%s", p.name, lastOutputLines(p.out.String(), 40))
 			}
 		})
 		ps = append(ps, p)
@@ -140,24 +140,24 @@ func (e *shardEnv) startShards() []*shardProc {
 
 // stopShards sends SIGTERM to every shard's consumer: each must drain and
 // exit 0.
-func (e *shardEnv) stopShards(ps []*shardProc) {
-	e.t.Helper()
+func (e *shardEnv) stopShards(t *testing.T, ps []*shardProc) {
+	t.Helper()
 	for _, p := range ps {
 		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-			e.t.Fatal(err)
+			t.Fatal(err)
 		}
 	}
 	for _, p := range ps {
 		select {
 		case err := <-p.done:
 			if err != nil {
-				e.t.Fatalf("shard %s consumer after SIGTERM: %v\n%s", p.name, err, lastOutputLines(p.out.String(), 40))
+				t.Fatalf("shard %s consumer after SIGTERM: %v\n%s", p.name, err, lastOutputLines(p.out.String(), 40))
 			}
 		case <-time.After(time.Minute):
-			e.t.Fatalf("shard %s consumer did not drain within a minute of SIGTERM", p.name)
+			t.Fatalf("shard %s consumer did not drain within a minute of SIGTERM", p.name)
 		}
 		if violation(p.out.String()) {
-			e.t.Errorf("shard %s consumer was refused something:\n%s", p.name, lastOutputLines(p.out.String(), 40))
+			t.Errorf("shard %s consumer was refused something:\n%s", p.name, lastOutputLines(p.out.String(), 40))
 		}
 	}
 }
@@ -165,26 +165,35 @@ func (e *shardEnv) stopShards(ps []*shardProc) {
 // settled waits until the shard databases together hold inbox rows of want
 // message IDs (applied or rejected; a moved partition's rows are in its old
 // shard too), read as jetinbox_verifier. It makes no NATS call, so that a
-// recording running meanwhile sees the consumers alone.
-func (e *shardEnv) settled(pools map[string]*pgxpool.Pool, want int) {
-	e.t.Helper()
-	eventually(e.t, e.ctx, func() error {
+// recording running meanwhile sees the consumers alone. A row of an ID in
+// never (a message whose binding check must reject it before the inbox)
+// fails the test at once.
+func (e *shardEnv) settled(t *testing.T, pools map[string]*pgxpool.Pool, want int, never []string) {
+	t.Helper()
+	eventually(t, e.ctx, func() error {
 		ids := map[string]bool{}
-		for _, p := range pools {
-			rows, err := p.Query(e.ctx, `SELECT message_id FROM inbox WHERE scope = $1`, e.m.Scope)
+		var bad []string
+		for name, p := range pools {
+			rows, err := p.Query(e.ctx, `SELECT message_id, status FROM inbox WHERE scope = $1`, e.m.Scope)
 			if err != nil {
 				return err
 			}
 			for rows.Next() {
-				var id string
-				if err := rows.Scan(&id); err != nil {
+				var id, status string
+				if err := rows.Scan(&id, &status); err != nil {
 					return err
+				}
+				if slices.Contains(never, id) {
+					bad = append(bad, fmt.Sprintf("%s in shard %s (%s)", id, name, status))
 				}
 				ids[id] = true
 			}
 			if err := rows.Err(); err != nil {
 				return err
 			}
+		}
+		if len(bad) > 0 { // after the rows are read: the pool gets its connection back
+			t.Fatalf("inbox rows of %v: claimed in a partition that is not their ID's", bad)
 		}
 		if len(ids) != want {
 			return fmt.Errorf("inbox rows of %d IDs over the shards, want %d", len(ids), want)
@@ -237,7 +246,7 @@ func TestShardsUnderShippedRoles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &shardEnv{t: t, ctx: ctx, fx: fx, dir: t.TempDir(), pgpass: map[string]string{}, pw: map[string]string{}}
+	e := &shardEnv{ctx: ctx, fx: fx, dir: t.TempDir(), pgpass: map[string]string{}, pw: map[string]string{}}
 	e.bin = filepath.Join(e.dir, "bin")
 	build := exec.CommandContext(ctx, "go", "build", "-o", e.bin+"/", "./cmd/jetinbox", "./cmd/producer")
 	build.Dir = root
@@ -272,11 +281,11 @@ func TestShardsUnderShippedRoles(t *testing.T) {
 		}
 	}
 	for _, s := range e.m.Shards {
-		e.run("", "jetinbox_migrator", "jetinbox", "migrate", "-shards", e.mapFile, "-shard", s.Name)
+		e.run(t, "", "jetinbox_migrator", "jetinbox", "migrate", "-shards", e.mapFile, "-shard", s.Name)
 		for _, f := range []string{"postgres/grants.sql", "postgres/shard-grants.sql"} {
 			e.pgs[s.Name].as("jetinbox_migrator", e.pw["jetinbox_migrator"]).mustFile(t, f)
 		}
-		e.run("", "jetinbox_migrator", "jetinbox", "accounts", "-open", "1-16", "-database-url", e.dbURL(s.Name, "jetinbox_migrator"))
+		e.run(t, "", "jetinbox_migrator", "jetinbox", "accounts", "-open", "1-16", "-database-url", e.dbURL(s.Name, "jetinbox_migrator"))
 	}
 	pools := map[string]*pgxpool.Pool{}
 	for _, s := range e.m.Shards {
@@ -363,11 +372,11 @@ func TestShardsUnderShippedRoles(t *testing.T) {
 		if err := os.WriteFile(jsonl, []byte(line+"\n"+line+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		out := e.run("producer", "", "producer", "-shards", e.mapFile, "-input", "intents.jsonl", "-batch", "1")
+		out := e.run(t, "producer", "", "producer", "-shards", e.mapFile, "-input", "intents.jsonl", "-batch", "1")
 		if !strings.Contains(out, "published 2 ") || !strings.Contains(out, "server-side duplicates 1") || !strings.Contains(out, "conflicts 0") {
 			t.Fatalf("producer -input: want 2 published, one of them a duplicate, no conflict:\n%s", out)
 		}
-		out = e.run("producer", "", "producer", "-shards", e.mapFile, "-count", fmt.Sprint(generated), "-accounts", "16", "-prefix", "gen")
+		out = e.run(t, "producer", "", "producer", "-shards", e.mapFile, "-count", fmt.Sprint(generated), "-accounts", "16", "-prefix", "gen")
 		if !strings.Contains(out, fmt.Sprintf("published %d ", generated)) {
 			t.Fatalf("producer: %s", out)
 		}
@@ -425,16 +434,16 @@ func TestShardsUnderShippedRoles(t *testing.T) {
 		}
 		defer dead.Unsubscribe()
 		rec := startRecording(t, admin.nc)
-		ps := e.startShards()
+		ps := e.startShards(t)
 		// A rejected binding writes no inbox row: the spoofs are in the
 		// dead letters alone.
-		e.settled(pools, total-len(spoofed))
+		e.settled(t, pools, total-len(spoofed), spoofed)
 		for range spoofed {
 			if _, err := dead.NextMsg(30 * time.Second); err != nil {
 				t.Fatalf("dead letters of the spoofs: %v", err)
 			}
 		}
-		e.stopShards(ps)
+		e.stopShards(t, ps)
 		rec.check(t, "consumer", consumerShardPublish)
 		// The given-up intent was rescued once, in the shard owning its
 		// partition; the spoofs were rejected, each in its stored
@@ -463,13 +472,13 @@ func TestShardsUnderShippedRoles(t *testing.T) {
 	if to == from {
 		to = e.m.Shards[0].Name
 	}
-	ps := e.startShards()
-	e.run("", "jetinbox_migrator", "jetinbox", "partitions", "move", fmt.Sprint(moved), "--to", to, "-shards", e.mapFile)
-	out := e.run("", "jetinbox_migrator", "jetinbox", "partitions", "list", "-shards", e.mapFile)
+	ps := e.startShards(t)
+	e.run(t, "", "jetinbox_migrator", "jetinbox", "partitions", "move", fmt.Sprint(moved), "--to", to, "-shards", e.mapFile)
+	out := e.run(t, "", "jetinbox_migrator", "jetinbox", "partitions", "list", "-shards", e.mapFile)
 	t.Logf("after the move:\n%s", out)
-	e.run("producer", "", "producer", "-shards", e.mapFile, "-count", "100", "-accounts", "16", "-prefix", "after-move")
+	e.run(t, "producer", "", "producer", "-shards", e.mapFile, "-count", "100", "-accounts", "16", "-prefix", "after-move")
 	total += 100
-	e.settled(pools, total-len(spoofed))
+	e.settled(t, pools, total-len(spoofed), spoofed)
 	var inMoved, newOwner int
 	for i := range 100 {
 		if shard.PartitionOf(fmt.Sprintf("after-move-%d", i), e.m.Partitions) == moved {
@@ -483,11 +492,11 @@ func TestShardsUnderShippedRoles(t *testing.T) {
 	if inMoved == 0 || newOwner != inMoved {
 		t.Errorf("partition %d moved to %s: %d of its %d new intents applied there", moved, to, newOwner, inMoved)
 	}
-	e.stopShards(ps)
+	e.stopShards(t, ps)
 
 	t.Run("verify", func(t *testing.T) {
 		rec := startRecording(t, admin.nc)
-		out := e.run("verify", "jetinbox_verifier", "jetinbox", "verify", "-shards", e.mapFile, "-json")
+		out := e.run(t, "verify", "jetinbox_verifier", "jetinbox", "verify", "-shards", e.mapFile, "-json")
 		rec.check(t, "verify", verifyShardPublish)
 		// verify exits 1 on a violation; the counts must be these too.
 		var r struct {
