@@ -24,13 +24,22 @@ var natsNodes = []string{"nats-1", "nats-2", "nats-3"}
 // Permissions the configs must grant, exactly: a change here is a change of
 // the security policy and must be deliberate. TestProjectUnderShippedRoles
 // runs jetinbox's own producer and consumer under them and checks that they
-// use each of these (but $JS.API.INFO) and are refused nothing.
+// use each of these (but $JS.API.INFO) and are refused nothing;
+// TestShardsUnderShippedRoles does the same with the binaries on the
+// partitioned stream for the *ShardPublish lists.
 var (
 	producerPublish = []string{
 		"intents.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.STREAM.MSG.GET.INTENTS",
 		// jsinbox.EnsureStream, which the producer runs at start, looks up
 		// the dead-letter and advisory streams too.
 		"$JS.API.STREAM.INFO.INTENTS_DLQ", "$JS.API.STREAM.INFO.INTENTS_ADVISORIES",
+	}
+	// producer -shards: the partitioned stream, on pintents.<key>.<kind>
+	// (the transform inserts the partition), the same start checks and
+	// read-back.
+	producerShardPublish = []string{
+		"pintents.*.>", "$JS.API.STREAM.INFO.PINTENTS", "$JS.API.STREAM.INFO.PINTENTS_DLQ",
+		"$JS.API.STREAM.INFO.PINTENTS_ADVISORIES", "$JS.API.STREAM.MSG.GET.PINTENTS",
 	}
 	consumerPublish = []string{
 		"$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.CONSUMER.INFO.INTENTS.ledger", "$JS.API.CONSUMER.MSG.NEXT.INTENTS.ledger",
@@ -44,6 +53,14 @@ var (
 		"$JS.API.STREAM.INFO.INTENTS_ADVISORIES", "$JS.API.CONSUMER.INFO.INTENTS_ADVISORIES.ledger",
 		"$JS.API.CONSUMER.MSG.NEXT.INTENTS_ADVISORIES.ledger", "$JS.ACK.INTENTS_ADVISORIES.ledger.>",
 	}
+	// consumer -shards: the same on the partitioned stream, for every
+	// partition durable (and rescue durable) the admin made.
+	consumerShardPublish = []string{
+		"$JS.API.STREAM.INFO.PINTENTS", "$JS.API.STREAM.INFO.PINTENTS_DLQ", "$JS.API.STREAM.INFO.PINTENTS_ADVISORIES",
+		"$JS.API.CONSUMER.INFO.PINTENTS.*", "$JS.API.CONSUMER.MSG.NEXT.PINTENTS.*", "$JS.ACK.PINTENTS.*.>",
+		"$JS.API.CONSUMER.INFO.PINTENTS_ADVISORIES.*", "$JS.API.CONSUMER.MSG.NEXT.PINTENTS_ADVISORIES.*", "$JS.ACK.PINTENTS_ADVISORIES.*.>",
+		"$JS.API.DIRECT.GET.PINTENTS", "dlq.pintents.>",
+	}
 	// jetinbox verify -watch: direct gets on INTENTS and INTENTS_DLQ, the
 	// ledger durable's and the rescue consumer's info. No consumer of its
 	// own, no ack, no publish, no delete.
@@ -51,6 +68,11 @@ var (
 		"$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.STREAM.INFO.INTENTS_DLQ",
 		"$JS.API.CONSUMER.INFO.INTENTS.ledger", "$JS.API.CONSUMER.INFO.INTENTS_ADVISORIES.ledger",
 		"$JS.API.DIRECT.GET.INTENTS", "$JS.API.DIRECT.GET.INTENTS_DLQ",
+	}
+	// verify -shards: the partitioned stream and its dead letters.
+	verifyShardPublish = []string{
+		"$JS.API.STREAM.INFO.PINTENTS", "$JS.API.STREAM.INFO.PINTENTS_DLQ",
+		"$JS.API.DIRECT.GET.PINTENTS", "$JS.API.DIRECT.GET.PINTENTS_DLQ",
 	}
 	// jetinbox relay: the outbox's rows into NOTIFICATIONS, pinned there;
 	// the stream looked up at start, a duplicate's stored copy read back.
@@ -68,7 +90,14 @@ var (
 	// subjects (which NATS never checks against permissions) with its own
 	// before a request reaches a stream's account.
 	roleAccount = map[string]string{"producer": "PRODUCER", "consumer": "JETINBOX", "relay": "RELAY", "verify": "VERIFY"}
-	rolePublish = map[string][]string{"producer": producerPublish, "consumer": consumerPublish, "relay": relayPublish, "verify": verifyPublish}
+	// Each role's permissions: the plain stream's and the partitioned
+	// stream's (deploy/sharding) together.
+	rolePublish = map[string][]string{
+		"producer": slices.Concat(producerPublish, producerShardPublish),
+		"consumer": slices.Concat(consumerPublish, consumerShardPublish),
+		"relay":    relayPublish,
+		"verify":   slices.Concat(verifyPublish, verifyShardPublish),
+	}
 )
 
 // roleSubscribe is what role may subscribe to: its own replies.
@@ -168,11 +197,11 @@ func validateNATSNode(path, node string) (*server.Options, error) {
 		case slices.Contains(p.Publish.Allow, "intents.>"):
 			producer++
 			role = "producer"
-			check(sameSet(p.Publish.Allow, producerPublish), "producer may publish to %v, want %v", p.Publish.Allow, producerPublish)
+			check(sameSet(p.Publish.Allow, rolePublish[role]), "producer may publish to %v, want %v", p.Publish.Allow, rolePublish[role])
 		case slices.Contains(p.Publish.Allow, "dlq.intents.>"):
 			consumer++
 			role = "consumer"
-			check(sameSet(p.Publish.Allow, consumerPublish), "consumer may publish to %v, want %v", p.Publish.Allow, consumerPublish)
+			check(sameSet(p.Publish.Allow, rolePublish[role]), "consumer may publish to %v, want %v", p.Publish.Allow, rolePublish[role])
 		case slices.Contains(p.Publish.Allow, "notifications.>"):
 			relay++
 			role = "relay"
@@ -180,7 +209,7 @@ func validateNATSNode(path, node string) (*server.Options, error) {
 		case slices.Contains(p.Publish.Allow, "$JS.API.DIRECT.GET.INTENTS_DLQ"):
 			verifier++
 			role = "verify"
-			check(sameSet(p.Publish.Allow, verifyPublish), "verify may publish to %v, want %v", p.Publish.Allow, verifyPublish)
+			check(sameSet(p.Publish.Allow, rolePublish[role]), "verify may publish to %v, want %v", p.Publish.Allow, rolePublish[role])
 		default:
 			check(false, "user %s has permissions that are none of the producer's, the consumer's, the relay's or the verifier's: %v", u.Nkey, p.Publish.Allow)
 		}

@@ -12,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/internal/shard"
 )
 
 // What a stolen key can do under the shipped configs, on the R3 cluster of
@@ -34,11 +36,17 @@ func TestStolenKeyReplySubjects(t *testing.T) {
 	if _, err := adminJS.Publish(ctx, "notifications.1", []byte(`{"account":1,"amount":1}`), jetstream.WithMsgID("notify:stored")); err != nil {
 		t.Fatal(err)
 	}
-	streams := []string{defs.intents.Name, defs.dlq.Name, defs.advisories.Name, defs.notifications.Name}
+	sd := shardStreamDefs(t)
+	streams := []string{defs.intents.Name, defs.dlq.Name, defs.advisories.Name, defs.notifications.Name, sd.stream.Name, sd.dlq.Name, sd.advisories.Name}
 	before := streamCounts(t, ctx, adminJS, streams)
 
-	replies := []string{"dlq.intents.x", "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.INTENTS.ledger", "notifications.x", "intents.x"}
-	roles := map[string][]string{"producer": producerPublish, "relay": relayPublish, "verify": verifyPublish}
+	replies := []string{"dlq.intents.x", "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.INTENTS.ledger", "notifications.x", "intents.x",
+		// The partitioned stream's dead letters, its partitions' advisories,
+		// and the stream itself (a reply would be stored under the
+		// transform's partition).
+		"dlq.pintents.0.k.ledger", "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.PINTENTS." + sd.m.Durable(0), "pintents.k.ledger"}
+	// Every request each role may send, on both streams.
+	roles := map[string][]string{"producer": rolePublish["producer"], "relay": rolePublish["relay"], "verify": rolePublish["verify"]}
 	for role, allowed := range roles {
 		cl := connectAs(t, urls, fx, role)
 		sent := 0
@@ -89,7 +97,7 @@ func attackRequest(subj string) *nats.Msg {
 	subj = strings.ReplaceAll(strings.ReplaceAll(subj, ".>", ".attack"), ".*", ".attack")
 	m := nats.NewMsg(subj)
 	switch {
-	case strings.HasPrefix(subj, "intents.") || strings.HasPrefix(subj, "notifications."):
+	case strings.HasPrefix(subj, "intents.") || strings.HasPrefix(subj, "pintents.") || strings.HasPrefix(subj, "notifications."):
 		// A publish the stream refuses (pinned to a stream that does not
 		// capture it): its PubAck is an error, sent to the reply subject,
 		// and the test's streams gain nothing from the publish itself.
@@ -161,6 +169,11 @@ func TestStolenVerifierKey(t *testing.T) {
 		{"$JS.API.CONSUMER.CREATE." + defs.intents.Name, copier},
 		{"$JS.API.CONSUMER.CREATE." + defs.dlq.Name + ".copier", copier},
 		{"$JS.API.CONSUMER.DELETE." + defs.intents.Name + "." + defs.ledger.Durable, nil},
+		// The same on the partitioned stream: a partition's durable, a
+		// copier into its dead letters.
+		{"$JS.API.CONSUMER.CREATE.PINTENTS.ledger_p00", hijack},
+		{"$JS.API.CONSUMER.CREATE.PINTENTS.copier", copier},
+		{"$JS.API.CONSUMER.DELETE.PINTENTS.ledger_p00", nil},
 	}
 	for _, a := range attempts {
 		resp, err := verifier.nc.Request(a.subj, a.body, 2*time.Second)
@@ -218,5 +231,99 @@ func shippedStreams(t *testing.T, ctx context.Context) (*secretsFixture, *jsDefs
 	if _, err := adminJS.Publish(ctx, "intents.ledger", []byte(`{"account":1,"amount":1}`), jetstream.WithMsgID("stored")); err != nil {
 		t.Fatal(err)
 	}
+	// The partitioned stream, its dead letters and advisories, and
+	// partition 0's durable and rescue durable, as shipped.
+	sd := shardStreamDefs(t)
+	for _, c := range []jetstream.StreamConfig{sd.advisories, sd.stream, sd.dlq} {
+		if _, err := adminJS.CreateStream(ctx, c); err != nil {
+			t.Fatalf("create %s: %v", c.Name, err)
+		}
+	}
+	if _, err := adminJS.CreateConsumer(ctx, sd.advisories.Name, sd.rescue); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adminJS.CreateConsumer(ctx, sd.stream.Name, sd.partition); err != nil {
+		t.Fatal(err)
+	}
+	id := "stored"
+	if _, err := adminJS.Publish(ctx, shard.PublishSubject(sd.m.Subject, id, "ledger.1"), []byte(`{"account":1,"amount":1}`), jetstream.WithMsgID(id)); err != nil {
+		t.Fatal(err)
+	}
 	return fx, defs, urls, adminJS
+}
+
+func shardStreamDefs(t *testing.T) *shardDefs {
+	t.Helper()
+	sd, err := loadShardDefs(loadFiles(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sd
+}
+
+// TestStolenShardConsumerKey: the consumer's key pulls and acks the
+// partition durables the admin made, and no more: it cannot create a
+// consumer on the partitioned stream (a durable that takes every partition,
+// or one that skips them), change or delete one, or publish intents,
+// advisories or anything the transform would store.
+func TestStolenShardConsumerKey(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	fx, _, urls, adminJS := shippedStreams(t, ctx)
+	sd := shardStreamDefs(t)
+	durable := sd.m.Durable(0)
+	p0, err := adminJS.Consumer(ctx, sd.stream.Name, durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := p0.CachedInfo().Config
+	before := streamCounts(t, ctx, adminJS, []string{sd.stream.Name, sd.dlq.Name, sd.advisories.Name})
+
+	consumer := connectAs(t, urls, fx, "consumer")
+	// Partition 0's durable on every partition, with one delivery.
+	h := want
+	h.FilterSubject, h.MaxDeliver = sd.m.Subject+".>", 1
+	body, err := json.Marshal(map[string]any{"stream_name": sd.stream.Name, "config": h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, subj := range []string{
+		"$JS.API.CONSUMER.CREATE." + sd.stream.Name + "." + durable,
+		"$JS.API.CONSUMER.CREATE." + sd.stream.Name + "." + durable + "." + sd.m.Subject + ".>",
+		"$JS.API.CONSUMER.DURABLE.CREATE." + sd.stream.Name + "." + durable,
+		"$JS.API.CONSUMER.CREATE." + sd.stream.Name,
+		"$JS.API.CONSUMER.DELETE." + sd.stream.Name + "." + durable,
+		"$JS.API.CONSUMER.DELETE." + sd.advisories.Name + "." + durable,
+		"$JS.API.STREAM.UPDATE." + sd.stream.Name,
+	} {
+		if resp, err := consumer.nc.Request(subj, body, 2*time.Second); err == nil {
+			t.Errorf("the consumer's %s was answered: %s", subj, resp.Data)
+		}
+		consumer.waitViolation(t, fmt.Sprintf("%q", subj))
+	}
+	for _, subj := range []string{
+		shard.PublishSubject(sd.m.Subject, "forged", "ledger.1"),
+		sd.m.Subject + ".0." + shard.Key("forged") + ".ledger.1",
+		"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + sd.stream.Name + "." + durable,
+	} {
+		consumer.expectPublishDenied(t, subj)
+	}
+	info, err := p0.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(info.Config, want) {
+		t.Errorf("%s changed:\n got %+v\nwant %+v", durable, info.Config, want)
+	}
+	if after := streamCounts(t, ctx, adminJS, []string{sd.stream.Name, sd.dlq.Name, sd.advisories.Name}); !reflect.DeepEqual(after, before) {
+		t.Errorf("streams hold %v, %v before", after, before)
+	}
+	s, err := adminJS.Stream(ctx, sd.stream.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := s.CachedInfo().State.Consumers; n != 1 {
+		t.Errorf("%s has %d consumers, want %s alone", sd.stream.Name, n, durable)
+	}
 }

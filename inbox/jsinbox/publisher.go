@@ -86,6 +86,11 @@ type PublisherConfig struct {
 	// is in flight. Default 0: a group goes as soon as the one before has
 	// its PubAcks (the group in flight is what lets the next one fill).
 	Linger time.Duration
+	// StoredSubject, if set, maps the subject an intent is published on to
+	// the subject the stream stores it under, for a stream with a subject
+	// transform: a duplicate's stored copy is compared with that, not with
+	// the published subject. Default: stored as published.
+	StoredSubject func(subject string) string
 }
 
 // DefaultBatch and DefaultMinBatch are the defaults of

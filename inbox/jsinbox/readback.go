@@ -37,9 +37,14 @@ func (t *tracker) checkDuplicate(ack jetstream.PubAck) {
 		t.retry(fmt.Errorf("duplicate PubAck: reading back stream %s sequence %d: %w", t.p.cfg.Stream, seq, err))
 		return
 	}
-	if stored.Subject != t.in.Subject {
-		t.fail(fmt.Errorf("%w: stream %s holds ID %s at sequence %d on subject %q, this intent's subject is %q",
-			ErrConflict, t.p.cfg.Stream, t.in.ID, seq, stored.Subject, t.in.Subject))
+	want, as := t.in.Subject, ""
+	if f := t.p.cfg.StoredSubject; f != nil {
+		want = f(want)
+		as = fmt.Sprintf(" (stored as %q)", want)
+	}
+	if stored.Subject != want {
+		t.fail(fmt.Errorf("%w: stream %s holds ID %s at sequence %d on subject %q, this intent's subject is %q%s",
+			ErrConflict, t.p.cfg.Stream, t.in.ID, seq, stored.Subject, t.in.Subject, as))
 		return
 	}
 	if have, want := inbox.Fingerprint(stored.Data), inbox.Fingerprint(t.in.Payload); have != want {

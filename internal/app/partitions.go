@@ -271,6 +271,12 @@ func migrateShard(ctx context.Context, sf cli.ShardFlags, env cli.Env, stdout, s
 	if err != nil {
 		return err
 	}
+	// A shard runs no outbox, but grants.sql, which every jetinbox
+	// database gets after its migrate, names the outbox's tables.
+	o, err := store.Outbox().Migrate(ctx)
+	if err != nil {
+		return err
+	}
 	k, err := shard.Migrate(ctx, store.PG, m, s.Name)
 	if err != nil {
 		return err
@@ -279,7 +285,7 @@ func migrateShard(ctx context.Context, sf cli.ShardFlags, env cli.Env, stdout, s
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "shard %s: applied %d inbox, %d ledger and %d shard migrations; owns partitions %s\n", s.Name, n, l, k, owned)
+	fmt.Fprintf(stdout, "shard %s: applied %d inbox, %d ledger, %d outbox and %d shard migrations; owns partitions %s\n", s.Name, n, l, o, k, owned)
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,12 +20,14 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/jscheck"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
+	"github.com/jetinbox/jetinbox/internal/shard"
 	"github.com/jetinbox/jetinbox/metrics"
 )
 
@@ -59,6 +62,8 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		window    = fs.Duration("duplicate-window", jsinbox.DefaultDuplicateWindow, "stream duplicate window when creating it; must cover the retry horizon")
 		logFormat = fs.String("log-format", env.Or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto")
 		httpAddr  = fs.String("http", env("JETINBOX_PRODUCER_HTTP_ADDR"), "address for /metrics while publishing (env JETINBOX_PRODUCER_HTTP_ADDR); empty disables")
+		shards    = fs.String("shards", env("JETINBOX_SHARDS"), "shard map file of a partitioned stream (env JETINBOX_SHARDS): publish to its stream, each intent on "+
+			"<subject>.<key of its ID>.<kind>, the kind being what follows -subject (the map's) in a generated or JSONL subject")
 	)
 	var envErrs []error
 	maxBytes, dlqBytes := envSize(env, "JETINBOX_STREAM_MAX_BYTES", &envErrs), envSize(env, "JETINBOX_DLQ_MAX_BYTES", &envErrs)
@@ -118,6 +123,21 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 	if err := bad.err(); err != nil {
 		return err
 	}
+	var sm *shard.Map
+	if *shards != "" {
+		// The map names the stream and the subject prefix; a flag that
+		// says otherwise is a mistake, not an override.
+		var err error
+		if sm, err = shard.Load(*shards); err != nil {
+			return UsageError{Err: fmt.Errorf("-shards: %w", err)}
+		}
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if set["stream"] && *stream != sm.Stream || set["subject"] && *subject != sm.Subject {
+			return UsageError{Err: fmt.Errorf("-shards %s publishes to stream %s under %s.: drop -stream and -subject", *shards, sm.Stream, sm.Subject)}
+		}
+		*stream, *subject = sm.Stream, sm.Subject
+	}
 	log := NewLogger(stderr, *logFormat, slog.LevelInfo)
 
 	nc, js, err := nf.Connect("jetinbox-producer", w.natsReconnect, log)
@@ -125,10 +145,20 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		return err
 	}
 	defer nc.Close()
-	st, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{
+	sc := jsinbox.StreamConfig{
 		Name: *stream, Subjects: []string{*subject + ".>"}, Replicas: *replicas, DuplicateWindow: *window,
 		MaxBytes: int64(maxBytes), MaxMsgs: *maxMsgs, MaxAge: *maxAge, DeadLetterMaxBytes: int64(dlqBytes), MaxMsgSize: int32(min(int64(msgSize), math.MaxInt32)),
-	})
+	}
+	var st jetstream.Stream
+	if sm != nil {
+		// The stream with its transform (created if missing, like the
+		// plain one), refused if its partitions are not the map's.
+		if err = sm.EnsureStream(ctx, js, sc); err == nil {
+			st, err = js.Stream(ctx, sm.Stream)
+		}
+	} else {
+		st, err = jsinbox.EnsureStream(ctx, js, sc)
+	}
 	if err != nil {
 		return err
 	}
@@ -143,8 +173,12 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 		return err
 	}
 	defer stopTracing(context.WithoutCancel(ctx)) //nolint:errcheck // best effort at exit
-	pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{Stream: *stream, MaxInFlight: *inFlight, Batch: *batch, AckTimeout: *ackTO,
-		Retry: retry, Logger: log, TracerProvider: tp})
+	pcfg := jsinbox.PublisherConfig{Stream: *stream, MaxInFlight: *inFlight, Batch: *batch, AckTimeout: *ackTO,
+		Retry: retry, Logger: log, TracerProvider: tp}
+	if sm != nil {
+		pcfg.StoredSubject = storedSubject(sm)
+	}
+	pub, err := jsinbox.NewPublisher(js, pcfg)
 	if err != nil {
 		return UsageError{Err: err}
 	}
@@ -194,7 +228,7 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 			defer f.Close()
 			r = f
 		}
-		badLines, err = publishJSONL(ctx, pub, r, *subject, stderr, lineOf)
+		badLines, err = publishJSONL(ctx, pub, r, *subject, keyed(sm), stderr, lineOf)
 		if err != nil {
 			return interrupted(err)
 		}
@@ -203,6 +237,11 @@ func Producer(ctx context.Context, args []string, env Env, stdin io.Reader, stdo
 			*prefix = "gen-" + strconv.FormatUint(rand.Uint64()>>24, 36)
 		}
 		intents := pipeline.Generate(pipeline.Load{Count: *count, Accounts: *accounts, HotAccount: *hot, Prefix: *prefix, Subject: *subject, Seed: rand.Uint64()})
+		if k := keyed(sm); k != nil {
+			for i := range intents {
+				intents[i] = k(intents[i])
+			}
+		}
 		if err := publishGenerated(ctx, pub, intents, *rate, *dupFrac); err != nil {
 			return interrupted(err)
 		}
@@ -301,7 +340,7 @@ const maxLine = 1 << 20
 // utf8BOM may start a file saved by some editors; it is skipped.
 var utf8BOM = []byte{0xEF, 0xBB, 0xBF}
 
-func publishJSONL(ctx context.Context, pub *jsinbox.Publisher, r io.Reader, subject string, stderr io.Writer, lineOf map[lineKey]int) (bad int, err error) {
+func publishJSONL(ctx context.Context, pub *jsinbox.Publisher, r io.Reader, subject string, keyed func(inbox.Intent) inbox.Intent, stderr io.Writer, lineOf map[lineKey]int) (bad int, err error) {
 	// Lines are read in a goroutine, so that a signal ends a run waiting
 	// on a quiet stdin.
 	type read struct {
@@ -348,6 +387,9 @@ func publishJSONL(ctx context.Context, pub *jsinbox.Publisher, r io.Reader, subj
 					bad++
 					fmt.Fprintf(stderr, "line %d: %v\n", n, err)
 				} else {
+					if keyed != nil {
+						in = keyed(in)
+					}
 					k := lineKey{in.ID, inbox.Fingerprint(in.Payload)}
 					if _, seen := lineOf[k]; !seen {
 						lineOf[k] = n // failures are reported by line
@@ -425,3 +467,31 @@ func parseLine(line []byte, subject string) (inbox.Intent, error) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// keyed returns what puts an intent on a partitioned stream: its subject
+// "<prefix>.<kind>" becomes "<prefix>.<key of its ID>.<kind>", which the
+// stream's transform stores in the ID's partition, the one the consumers'
+// binding check accepts. nil without a map.
+func keyed(m *shard.Map) func(inbox.Intent) inbox.Intent {
+	if m == nil {
+		return nil
+	}
+	return func(in inbox.Intent) inbox.Intent {
+		in.Subject = shard.PublishSubject(m.Subject, in.ID, strings.TrimPrefix(in.Subject, m.Subject+"."))
+		return in
+	}
+}
+
+// storedSubject maps a subject published on a partitioned stream to the
+// one the stream stores: the transform inserts the key's partition after
+// the prefix. A duplicate's stored copy is compared with that.
+func storedSubject(m *shard.Map) func(string) string {
+	return func(subject string) string {
+		tail, ok := strings.CutPrefix(subject, m.Subject+".")
+		key, rest, ok2 := strings.Cut(tail, ".")
+		if !ok || !ok2 {
+			return subject // not a keyed subject: the stream does not capture it
+		}
+		return m.Subject + "." + strconv.Itoa(shard.Partition(key, m.Partitions)) + "." + key + "." + rest
+	}
+}
