@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"os"
@@ -48,6 +49,9 @@ type ClusterOptions struct {
 type Cluster struct {
 	opts    ClusterOptions
 	ownsDir bool
+	// name is this cluster's own: a server of another test's cluster that
+	// still dials a route port reused here is refused, not taken in.
+	name string
 
 	clientPorts [ClusterSize]int
 	routePorts  [ClusterSize]int
@@ -81,7 +85,7 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (*Cluster, error) {
 }
 
 func startCluster(ctx context.Context, opts ClusterOptions) (_ *Cluster, err error) {
-	c := &Cluster{opts: opts}
+	c := &Cluster{opts: opts, name: clusterName()}
 	if c.opts.StoreDir == "" {
 		d, err := os.MkdirTemp("", "jetinbox-cluster-")
 		if err != nil {
@@ -216,7 +220,7 @@ func (c *Cluster) Start(i int) error {
 		// these throwaway servers store little. Configure can lower it.
 		JetStreamMaxStore: server.JetStreamMaxStoreDefault,
 		Cluster: server.ClusterOpts{
-			Name: "jetinbox-test",
+			Name: c.name,
 			Host: "127.0.0.1",
 			Port: c.routePorts[i],
 			// Servers tell each other about the routes they know (gossip)
@@ -404,6 +408,11 @@ func (c *Cluster) WaitStreamLeader(ctx context.Context, stream string) (int, err
 // WaitConsumerLeader waits until consumer has a leader and returns it.
 func (c *Cluster) WaitConsumerLeader(ctx context.Context, stream, consumer string) (int, error) {
 	return waitLeader(ctx, "a leader of consumer "+stream+"/"+consumer, func() int { return c.ConsumerLeader(stream, consumer) })
+}
+
+// clusterName returns a cluster name no other test's cluster has.
+func clusterName() string {
+	return fmt.Sprintf("jetinbox-test-%08x", rand.Uint32())
 }
 
 // waitLeader polls leader until it names a node.

@@ -63,6 +63,8 @@ type NATSProcs struct {
 	// its route address, so that a route learned by gossip leads nowhere
 	// and every route runs through the proxies (see [Cluster]).
 	sink net.Listener
+	// name is the cluster's name, its own (see [Cluster]).
+	name string
 
 	mu    sync.Mutex
 	nodes []*procNode
@@ -112,7 +114,7 @@ func StartNATSProcs(ctx context.Context, o NATSProcsOptions) (*NATSProcs, error)
 }
 
 func startNATSProcs(ctx context.Context, o NATSProcsOptions) (_ *NATSProcs, err error) {
-	c := &NATSProcs{o: o, cluster: o.Nodes > 1, proxies: map[[2]int]*faultconn.Proxy{}}
+	c := &NATSProcs{o: o, cluster: o.Nodes > 1, name: clusterName(), proxies: map[[2]int]*faultconn.Proxy{}}
 	if c.dir, err = os.MkdirTemp("", "jetinbox-natsprocs-"); err != nil {
 		return nil, fmt.Errorf("testenv: %w", err)
 	}
@@ -293,7 +295,7 @@ func (c *NATSProcs) writeConf(i int) error {
 	}
 	b.WriteString("}\n")
 	if c.cluster {
-		fmt.Fprintf(&b, "cluster {\n  name: jetinbox-test\n  listen: \"127.0.0.1:%d\"\n  advertise: %q\n  routes: [\n", n.routePort, c.sink.Addr().String())
+		fmt.Fprintf(&b, "cluster {\n  name: %s\n  listen: \"127.0.0.1:%d\"\n  advertise: %q\n  routes: [\n", c.name, n.routePort, c.sink.Addr().String())
 		for j := range c.nodes {
 			if j != i {
 				fmt.Fprintf(&b, "    \"nats-route://%s\"\n", c.proxies[[2]int{i, j}].Addr())
