@@ -30,6 +30,7 @@ import (
 	"testing"
 
 	"github.com/jetinbox/jetinbox/deploy/internal/devsecrets"
+	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
 // files is the deploy directory's content by slash path, so that tests can
@@ -115,6 +116,9 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		devSecrets = &secretsFixture{dir: dir, files: res.Files, keys: res.PublicKeys}
+		// The alert pipeline test takes a database from testenv's shared
+		// server, which would outlive this binary otherwise.
+		defer testenv.CloseShared()
 		return m.Run()
 	}())
 }

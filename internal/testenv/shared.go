@@ -66,12 +66,20 @@ func KnownGoroutines() []goleak.Option {
 // run runs the tests, then stops the shared cluster.
 func run(m *testing.M) int {
 	code := m.Run()
+	CloseShared()
+	return code
+}
+
+// CloseShared stops the shared PostgreSQL cluster if one was started. Main
+// calls it; a TestMain of its own that cannot call Main must call it after
+// m.Run, or the server outlives the test binary.
+func CloseShared() {
 	sharedMu.Lock()
+	defer sharedMu.Unlock()
 	if sharedPG != nil {
 		_ = sharedPG.Close()
+		sharedPG = nil
 	}
-	sharedMu.Unlock()
-	return code
 }
 
 // SharedPostgres returns the test binary's one PostgreSQL cluster, starting it
