@@ -436,7 +436,11 @@ func (s *powerStack) run(ctx context.Context, row *PowerRow, round uint64) error
 		return err
 	}
 	s.say("everything published; waiting for the consumers to drain")
-	settleErr := waitSettled(ctx, js, s.o.Settle)
+	// WaitSettled bounds each look on its own, so a request a cluster just
+	// back from a cut dropped does not hold the wait.
+	sctx, scancel := context.WithTimeout(ctx, s.o.Settle)
+	settleErr := pipeline.WaitSettled(sctx, js, jsinbox.DefaultStream, powerDurable, nil)
+	scancel()
 	for _, c := range s.consumers {
 		c.stop()
 	}
@@ -695,21 +699,6 @@ func retrySetup(ctx context.Context, setup func(context.Context) error) error {
 		case <-ctx.Done():
 			return fmt.Errorf("chaos: setup: %w (last error: %w)", ctx.Err(), err)
 		case <-time.After(200 * time.Millisecond):
-		}
-	}
-}
-
-// waitSettled waits up to limit for the durable to settle, in rounds of
-// ten seconds: a JetStream request that a cluster just back from a cut
-// dropped would otherwise hold the wait until the limit.
-func waitSettled(ctx context.Context, js jetstream.JetStream, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for {
-		rctx, cancel := context.WithTimeout(ctx, min(10*time.Second, max(time.Until(deadline), time.Millisecond)))
-		err := pipeline.WaitSettled(rctx, js, jsinbox.DefaultStream, powerDurable, nil)
-		cancel()
-		if err == nil || ctx.Err() != nil || !time.Now().Before(deadline) {
-			return err
 		}
 	}
 }

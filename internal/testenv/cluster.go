@@ -105,18 +105,9 @@ func startCluster(ctx context.Context, opts ClusterOptions) (_ *Cluster, err err
 	copy(c.clientPorts[:], ports[:ClusterSize])
 	copy(c.routePorts[:], ports[ClusterSize:2*ClusterSize])
 	ports = ports[2*ClusterSize:]
-	if c.sink, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
-		return nil, fmt.Errorf("testenv: %w", err)
+	if c.sink, err = routeSink(); err != nil {
+		return nil, err
 	}
-	go func(l net.Listener) {
-		for {
-			conn, err := l.Accept()
-			if err != nil {
-				return
-			}
-			conn.Close()
-		}
-	}(c.sink)
 	for i := range ClusterSize {
 		for j := range ClusterSize {
 			if i == j {
@@ -408,6 +399,27 @@ func (c *Cluster) WaitStreamLeader(ctx context.Context, stream string) (int, err
 // WaitConsumerLeader waits until consumer has a leader and returns it.
 func (c *Cluster) WaitConsumerLeader(ctx context.Context, stream, consumer string) (int, error) {
 	return waitLeader(ctx, "a leader of consumer "+stream+"/"+consumer, func() int { return c.ConsumerLeader(stream, consumer) })
+}
+
+// routeSink listens on loopback and closes every connection it accepts:
+// the route address every node of a test cluster advertises, so that a
+// route learned by gossip leads nowhere and every route runs through the
+// proxies.
+func routeSink() (net.Listener, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("testenv: %w", err)
+	}
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conn.Close()
+		}
+	}()
+	return l, nil
 }
 
 // clusterName returns a cluster name no other test's cluster has.

@@ -124,18 +124,9 @@ func startNATSProcs(ctx context.Context, o NATSProcsOptions) (_ *NATSProcs, err 
 		}
 	}()
 	if c.cluster {
-		if c.sink, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
-			return nil, fmt.Errorf("testenv: %w", err)
+		if c.sink, err = routeSink(); err != nil {
+			return nil, err
 		}
-		go func(l net.Listener) {
-			for {
-				conn, err := l.Accept()
-				if err != nil {
-					return
-				}
-				conn.Close()
-			}
-		}(c.sink)
 	}
 	for i := range o.Nodes {
 		store := ""
