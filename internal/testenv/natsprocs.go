@@ -584,17 +584,42 @@ func (c *NATSProcs) AddNode(ctx context.Context) (int, error) {
 	if !c.cluster {
 		return -1, errors.New("testenv: AddNode needs a cluster")
 	}
-	if err := c.addNode(""); err != nil {
-		return -1, err
-	}
-	i := c.Size() - 1
-	if err := c.Start(i); err != nil {
-		return -1, err
+	// Its ports are free when chosen, but another process may take one
+	// before the server listens: then it gets new ones, a few times.
+	var i int
+	for attempt := 1; ; attempt++ {
+		if err := c.addNode(""); err != nil {
+			return -1, err
+		}
+		i = c.Size() - 1
+		err := c.Start(i)
+		if err == nil {
+			break
+		}
+		if attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return -1, err
+		}
+		c.dropLast()
 	}
 	if err := c.WaitMetaLeader(ctx); err != nil {
 		return -1, err
 	}
 	return i, nil
+}
+
+// dropLast forgets the last node added, which never started, and closes
+// its route proxies.
+func (c *NATSProcs) dropLast() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := len(c.nodes) - 1
+	for pair, p := range c.proxies {
+		if pair[0] == i || pair[1] == i {
+			p.Close()
+			delete(c.proxies, pair)
+		}
+	}
+	c.nodes = c.nodes[:i]
 }
 
 // RemovePeer removes node's replica from stream ($JS.API.STREAM.PEER.REMOVE,
