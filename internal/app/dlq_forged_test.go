@@ -40,7 +40,7 @@ func TestDLQRedriveRefusesForgedDeadLetters(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	publish("victim", `{"account":1,"amount":5}`)   // seq 1
+	publish("victim", `{"account":1,"amount":5}`)    // seq 1
 	publish("to-999", `{"account":999,"amount":42}`) // seq 2: dead-lettered
 	consumeSettled(t, env, js)
 
