@@ -10,7 +10,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
@@ -207,5 +209,61 @@ func TestRescueRefusesForgedAdvisories(t *testing.T) {
 	}
 	if s := r.c.Stats(); victim != 0 || s.Rescued != 0 || s.DeadLettered != 0 || s.ForeignAdvisories != n {
 		t.Fatalf("after %d forged advisories: %d inbox rows for the victim, stats %+v; want none, all %d counted as foreign", n, victim, s, n)
+	}
+}
+
+// TestExpiredButAppliedIsNoViolation: a consumer commits messages on
+// their last delivery and dies before its acks reach the server (here:
+// the inbox applies them, nobody acks), the server gives up on them, and
+// they age out of the stream before any consumer rescues them. The rescue
+// records each as expired, as it must (it cannot read them back), but the
+// inbox rows those messages made name their stream sequences: verify
+// finds them applied, and counts only the one never applied as a
+// violation, with no row or effect of the others taken for unexpected and
+// the balances right.
+func TestExpiredButAppliedIsNoViolation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const maxAge = 3 * time.Second
+	e := newEnv(t, "", jsinbox.StreamConfig{MaxAge: maxAge, DuplicateWindow: time.Second})
+	const n = 3
+	e.publish(t, load(n, "lostack"))
+	// Applied, as a consumer would on the last delivery; the acks are lost.
+	intents, err := e.js.Stream(ctx, jsinbox.DefaultStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc, err := inbox.NewProcessor(pginbox.New(e.pool), effects.NewLedger(), inbox.Config{Scope: "ledger"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []inbox.Message
+	for seq := uint64(1); seq < n; seq++ {
+		raw, err := intents.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, inbox.Message{ID: raw.Header.Get(jetstream.MsgIDHeader), Payload: raw.Data, Subject: raw.Subject, StreamSeq: seq, Deliveries: 1, Final: true})
+	}
+	out, err := proc.Process(ctx, msgs)
+	if err != nil || out[0].Status != inbox.StatusApplied || out[1].Status != inbox.StatusApplied {
+		t.Fatalf("applying %d of the messages: %v %+v", len(msgs), err, out)
+	}
+	giveUpUnattended(t, e, n)
+	waitFor(t, 3*maxAge, func() bool {
+		info, err := intents.Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{BatchSize: 10})
+	waitFor(t, 30*time.Second, func() bool { return r.c.Stats().RescueExpired == n })
+
+	rep := e.verify(t)
+	var b strings.Builder
+	rep.WriteTable(&b)
+	t.Logf("verify:\n%s", b.String())
+	if rep.ExpiredBeforeRescue != 1 || rep.ExpiredApplied != n-1 || rep.ViolationCount() != 1 ||
+		rep.Unexpected != 0 || rep.BalanceMismatches != 0 || rep.AppliedOnce != n-1 {
+		t.Fatalf("verify after %d applied messages and 1 unapplied aged out before their rescue: want 1 expired violation, %d found applied, nothing else:\n%s",
+			n-1, n-1, b.String())
 	}
 }

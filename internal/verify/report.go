@@ -54,6 +54,12 @@ type Report struct {
 	// them, as the expired records the rescue leaves in the dead-letter
 	// stream say. Their fate is unknown: a violation.
 	ExpiredBeforeRescue int `json:"expired_before_rescue"`
+	// ExpiredApplied: expired records whose stream sequence made an
+	// applied inbox row (applied, then its ack was lost, then given up on
+	// and aged out): settled, not a violation. Their rows and effects
+	// count as judged, and their ledger entries stand for the payload
+	// the stream no longer holds.
+	ExpiredApplied int `json:"expired_applied,omitempty"`
 	// BalanceMismatches: accounts whose balance differs from the sum of
 	// the applied intents.
 	BalanceMismatches int `json:"balance_mismatches"`
@@ -176,6 +182,9 @@ func (r *Report) WriteTable(w io.Writer) {
 	row("row without effect", r.RowWithoutEffect, Mark(r.RowWithoutEffect == 0))
 	row("balance mismatches", r.BalanceMismatches, Mark(r.BalanceMismatches == 0))
 	row("expired before rescue", r.ExpiredBeforeRescue, Mark(r.ExpiredBeforeRescue == 0))
+	if r.ExpiredApplied > 0 {
+		row("expired, found applied", r.ExpiredApplied, "(settled)")
+	}
 	row("rejected (inbox)", r.Rejected, "")
 	row("conflicts", r.Conflicts, "")
 	row("dead-lettered", r.DeadLettered, "")

@@ -86,6 +86,9 @@ func RunOn(ctx context.Context, js jetstream.JetStream, db DB, o Options) (*Repo
 		c.dl.add(r, d)
 	}
 	dead = nil
+	if err := c.expiredApplied(); err != nil {
+		return nil, err
+	}
 	if err := db.queryRow(ctx, stmt{`SELECT count(*) FROM inbox_conflicts WHERE scope = $1`, `SELECT count(*) FROM inbox_conflicts WHERE scope = ?1`}, o.Scope).Scan(&r.Conflicts); err != nil {
 		return nil, fmt.Errorf("verify: conflicts: %w", err)
 	}
