@@ -2,10 +2,14 @@ package jsinbox_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -266,4 +270,69 @@ func TestExpiredButAppliedIsNoViolation(t *testing.T) {
 		t.Fatalf("verify after %d applied messages and 1 unapplied aged out before their rescue: want 1 expired violation, %d found applied, nothing else:\n%s",
 			n-1, n-1, b.String())
 	}
+}
+
+// rescueN is how many give-ups TestRescueSettlesGiveUpsInBatches makes:
+// a few hundred by default, thousands to measure the rescue's rate
+// (go test -run TestRescueSettlesGiveUpsInBatches ./inbox/jsinbox -args -rescue-n 12000).
+var rescueN = flag.Int("rescue-n", 300, "give-ups TestRescueSettlesGiveUpsInBatches rescues")
+
+// countingProc counts the transactions a consumer runs through its
+// processor.
+type countingProc struct {
+	*inbox.Processor[pgx.Tx]
+	calls, msgs atomic.Int64
+}
+
+func (p *countingProc) Process(ctx context.Context, msgs []inbox.Message) ([]inbox.Outcome, error) {
+	p.calls.Add(1)
+	p.msgs.Add(int64(len(msgs)))
+	return p.Processor.Process(ctx, msgs)
+}
+
+// TestRescueSettlesGiveUpsInBatches: a consumer killed with a large batch
+// on its final delivery leaves a give-up per message; the next consumer
+// rescues them in batches through the processor (many advisories, their
+// messages read back together, one transaction each batch), not one
+// message per transaction, and the pipeline ends clean with every one
+// applied once. It logs the rate.
+func TestRescueSettlesGiveUpsInBatches(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := *rescueN
+	e := newEnv(t, "", jsinbox.StreamConfig{})
+	e.publish(t, load(n, "giveup"))
+	giveUpUnattended(t, e, n)
+
+	inner, err := inbox.NewProcessor(pginbox.New(e.pool), effects.NewLedger(), inbox.Config{Scope: "ledger"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc := &countingProc{Processor: inner}
+	c, err := jsinbox.NewConsumer(e.js, proc, jsinbox.ConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- c.Run(rctx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	waitFor(t, 5*time.Minute, func() bool { return c.Stats().Rescued >= int64(n) })
+	took := time.Since(start)
+	calls := proc.calls.Load()
+	t.Logf("rescued %d give-ups in %v: %.0f a second, in %d transactions", n, took.Round(time.Millisecond), float64(n)/took.Seconds(), calls)
+	if s := c.Stats(); s.Rescued != int64(n) || s.DeadLettered != 0 || s.ForeignAdvisories != 0 {
+		t.Fatalf("stats %+v: want %d rescued, nothing dead-lettered or refused", s, n)
+	}
+	if calls > int64(n/10) {
+		t.Fatalf("%d give-ups rescued in %d transactions: want batches (at most %d transactions)", n, calls, n/10)
+	}
+	e.settle(t, 30*time.Second)
+	e.assertClean(t, n)
 }
