@@ -76,6 +76,10 @@ func advisoryConfig(intents jetstream.StreamConfig) jetstream.StreamConfig {
 		MaxAge:     maxAge,
 		DenyDelete: true,
 		DenyPurge:  true,
+		// verify reads the advisories the rescue has not settled yet with
+		// direct gets, as it reads every stream: their messages await
+		// rescue, they are not lost.
+		AllowDirect: true,
 	}
 }
 

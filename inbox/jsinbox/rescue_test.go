@@ -336,3 +336,74 @@ func TestRescueSettlesGiveUpsInBatches(t *testing.T) {
 	e.settle(t, 30*time.Second)
 	e.assertClean(t, n)
 }
+
+// failingProc is a processor whose every transaction fails, as on a
+// database that does not answer: a rescue naks its advisories.
+type failingProc struct{ *inbox.Processor[pgx.Tx] }
+
+func (failingProc) Process(context.Context, []inbox.Message) ([]inbox.Outcome, error) {
+	return nil, fmt.Errorf("database unreachable (test)")
+}
+
+// TestVerifyCountsAwaitingRescue: messages the server gave up on, whose
+// advisories wait in the advisory stream unsettled, are neither applied
+// nor dead-lettered yet, but they are not lost: verify counts them as
+// awaiting rescue (no violation, exit 0) while no consumer has run since
+// and while a consumer's rescue cannot settle them; once one can, they
+// are applied and verify is clean with none awaiting.
+func TestVerifyCountsAwaitingRescue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, "", jsinbox.StreamConfig{})
+	const n = 6
+	e.publish(t, load(n, "await"))
+	giveUpUnattended(t, e, n)
+	check := func(when string, want int) {
+		t.Helper()
+		rep := e.verify(t)
+		var b strings.Builder
+		rep.WriteTable(&b)
+		if !rep.Clean() || rep.Lost != 0 || rep.AwaitingRescue != want || (want > 0) != !rep.AwaitingRescueSince.IsZero() ||
+			(want > 0) != strings.Contains(b.String(), "await their rescue") {
+			t.Fatalf("verify %s: want clean with %d awaiting rescue, none lost:\n%s", when, want, b.String())
+		}
+		t.Logf("verify %s:\n%s", when, b.String())
+	}
+	check("with no consumer run since the give-ups", n)
+
+	inner, err := inbox.NewProcessor(pginbox.New(e.pool), effects.NewLedger(), inbox.Config{Scope: "ledger"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := jsinbox.NewConsumer(e.js, failingProc{inner}, jsinbox.ConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(rctx) }()
+	waitFor(t, 30*time.Second, c.Ready)
+	// The rescue durable exists now and has delivered and naked them.
+	adv, err := e.js.Consumer(ctx, jsinbox.AdvisoryStream(jsinbox.DefaultStream), "ledger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		info, err := adv.Info(ctx)
+		return err == nil && info.Delivered.Stream == n
+	})
+	check("while the rescue cannot settle", n)
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{})
+	waitFor(t, 30*time.Second, func() bool { return r.c.Stats().Rescued == n })
+	waitFor(t, 30*time.Second, func() bool {
+		info, err := adv.Info(ctx)
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+	})
+	check("after the rescue", 0)
+	e.assertClean(t, n)
+}

@@ -57,6 +57,8 @@ type checker struct {
 	want map[int64]int64
 	// idAt: message IDs of sequences outside the current chunk, looked up.
 	idAt map[uint64]string
+	// awaiting: the messages given up on whose rescue is pending.
+	awaiting awaiting
 }
 
 // ownership of an ID in a chunk.
@@ -181,6 +183,13 @@ func (c *checker) chunk(msgs []Message) error {
 		// letter. The row's stream sequence names the message that was
 		// dead-lettered.
 		if ok && rw.status == inbox.RowRejected && c.dl.at(rw.seq, m.ID) {
+			continue
+		}
+		if since, ok := c.awaiting.seqs[m.Seq]; ok {
+			r.AwaitingRescue++
+			if r.AwaitingRescueSince.IsZero() || since.Before(r.AwaitingRescueSince) {
+				r.AwaitingRescueSince = since
+			}
 			continue
 		}
 		r.Lost++
