@@ -330,8 +330,10 @@ func TestRescueSettlesGiveUpsInBatches(t *testing.T) {
 	if s := c.Stats(); s.Rescued != int64(n) || s.DeadLettered != 0 || s.ForeignAdvisories != 0 {
 		t.Fatalf("stats %+v: want %d rescued, nothing dead-lettered or refused", s, n)
 	}
-	if calls > int64(n/10) {
-		t.Fatalf("%d give-ups rescued in %d transactions: want batches (at most %d transactions)", n, calls, n/10)
+	// Batches are what has arrived when one starts: a loaded machine may
+	// cut them smaller, never to one message each.
+	if calls > int64(n/5) {
+		t.Fatalf("%d give-ups rescued in %d transactions: want batches (at most %d transactions)", n, calls, n/5)
 	}
 	e.settle(t, 30*time.Second)
 	e.assertClean(t, n)
