@@ -20,9 +20,13 @@ type BatchProcessor interface {
 	Scope() string
 	Stats() inbox.ProcessorStats
 	Warm(ctx context.Context, n int) error
-	// Ping checks the processor's database; the consumer pauses while it
-	// fails.
+	// Ping checks that the processor's database answers.
 	Ping(ctx context.Context) error
+	// Check fails where a batch would fail for the database's or the
+	// deployment's reason (see [inbox.Processor.Check]): the consumer
+	// refuses to start on a database that cannot take batches as it is
+	// set up, and pauses while Check fails.
+	Check(ctx context.Context) error
 	// Logger and TracerProvider are the processor's; the consumer logs
 	// and traces with them.
 	Logger() *slog.Logger

@@ -14,7 +14,10 @@ import (
 // whose key token is not its ID's, is rejected with the reason (and so
 // dead-lettered) and never claimed, so no shard applies an ID outside its
 // partition. A message of a partition the shard does not own now is
-// retried (nak'd) without a claim. The rest goes to the inner processor.
+// retried (nak'd) without a claim, marked as no fault of its own
+// ([inbox.Outcome.NotMessageFault]): on its last delivery it is left
+// unsettled for the rescue of the partition's new owner, never
+// dead-lettered. The rest goes to the inner processor.
 type Processor struct {
 	jsinbox.BatchProcessor
 	m      *Map
@@ -55,7 +58,9 @@ func (p *Processor) Process(ctx context.Context, msgs []inbox.Message) ([]inbox.
 			o = inbox.Outcome{Status: inbox.StatusRejected, Cause: inbox.CauseBadInput, Reason: inbox.SanitizeReason(err.Error()), Err: inbox.BadInput(err)}
 		case !owned[part]:
 			err = fmt.Errorf("%w: partition %d", ErrNotOwned, part)
-			o = inbox.Outcome{Status: inbox.StatusRetry, Cause: inbox.CauseTransient, Reason: err.Error(), Err: err}
+			// Not the message's fault: on its last delivery it is left
+			// for the rescue, which the partition's new owner runs.
+			o = inbox.Outcome{Status: inbox.StatusRetry, Cause: inbox.CauseTransient, Reason: err.Error(), Err: err, NotMessageFault: true}
 		default:
 			if out != nil {
 				keep = append(keep, i)
