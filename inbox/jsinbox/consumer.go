@@ -89,9 +89,11 @@ type ConsumerConfig struct {
 	// does, for its gauges) is attached by NewConsumer.
 	Observer Observer
 
-	// The consumer pings the database through the processor while the
-	// database is unreachable (it stops fetching until it answers, so an
-	// outage does not turn into a redelivery storm), and logs and traces
+	// The consumer checks the database through the processor (see
+	// [BatchProcessor.Check]) at start and while it cannot take batches
+	// (it stops fetching until the check passes, so an outage, a read-only
+	// node or a missing migration does not turn into a redelivery storm
+	// or into dead letters), and logs and traces
 	// with the processor's [inbox.Config.Logger] and
 	// [inbox.Config.TracerProvider]: each batch's span "jetinbox.batch" is
 	// linked to the producers' spans carried in the messages' headers, with
@@ -254,7 +256,7 @@ func NewConsumer(js jetstream.JetStream, proc BatchProcessor, cfg ConsumerConfig
 func (c *Consumer) Config() ConsumerConfig { return c.cfg }
 
 // Ready reports whether the consumer is consuming, connected to NATS, with
-// a reachable database, holds no message that the dead-letter stream
+// a database that takes batches, holds no message that the dead-letter stream
 // refused, and is not draining.
 func (c *Consumer) Ready() bool {
 	return c.ready.Load() && !c.draining.Load() && !c.dbDown.Load() && !c.crashed.Load() &&

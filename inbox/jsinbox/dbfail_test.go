@@ -2,8 +2,10 @@ package jsinbox_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/shard"
 	"github.com/jetinbox/jetinbox/internal/testenv"
@@ -44,7 +47,8 @@ func dbName(t *testing.T, dbURL string) string {
 
 // TestRunRefusesUnfitDatabase: a consumer started on a database that
 // answers but cannot take a batch (nobody migrated it, it is read-only,
-// a pooler in statement mode stands in front of it) returns a SetupError
+// a pooler in statement mode stands in front of it; a SQLite file nobody
+// migrated) returns a SetupError
 // that says what to do, instead of consuming and failing every batch until
 // MaxDeliver dead-letters the backlog.
 func TestRunRefusesUnfitDatabase(t *testing.T) {
@@ -94,6 +98,28 @@ func TestRunRefusesUnfitDatabase(t *testing.T) {
 		if !errors.As(err, &setup) || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("%s: Run = %v, want a SetupError saying %q", c.name, err, c.says)
 		}
+	}
+	// SQLite: a file nobody migrated.
+	db, err := sqliteinbox.Open(ctx, filepath.Join(t.TempDir(), "unmigrated.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	noop := inbox.HandlerFunc(func(context.Context, *sql.Tx, inbox.Message) error { return nil })
+	sproc, err := inbox.NewProcessor(sqliteinbox.New(db), noop, inbox.Config{Scope: "ledger"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := jsinbox.NewConsumer(e.js, sproc, quick())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = cons.Run(rctx)
+	cancel()
+	var setup *jsinbox.SetupError
+	if !errors.As(err, &setup) || !errors.Is(err, inbox.ErrNotMigrated) {
+		t.Errorf("unmigrated SQLite file: Run = %v, want a SetupError wrapping ErrNotMigrated", err)
 	}
 	if n := dlqCount(t, e); n != 0 {
 		t.Fatalf("%d dead letters after consumers refused to start", n)
