@@ -212,10 +212,11 @@ func TestDatabaseFaultsLeaveLastDeliveriesForRescue(t *testing.T) {
 			f.breakIt(t, admin, pg, db)
 			const n = 12
 			e.publish(t, load(n, "fault"))
-			// Long enough for every message's only delivery, and for
-			// the server to give up on each after AckWait.
-			waitFor(t, 30*time.Second, func() bool { return r.c.Stats().Received >= n })
-			time.Sleep(4 * time.Second)
+			// Every message's only delivery is left for the rescue; then
+			// the server gives up on each after AckWait, and the rescue
+			// meets the fault too.
+			waitFor(t, 30*time.Second, func() bool { s := r.c.Stats(); return s.LeftForRescue >= n || s.DeadLettered > 0 })
+			time.Sleep(3 * time.Second)
 			s := r.c.Stats()
 			if s.DeadLettered != 0 || dlqCount(t, e) != 0 {
 				dead := deadLetters(t, e)
@@ -283,8 +284,8 @@ func TestMovedPartitionLeftForRescue(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(rctx) }()
 	defer func() { stop(); <-done }()
-	waitFor(t, 30*time.Second, func() bool { return c.Stats().Received >= n })
-	time.Sleep(3 * time.Second) // past AckWait: the server gave up on them
+	waitFor(t, 30*time.Second, func() bool { return c.Stats().LeftForRescue >= n || c.Stats().DeadLettered > 0 })
+	time.Sleep(3 * time.Second) // past AckWait: the server gave up on them, the rescue met them
 	dlq := func() int {
 		dead, err := verify.ReadStream(ctx, e.js, jsinbox.DeadLetterStream(m.Stream))
 		if err != nil {
