@@ -90,7 +90,7 @@ type ConsumerConfig struct {
 	Observer Observer
 
 	// The consumer checks the database through the processor (see
-	// [BatchProcessor.Check]) at start and while it cannot take batches
+	// [Checker]) at start and while it cannot take batches
 	// (it stops fetching until the check passes, so an outage, a read-only
 	// node or a missing migration does not turn into a redelivery storm
 	// or into dead letters), and logs and traces
@@ -288,7 +288,7 @@ func (c *Consumer) DurableConfig() jetstream.ConsumerConfig {
 // but had not started, and returns nil.
 //
 // It first checks the database through the processor (see
-// [BatchProcessor.Check]) and returns a [SetupError] if the database
+// [Checker]) and returns a [SetupError] if the database
 // answers but cannot take batches as it is set up: the inbox schema
 // missing or old, a read-only session, a connection that cannot hold a
 // transaction (a pooler in statement mode), a grant missing. A database
@@ -453,7 +453,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 func (c *Consumer) checkDatabase(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	err := c.proc.Check(cctx)
+	err := check(cctx, c.proc)
 	switch {
 	case err == nil:
 		return nil

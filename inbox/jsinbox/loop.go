@@ -148,7 +148,7 @@ func (c *Consumer) waitForDB(ctx context.Context) error {
 		case <-time.After(d):
 		}
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := c.proc.Check(cctx)
+		err := check(cctx, c.proc)
 		cancel()
 		if err == nil {
 			c.dbDown.Store(false)

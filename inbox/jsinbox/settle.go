@@ -208,7 +208,7 @@ func (c *Consumer) leaveForRescue(im *inbox.Message, why string, err error) {
 func (c *Consumer) pauseAfter(ctx context.Context, err error, out []inbox.Outcome) bool {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if c.proc.Check(cctx) != nil {
+	if check(cctx, c.proc) != nil {
 		return true
 	}
 	if errors.Is(err, inbox.ErrOutcomeUnknown) {

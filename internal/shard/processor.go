@@ -106,6 +106,17 @@ func (p *Processor) Warm(ctx context.Context, n int) error {
 	return p.BatchProcessor.Warm(ctx, n)
 }
 
+// Check forwards the inner processor's check of its database (see
+// [jsinbox.Checker]), or pings it if the inner processor has no check, so
+// that a partition consumer refuses an unfit database and pauses while it
+// cannot take batches, as any consumer does.
+func (p *Processor) Check(ctx context.Context) error {
+	if c, ok := p.BatchProcessor.(jsinbox.Checker); ok {
+		return c.Check(ctx)
+	}
+	return p.BatchProcessor.Ping(ctx)
+}
+
 // Map returns the shard map the processor checks against.
 func (p *Processor) Map() *Map { return p.m }
 
@@ -115,4 +126,7 @@ func (p *Processor) Owns(q int) bool {
 	return q >= 0 && q < len(o) && o[q]
 }
 
-var _ jsinbox.BatchProcessor = (*Processor)(nil)
+var (
+	_ jsinbox.BatchProcessor = (*Processor)(nil)
+	_ jsinbox.Checker        = (*Processor)(nil)
+)
