@@ -237,7 +237,9 @@ func (p *Processor[TX]) apply(ctx context.Context, tx TX, fresh []Message, isola
 		return errs, p.handleIsolated(ctx, tx, fresh, errs)
 	}
 	if err := p.handle(ctx, tx, fresh, errs); err != nil {
-		if p.store.Classify(err) == ErrorRetryTx {
+		if k := p.store.Classify(err); k == ErrorRetryTx || k == ErrorConn {
+			// The whole batch is retried: one message at a time would
+			// only meet the same deadlock, connection or deployment.
 			return nil, err
 		}
 		return nil, fmt.Errorf("%w: %w", errIsolate, err)
@@ -256,6 +258,12 @@ func (p *Processor[TX]) decide(b *batch, errs []error) (rejIDs, rejReasons, retr
 			out[i] = Outcome{Status: StatusApplied}
 		case IsPermanent(e):
 			out[i] = Outcome{Status: StatusRejected, Cause: rejectCause(e), Reason: SanitizeReason(e.Error()), Err: e}
+		case p.store.Classify(e) == ErrorConn:
+			// The database's or the deployment's fault, reported for one
+			// message: retried, on its last delivery too.
+			out[i] = Outcome{Status: StatusRetry, Cause: CauseTransient, Reason: SanitizeReason(e.Error()), Err: e, NotMessageFault: true}
+			retryIDs = append(retryIDs, msgs[i].ID)
+			continue
 		case msgs[i].Final:
 			reason := fmt.Sprintf("gave up after %d deliveries: %v", msgs[i].Deliveries, e)
 			out[i] = Outcome{Status: StatusRejected, Cause: CauseGaveUp, Reason: SanitizeReason(reason), Err: e}

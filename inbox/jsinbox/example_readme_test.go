@@ -42,7 +42,8 @@ func shipOrders(ctx context.Context, js jetstream.JetStream, databaseURL string)
 		return err
 	})
 	// One store value: the processor claims through it, and the consumer
-	// pings through the processor to pause while the database is down.
+	// checks the database through the processor: it refuses one it cannot
+	// use and pauses while the database is down.
 	proc, err := inbox.NewProcessor(pginbox.New(pool), ship, inbox.Config{Scope: "shipping"})
 	if err != nil {
 		return err

@@ -108,6 +108,11 @@ func Replay(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	if err := store.CheckSchema(ctx); err != nil {
 		return cli.UsageError{Err: err}
 	}
+	// Even a dry run claims and rolls back: every batch would fail on a
+	// read-only session or a pooler that cannot hold a transaction.
+	if err := store.CheckWritable(ctx); err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
 	nc, js, err := nf.Connect("jetinbox-replay", cli.DefaultReconnect(), log)
 	if err != nil {
 		return cli.UsageError{Err: err}

@@ -245,6 +245,26 @@ func (s *Store) CheckSchema(ctx context.Context) error {
 	return pginbox.New(s.PG).CheckSchema(ctx)
 }
 
+// CheckWritable reports a database that answers but cannot take the
+// transactions a writing command runs, wrapping [inbox.ErrDatabaseUnfit]
+// (exit 2): on PostgreSQL a read-only session (a standby, a database or
+// role set default_transaction_read_only) or a connection that cannot hold
+// a transaction (a pooler in statement mode); on SQLite a query-only
+// connection.
+func (s *Store) CheckWritable(ctx context.Context) error {
+	if s.SQLite != nil {
+		var queryOnly int
+		if err := s.SQLite.QueryRowContext(ctx, "PRAGMA query_only").Scan(&queryOnly); err != nil {
+			return fmt.Errorf("database: %w", err)
+		}
+		if queryOnly != 0 {
+			return fmt.Errorf("%w: the connection is query-only (PRAGMA query_only)", inbox.ErrDatabaseUnfit)
+		}
+		return nil
+	}
+	return pginbox.New(s.PG).CheckSession(ctx)
+}
+
 // Migrate applies the inbox and ledger schemas and returns how many
 // migrations of each it applied.
 func (s *Store) Migrate(ctx context.Context) (inboxN, ledgerN int, err error) {
