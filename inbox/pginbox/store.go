@@ -65,15 +65,25 @@ func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error { return pgwatch.Co
 
 // ReadPriorCommits makes the commit of a transaction that wrote nothing
 // wait, as a writing one does, until every commit before it is as durable
-// as a fresh one (flushed, and confirmed by the synchronous standby): it
-// takes a transaction ID, so that the COMMIT writes a record and waits for
-// it. The processor calls it before committing a batch that acks
-// duplicates and claimed nothing: a duplicate rests on a row committed
-// earlier, perhaps by a commit whose wait for the standby was cancelled.
+// as a fresh one (flushed, and confirmed by the synchronous standby). A
+// transaction ID alone does not do it: PostgreSQL commits a transaction
+// that wrote no WAL without flushing or waiting for the standby, even
+// with an ID. So it writes an empty transactional logical-decoding
+// message (prefix "jetinbox.durable", seen only by logical decoding
+// consumers, which may ignore it), which takes an ID and WAL: the
+// COMMIT then writes its record, flushes and waits for the standby to
+// confirm all WAL up to it. The processor calls it before committing a
+// batch that acks duplicates and claimed nothing: a duplicate rests on a
+// row committed earlier, perhaps by a commit whose wait for the standby
+// was cancelled.
 func (s *Store) ReadPriorCommits(ctx context.Context, tx pgx.Tx) error {
-	_, err := tx.Exec(ctx, "SELECT pg_current_xact_id()")
+	_, err := tx.Exec(ctx, durableSQL)
 	return err
 }
+
+// durableSQL gives a transaction that wrote nothing a commit that waits
+// for the flush and the synchronous standby.
+const durableSQL = `SELECT pg_logical_emit_message(true, 'jetinbox.durable', '')`
 
 func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }
 
