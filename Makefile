@@ -3,7 +3,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test lint unit cluster deploy bench-smoke demo
+.PHONY: test lint unit cluster deploy bench-smoke demo stress
 
 test: lint unit cluster deploy bench-smoke
 
@@ -35,3 +35,8 @@ bench-smoke:
 
 demo:
 	$(GO) run ./cmd/jetinbox demo
+
+# The unit and cluster phases twice beside a CPU hog on one of the cores,
+# listing every test that failed in any run (ROUNDS=, HOGS= change it).
+stress:
+	./.ci/stress

@@ -62,12 +62,14 @@ var (
 		"$JS.API.DIRECT.GET.PINTENTS", "dlq.pintents.>",
 	}
 	// jetinbox verify -watch: direct gets on INTENTS and INTENTS_DLQ, the
-	// ledger durable's and the rescue consumer's info. No consumer of its
-	// own, no ack, no publish, no delete.
+	// ledger durable's and the rescue consumer's info, and the advisories
+	// the rescue has not settled (direct gets on INTENTS_ADVISORIES). No
+	// consumer of its own, no ack, no publish, no delete.
 	verifyPublish = []string{
 		"$JS.API.INFO", "$JS.API.STREAM.INFO.INTENTS", "$JS.API.STREAM.INFO.INTENTS_DLQ",
 		"$JS.API.CONSUMER.INFO.INTENTS.ledger", "$JS.API.CONSUMER.INFO.INTENTS_ADVISORIES.ledger",
 		"$JS.API.DIRECT.GET.INTENTS", "$JS.API.DIRECT.GET.INTENTS_DLQ",
+		"$JS.API.STREAM.INFO.INTENTS_ADVISORIES", "$JS.API.DIRECT.GET.INTENTS_ADVISORIES",
 	}
 	// verify -shards: the partitioned stream and its dead letters.
 	verifyShardPublish = []string{

@@ -193,6 +193,9 @@ type Consumer struct {
 	stopping <-chan struct{}
 
 	bound atomic.Pointer[jetstream.Consumer]
+	// rescueBound is the rescue durable on the advisory stream, once Run
+	// has bound it.
+	rescueBound atomic.Pointer[jetstream.Consumer]
 
 	// budget holds the bytes of the messages in formed batches and in
 	// flight (half of MaxBytes); batchBytes is its size.

@@ -460,7 +460,7 @@ func TestRelayKeepsWhatDidNotGetThrough(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r := quickRelay(t, e, outbox.RelayConfig{Publisher: jsinbox.PublisherConfig{AckTimeout: 200 * time.Millisecond,
+	r := quickRelay(t, e, outbox.RelayConfig{Publisher: jsinbox.PublisherConfig{AckTimeout: 5 * time.Second,
 		Retry: jitter.Policy{Kind: jitter.Full, Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond, MaxAttempts: 2}}})
 	n, err := r.Round(ctx)
 	if n != 3 || err == nil || !strings.Contains(err.Error(), "1 of 3 rows not acknowledged") {
