@@ -132,4 +132,36 @@ func TestCancelledSyncWaitsThroughFailover(t *testing.T) {
 	if lost["unsafe"] == 0 {
 		t.Errorf("the pool without the watch lost nothing: the test no longer meets a commit the standby lacks")
 	}
+
+	// The redeliveries reach the promoted standby: every message the
+	// watched pool left unacknowledged is applied there once and acked.
+	after, err := pginbox.NewPool(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer after.Close()
+	again := newLedgerProcessor(t, after)
+	for b := range 6 {
+		msgs := make([]inbox.Message, 5)
+		for i := range msgs {
+			msgs[i] = intent(fmt.Sprintf("safe-%d-%d", b, i), int64(b*5+i+1), 1)
+			msgs[i].Deliveries = 3
+		}
+		out, err := again.Process(ctx, msgs)
+		if err != nil {
+			t.Fatalf("redelivery after the failover: %v", err)
+		}
+		for i, o := range out {
+			if !o.Ackable() {
+				t.Fatalf("redelivery after the failover: %s not ackable: %v", msgs[i].ID, o.Status)
+			}
+		}
+	}
+	var entries, distinct int
+	if err := c.QueryRow(ctx, `SELECT count(*), count(DISTINCT message_id) FROM ledger_entries WHERE message_id LIKE 'safe-%'`).Scan(&entries, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	if entries != 30 || distinct != 30 {
+		t.Errorf("after the failover: %d ledger entries for %d of the 30 messages, want each once", entries, distinct)
+	}
 }

@@ -123,6 +123,7 @@ func TestCommitTimeoutDuringSyncWaitIsNotAcked(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err := p.Process(context.Background(), []inbox.Message{intent("timeout-1", 1, 10)})
+	t.Logf("commit: %v", err)
 	if !errors.Is(err, inbox.ErrOutcomeUnknown) {
 		t.Fatalf("err = %v, want the outcome unknown", err)
 	}
