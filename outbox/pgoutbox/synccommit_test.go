@@ -3,6 +3,10 @@ package pgoutbox_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -71,10 +75,11 @@ func TestRelayMarkWithCancelledSyncWaitIsNotSent(t *testing.T) {
 }
 
 // TestRelayChecksCommitWatch: the outbox store tells a pool that cannot
-// see a mark commit the standby never confirmed.
+// see a mark commit the standby never confirmed, and a relay on one says
+// so when it starts.
 func TestRelayChecksCommitWatch(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
+	e := newEnv(t)
 	url := testenv.NewDatabase(t)
 	plain, err := pgxpool.New(ctx, url)
 	if err != nil {
@@ -84,6 +89,21 @@ func TestRelayChecksCommitWatch(t *testing.T) {
 	if err := pgoutbox.New(plain).CheckCommitWatch(ctx); !errors.Is(err, pgoutbox.ErrCommitsUnwatched) {
 		t.Fatalf("plain pool: %v, want ErrCommitsUnwatched", err)
 	}
+	var logs strings.Builder
+	var mu sync.Mutex
+	r := quickRelay(t, &env{pool: e.pool, st: pgoutbox.New(e.pool), js: e.js},
+		outbox.RelayConfig{Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))})
+	rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if err := r.Run(rctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	got := logs.String()
+	mu.Unlock()
+	if !strings.Contains(got, "could not confirm that the database pool watches its commits") {
+		t.Fatalf("a relay on a pool without the watch logged %q", got)
+	}
 	watched, err := pginbox.NewPool(ctx, url)
 	if err != nil {
 		t.Fatal(err)
@@ -92,4 +112,16 @@ func TestRelayChecksCommitWatch(t *testing.T) {
 	if err := pgoutbox.New(watched).CheckCommitWatch(ctx); err != nil {
 		t.Fatalf("watched pool: %v", err)
 	}
+}
+
+// lockedWriter serializes writes to w.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
