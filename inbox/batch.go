@@ -31,6 +31,9 @@ type batch struct {
 	// database refused.
 	inBatch [][2]int
 	refused map[int]bool
+	// prior: some outcome rests on a row an earlier commit wrote (a
+	// duplicate, a rejection or conflict found in the inbox).
+	prior bool
 }
 
 func (p *Processor[TX]) processOnce(ctx context.Context, msgs []Message, valid []int, out []Outcome, isolate, fast bool) (err error) {
@@ -74,7 +77,37 @@ func (p *Processor[TX]) processOnce(ctx context.Context, msgs []Message, valid [
 	if err := p.record(ctx, tx, msgs, rejIDs, rejReasons, retryIDs, b.conflicts); err != nil {
 		return err
 	}
+	if err := p.readPrior(ctx, tx, b); err != nil {
+		return err
+	}
 	return p.commit(ctx, tx, len(valid))
+}
+
+// priorReader is a store whose commit of a transaction that wrote nothing
+// returns before the commits it read are durable (PostgreSQL's
+// read-only COMMIT waits for no flush and no standby): ReadPriorCommits
+// makes it wait as a writing commit does.
+type priorReader[TX any] interface {
+	ReadPriorCommits(ctx context.Context, tx TX) error
+}
+
+// readPrior makes the commit of a batch whose acks rest on rows committed
+// before, and that claimed nothing itself, wait until those rows are as
+// durable as its own fresh commit would be: the row a redelivery finds may
+// be one whose commit the synchronous standby never confirmed. A batch
+// that claimed a message wrote its row, so its commit waits anyway.
+func (p *Processor[TX]) readPrior(ctx context.Context, tx TX, b *batch) error {
+	if !b.prior || len(b.fresh) > 0 {
+		return nil
+	}
+	r, ok := any(p.store).(priorReader[TX])
+	if !ok {
+		return nil
+	}
+	if err := r.ReadPriorCommits(ctx, tx); err != nil {
+		return fmt.Errorf("inbox: read prior commits: %w", err)
+	}
+	return nil
 }
 
 // claim claims the batch's valid messages: with COPY when fast (every
@@ -193,6 +226,9 @@ func (p *Processor[TX]) classify(b *batch, res []ClaimResult) {
 		if r.InBatch && r.State == ClaimDuplicate {
 			b.inBatch = append(b.inBatch, [2]int{i, b.valid[r.First]})
 			continue
+		}
+		if r.State != ClaimFresh {
+			b.prior = true
 		}
 		switch r.State {
 		case ClaimFresh:

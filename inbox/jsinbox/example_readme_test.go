@@ -28,7 +28,9 @@ import (
 // readme:begin
 // shipOrders applies each order once, in the transaction of its inbox row, until ctx ends.
 func shipOrders(ctx context.Context, js jetstream.JetStream, databaseURL string) error {
-	pool, err := pgxpool.New(ctx, databaseURL)
+	// pgxpool.New with pginbox.WatchCommits: the store sees a COMMIT whose
+	// wait for the synchronous standby was cancelled, which pgx takes for a success.
+	pool, err := pginbox.NewPool(ctx, databaseURL)
 	if err != nil {
 		return err
 	}

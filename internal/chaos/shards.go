@@ -252,7 +252,7 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 	}
 	r.m = &m
 	for _, s := range m.Shards {
-		pool, err := pgxpool.New(ctx, s.DatabaseURL+"&pool_max_conns=12")
+		pool, err := pginbox.NewPool(ctx, s.DatabaseURL+"&pool_max_conns=12")
 		if err != nil {
 			return nil, err
 		}

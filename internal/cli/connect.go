@@ -28,6 +28,7 @@ import (
 	"golang.org/x/net/proxy"
 	"golang.org/x/term"
 
+	"github.com/jetinbox/jetinbox/internal/pgwatch"
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
@@ -372,7 +373,9 @@ func Redact(s string) string {
 	return strings.Join(parts, ",")
 }
 
-// OpenDB opens a pool and checks the server answers. Behind a connection
+// OpenDB opens a pool and checks the server answers. Its connections
+// report a COMMIT whose wait for the synchronous standby was cancelled
+// (pginbox.WatchCommits). Behind a connection
 // pooler (see [BehindPooler]) whose URL names no default_query_exec_mode,
 // the pool runs its statements in [PoolerExecMode]: pgx's default caches
 // named prepared statements per connection, which a pooler in transaction
@@ -409,6 +412,9 @@ func openDB(ctx context.Context, dsn string, maxConns int32, log *slog.Logger) (
 		// other client encoding.
 		cfg.ConnConfig.RuntimeParams["client_encoding"] = "UTF8"
 	}
+	// Every commit the pool makes reports a wait for the synchronous
+	// standby that was cancelled, which pgx takes for a success.
+	pgwatch.Install(cfg.ConnConfig)
 	if h := cfg.ConnConfig.Host; !isLocal(h) && (cfg.ConnConfig.TLSConfig == nil || cfg.ConnConfig.TLSConfig.InsecureSkipVerify) {
 		log.Warn("database: TLS is weaker than sslmode=verify-full toward a non-local host", "host", h)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 )
 
 // The outbox's defaults in the commands: the ledger's follow-ups go to
@@ -117,6 +118,11 @@ func StartRelay(ctx context.Context, store *Store, js jetstream.JetStream, cfg o
 	}
 	if err := store.CheckWritable(ctx); err != nil {
 		return nil, nil, fmt.Errorf("relay: %w", err)
+	}
+	if pg, ok := src.(*pgoutbox.Store); ok {
+		if err := pg.CheckCommitWatch(ctx); err != nil {
+			return nil, nil, err
+		}
 	}
 	switch {
 	case store.SQLite != nil, cfg.NoListen, store.listen != nil:

@@ -237,12 +237,17 @@ func (s *Store) Ping(ctx context.Context) error {
 }
 
 // CheckSchema reports [inbox.ErrNotMigrated] unless the inbox schema is
-// up to date.
+// up to date; on PostgreSQL it also checks that the pool sees commits the
+// synchronous standby never confirmed ([pginbox.Store.CheckCommitWatch]).
 func (s *Store) CheckSchema(ctx context.Context) error {
 	if s.SQLite != nil {
 		return sqliteinbox.New(s.SQLite).CheckSchema(ctx)
 	}
-	return pginbox.New(s.PG).CheckSchema(ctx)
+	st := pginbox.New(s.PG)
+	if err := st.CheckSchema(ctx); err != nil {
+		return err
+	}
+	return st.CheckCommitWatch(ctx)
 }
 
 // CheckWritable reports a database that answers but cannot take the
