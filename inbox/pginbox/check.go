@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/internal/pgwatch"
 )
 
 // Check implements [inbox.Store]: one transaction that fails where a batch
@@ -24,9 +25,12 @@ import (
 //     refuses the BEGIN (08P01), and two statements of one transaction
 //     run on one server backend;
 //   - the role may claim: SELECT, INSERT and UPDATE on inbox, INSERT on
-//     inbox_conflicts, EXECUTE on inbox_release.
+//     inbox_conflicts, EXECUTE on inbox_release;
+//   - on a server that waits for a synchronous standby, the pool was made
+//     with [WatchCommits] (or [NewPool]), so that a COMMIT whose wait was
+//     cancelled is never taken for a durable one.
 //
-// The last three wrap [inbox.ErrDatabaseUnfit]; an unreachable database
+// The last four wrap [inbox.ErrDatabaseUnfit]; an unreachable database
 // fails with the driver's error.
 func (s *Store) Check(ctx context.Context) error {
 	tx, err := s.db.Begin(ctx)
@@ -40,7 +44,31 @@ func (s *Store) Check(ctx context.Context) error {
 	if err := checkSession(ctx, tx); err != nil {
 		return err
 	}
-	return checkGrants(ctx, tx)
+	if err := checkGrants(ctx, tx); err != nil {
+		return err
+	}
+	return checkWatch(ctx, tx)
+}
+
+// checkWatch refuses a pool made without [WatchCommits] on a server that
+// waits for a synchronous standby: there a COMMIT whose wait is cancelled
+// returns success with only a warning, which such a pool cannot see, and
+// its batch would be acked on a commit the standby may lack. Without a
+// synchronous standby the pool is let through (the consumer's warm-up
+// logs [ErrCommitsUnwatched] still): nothing waits, nothing is cancelled.
+func checkWatch(ctx context.Context, tx pgx.Tx) error {
+	if pgwatch.Watched(tx) {
+		return nil
+	}
+	var names string
+	if err := tx.QueryRow(ctx, `SELECT current_setting('synchronous_standby_names')`).Scan(&names); err != nil {
+		return checkError("read synchronous_standby_names", err)
+	}
+	if strings.TrimSpace(names) == "" {
+		return nil
+	}
+	return fmt.Errorf("%w: the server waits for a synchronous standby (synchronous_standby_names = %q), and this pool cannot see a COMMIT whose wait was cancelled, "+
+		"which PostgreSQL answers with success and a warning: make the pool with pginbox.NewPool, or call pginbox.WatchCommits on its configuration", inbox.ErrDatabaseUnfit, names)
 }
 
 // CheckSession is the part of [Store.Check] that any writer needs, with no

@@ -3,6 +3,7 @@ package pginbox_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -208,5 +209,39 @@ func TestCommitWatchCheck(t *testing.T) {
 	}
 	if len(mine) != 1 {
 		t.Fatalf("the configuration's own handler saw %q, want the probe", mine)
+	}
+}
+
+// TestCheckRefusesUnwatchedPoolOnSyncStandby: a pool made without the
+// watch cannot see a COMMIT whose wait for the standby was cancelled; on a
+// server that waits for a synchronous standby, the store's check (the
+// consumer's start and its resume after an outage) refuses it, saying
+// what to do. Without a synchronous standby it passes, and so does a
+// watched pool.
+func TestCheckRefusesUnwatchedPoolOnSyncStandby(t *testing.T) {
+	ctx := context.Background()
+	url, _ := standbyless(t)
+	plain, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	err = pginbox.New(plain).Check(ctx)
+	if !errors.Is(err, inbox.ErrDatabaseUnfit) || !strings.Contains(err.Error(), "pginbox.NewPool") {
+		t.Fatalf("plain pool before a synchronous standby: %v, want ErrDatabaseUnfit naming pginbox.NewPool", err)
+	}
+	if err := pginbox.New(watchedPool(t, url)).Check(ctx); err != nil {
+		t.Fatalf("watched pool: %v", err)
+	}
+	other, err := pgxpool.New(ctx, testenv.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := pginbox.New(other).Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pginbox.New(other).Check(ctx); err != nil {
+		t.Fatalf("plain pool, no synchronous standby: %v", err)
 	}
 }
