@@ -188,6 +188,9 @@ type shardRun struct {
 	log     *slog.Logger
 }
 
+// side is shard i of the run, for a move.
+func (r *shardRun) side(i int) shard.Side { return shard.Side{Name: r.m.Shards[i].Name, Pool: r.pools[i]} }
+
 func (r *shardRun) roll(p float64) bool {
 	r.diceMu.Lock()
 	defer r.diceMu.Unlock()
@@ -311,7 +314,7 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 			if o.noCopy {
 				err = moveWithoutRows(ctx, r.m, moveP, r.pools[0], r.pools[len(r.pools)-1])
 			} else {
-				res, err = shard.Move(ctx, r.m, moveP, r.pools[0], r.pools[len(r.pools)-1])
+				res, err = shard.Move(ctx, r.m, moveP, r.side(0), r.side(len(r.pools)-1))
 			}
 			if err != nil {
 				moveErr = err
