@@ -189,7 +189,9 @@ type shardRun struct {
 }
 
 // side is shard i of the run, for a move.
-func (r *shardRun) side(i int) shard.Side { return shard.Side{Name: r.m.Shards[i].Name, Pool: r.pools[i]} }
+func (r *shardRun) side(i int) shard.Side {
+	return shard.Side{Name: r.m.Shards[i].Name, Pool: r.pools[i]}
+}
 
 func (r *shardRun) roll(p float64) bool {
 	r.diceMu.Lock()
