@@ -185,3 +185,48 @@ func TestShardDatabaseRefusedWithoutShards(t *testing.T) {
 		t.Errorf("replay of another scope refused as a shard's: %v\n%s", err, out)
 	}
 }
+
+// TestPartitionsMoveBackAfterFailedCopy: a move whose copy fails after the
+// fence leaves the partition owned by no shard; partitions list names the
+// move to finish, and a move back to the source gives it back.
+func TestPartitionsMoveBackAfterFailedCopy(t *testing.T) {
+	f := newShardedFixture(t)
+	ctx := context.Background()
+	pools := map[string]*pgxpool.Pool{}
+	for _, n := range []string{"a", "b"} {
+		p, err := pgxpool.New(ctx, f.urls[n])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		pools[n] = p
+	}
+	id := ""
+	for i := 0; id == ""; i++ {
+		if c := fmt.Sprintf("m-%d", i); shard.PartitionOf(c, f.m.Partitions) == 0 {
+			id = c
+		}
+	}
+	if _, err := pools["a"].Exec(ctx, `INSERT INTO inbox (scope, message_id, fingerprint, status, stream_seq, subject, received_at) VALUES ($1, $2, '\x01', 'applied', 1, 's', now())`, f.m.Scope, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pools["b"].Exec(ctx, `CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'disk full'; END $$;
+CREATE TRIGGER refuse BEFORE INSERT ON inbox FOR EACH ROW EXECUTE FUNCTION refuse()`); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := f.run("partitions", "move", "0", "--to", "b", "-shards", f.file); err == nil || !strings.Contains(fmt.Sprint(err), "disk full") {
+		t.Fatalf("the move with a failing copy: %v\n%s", err, out)
+	}
+	out, err := f.run("partitions", "list", "-shards", f.file)
+	if cli.ExitCode(err) != 1 || !strings.Contains(out, "run: jetinbox partitions move 0 --to b") {
+		t.Errorf("partitions list after a failed copy: exit %d\n%s\nwant exit 1 and the move to finish", cli.ExitCode(err), out)
+	}
+	out = f.must(t, "partitions", "move", "0", "--to", "a", "-shards", f.file)
+	t.Log(out)
+	f.must(t, "partitions", "list", "-shards", f.file)
+	for n, want := range map[string]string{"a": "0-1", "b": "2-3"} {
+		if o, err := shard.Owned(ctx, pools[n], f.m.Scope); err != nil || o.String() != want {
+			t.Errorf("shard %s owns %v (%v), want %s", n, o, err, want)
+		}
+	}
+}
