@@ -131,13 +131,13 @@ func WriteShards(w io.Writer, r *ShardsResult) {
 // WriteShardsBeside prints the shipped run and the unsafe one side by side.
 func WriteShardsBeside(w io.Writer, shipped, unsafe *ShardsResult) {
 	fmt.Fprintln(w, "moves and a replay raced, shipped checks beside the unsafe ones:")
-	fmt.Fprintf(w, "  %-58s %8s %6s %10s %13s %s\n", "setting", "applied", "lost", "duplicated", "in two shards", "owners of the moved partition")
+	fmt.Fprintf(w, "  %-60s %8s %6s %10s %13s %s\n", "setting", "applied", "lost", "duplicated", "in two shards", "owners of the moved partition")
 	for _, r := range []*ShardsResult{shipped, unsafe} {
 		name := "shipped (target recorded and re-checked; replay fenced)"
 		if r.Unsafe {
 			name = "unsafe (any given-away row; replay through plain processor)"
 		}
-		fmt.Fprintf(w, "  %-58s %8d %6d %10d %13d %v\n", name, r.AppliedOnce, r.Lost, r.Duplicated, r.InTwoShards, r.MovedOwners)
+		fmt.Fprintf(w, "  %-60s %8d %6d %10d %13d %v\n", name, r.AppliedOnce, r.Lost, r.Duplicated, r.InTwoShards, r.MovedOwners)
 	}
 }
 
