@@ -282,3 +282,58 @@ CREATE TRIGGER refuse BEFORE INSERT ON inbox FOR EACH ROW EXECUTE FUNCTION refus
 		t.Errorf("partition 0 owned by %v, want [b]", o)
 	}
 }
+
+// TestUnfenceWhileCopying gives a partition back to its source while the
+// move to b is still copying it: the give-back waits for the copy's
+// transaction, finds b owning it and is refused; one owner.
+func TestUnfenceWhileCopying(t *testing.T) {
+	ctx := context.Background()
+	m := threeShards()
+	pools := newShardPools(t, &m)
+	side := func(n string) Side { return Side{n, pools[n]} }
+	if _, err := pools["b"].Exec(ctx, `INSERT INTO jetinbox_partitions (scope, partition, owned) VALUES ($1, 0, false)`, m.Scope); err != nil {
+		t.Fatal(err)
+	}
+	hold, err := pools["b"].Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback(ctx) //nolint:errcheck // test
+	if _, err := hold.Exec(ctx, `SELECT 1 FROM jetinbox_partitions WHERE scope = $1 AND partition = 0 FOR UPDATE`, m.Scope); err != nil {
+		t.Fatal(err)
+	}
+	moved := make(chan error, 1)
+	go func() {
+		_, err := Move(ctx, &m, 0, side("a"), side("b"))
+		moved <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // fenced, copying, waiting to take
+	unfenced := make(chan error, 1)
+	go func() {
+		_, err := Unfence(ctx, &m, 0, side("a"), side("b"))
+		unfenced <- err
+	}()
+	var unfenceErr error
+	waited := false
+	select {
+	case unfenceErr = <-unfenced:
+		t.Errorf("the give-back did not wait for the copy in progress: %v", unfenceErr)
+	case <-time.After(300 * time.Millisecond):
+		waited = true
+	}
+	if err := hold.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-moved; err != nil {
+		t.Errorf("the move: %v", err)
+	}
+	if waited {
+		unfenceErr = <-unfenced
+	}
+	if unfenceErr == nil {
+		t.Error("the give-back while b took the partition: no error")
+	}
+	if o := owners(t, &m, pools, 0); len(o) != 1 || o[0] != "b" {
+		t.Errorf("partition 0 owned by %v, want [b]", o)
+	}
+}
