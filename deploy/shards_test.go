@@ -221,6 +221,8 @@ func TestShardDatabaseRoles(t *testing.T) {
 		`UPDATE jetinbox_partitions SET owned = true`,
 		`INSERT INTO jetinbox_partitions (scope, partition, owned) VALUES ('ledger', 9, true)`,
 		`DELETE FROM jetinbox_partitions`,
+		`SELECT moved_to FROM jetinbox_partitions`,
+		`SELECT jetinbox_partition_of('x', 64)`,
 		`INSERT INTO inbox (scope, message_id, fingerprint, received_at) VALUES ('ledger', 'x', '\x01', now() - interval '1 year')`,
 	} {
 		consumer.mustFail(t, q, denied...)
