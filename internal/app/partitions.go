@@ -24,7 +24,8 @@ const partitionsUsage = `jetinbox partitions: the partitions of a sharded stream
 
   jetinbox partitions list -shards FILE [-v]     each shard's partitions, as its database says, against the map file
   jetinbox partitions stream -shards FILE        create the stream with its partition transform, dead-letter and advisory streams
-  jetinbox partitions move P --to B -shards FILE move partition P to shard B while every shard runs, then rewrite FILE`
+  jetinbox partitions move P --to B -shards FILE move partition P to shard B while every shard runs, then rewrite FILE;
+                                                 a move stopped halfway: run it again to the same B, or to its source to give P back`
 
 // Partitions is `jetinbox partitions`.
 func Partitions(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
