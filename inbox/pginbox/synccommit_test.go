@@ -106,8 +106,12 @@ func TestCommitWithCancelledSyncWaitIsNotAcked(t *testing.T) {
 			t.Fatalf("redelivery: message %d is ackable (%v): a duplicate acked on a row the standby may lack", i, o.Status)
 		}
 	}
-	if canceller.Cancelled() < 2 {
-		t.Fatalf("%d waits cancelled, want 2", canceller.Cancelled())
+	// The canceller counts a cancel once its query returned, which may be
+	// after the cancelled COMMIT came back here: wait for the count.
+	for deadline := time.Now().Add(30 * time.Second); canceller.Cancelled() < 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d waits cancelled, want 2", canceller.Cancelled())
+		}
 	}
 	if n := countRows(t, local, `SELECT count(*) FROM ledger_entries`); n != 3 {
 		t.Fatalf("%d ledger entries, want 3 (each effect once)", n)
