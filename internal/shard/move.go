@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/jetinbox/jetinbox/internal/pgwatch"
 )
 
 // MoveResult says what a move did.
@@ -114,8 +116,17 @@ func MoveWith(ctx context.Context, m *Map, p int, from, to Side, o MoveOptions) 
 		}
 		res.Resumed = true
 	}
-	if err := tx.Commit(ctx); err != nil {
+	// The fence must be as durable as the target's taking will be: a
+	// resumed move that changed no row writes WAL of its own, so that its
+	// COMMIT too waits for the source's synchronous standby, and a COMMIT
+	// whose wait was cancelled (committed on the source's primary only)
+	// stops the move. Else a failover of the source after the target took
+	// the partition would bring back a source that owns it too.
+	if _, err := tx.Exec(ctx, durableSQL); err != nil {
 		return res, fmt.Errorf("shard: fence partition %d in the source %s: %w", p, from.Name, err)
+	}
+	if err := pgwatch.Commit(ctx, tx); err != nil {
+		return res, fmt.Errorf("shard: fence partition %d in the source %s (run the move again once its commits are confirmed): %w", p, from.Name, err)
 	}
 	// 2. Copy the partition's inbox rows and take it, in one transaction.
 	n, err := copyRows(ctx, m, p, from, to, o)
@@ -239,7 +250,7 @@ func copyRows(ctx context.Context, m *Map, p int, from, to Side, o MoveOptions) 
 ON CONFLICT (scope, partition) DO UPDATE SET owned = true, moved_to = NULL, changed_at = now()`, m.Scope, p); err != nil {
 		return copied, fmt.Errorf("shard: take partition %d in the target %s: %w", p, to.Name, err)
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := pgwatch.Commit(ctx, tx); err != nil {
 		return copied, fmt.Errorf("shard: take partition %d in the target %s: %w", p, to.Name, err)
 	}
 	return copied, nil
@@ -368,11 +379,17 @@ func Unfence(ctx context.Context, m *Map, p int, src, target Side) (bool, error)
 	if _, err := tx.Exec(ctx, `UPDATE jetinbox_partitions SET owned = true, moved_to = NULL, changed_at = now() WHERE scope = $1 AND partition = $2`, m.Scope, p); err != nil {
 		return false, fmt.Errorf("shard: give partition %d back to %s: %w", p, src.Name, err)
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := pgwatch.Commit(ctx, tx); err != nil {
 		return false, fmt.Errorf("shard: give partition %d back to %s: %w", p, src.Name, err)
 	}
 	return true, nil
 }
+
+// durableSQL makes a transaction that may have changed no row write WAL,
+// so that its COMMIT flushes and waits for the synchronous standby as a
+// writing one does (the inbox store does the same before acking
+// duplicates).
+const durableSQL = `SELECT pg_logical_emit_message(true, 'jetinbox.durable', '')`
 
 func owns(ctx context.Context, db *pgxpool.Pool, scope string, p int) (bool, error) {
 	var owned bool
