@@ -78,7 +78,7 @@ func newAlertPipeline(t *testing.T, stream jsinbox.StreamConfig, observer jsinbo
 func (p *alertPipeline) publishSettled(t *testing.T, intents []inbox.Intent) {
 	t.Helper()
 	for _, in := range intents {
-		if err := p.pub.Publish(p.ctx, in); err != nil {
+		if err := p.pub.PublishAsync(p.ctx, in); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -143,7 +143,7 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 			}
 			defer pub.Close()
 			for _, in := range intents {
-				if err := pub.Publish(ctx, in); err != nil {
+				if err := pub.PublishAsync(ctx, in); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -13,7 +13,8 @@
 //	consumer, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{}) // acks after COMMIT
 //	err = consumer.Run(ctx)
 //
-// Runnable examples: Example_readme and ExampleConsumer in package
+// Runnable examples: the README's worker (examples/worker in the module's
+// repository, a whole program), ExampleConsumer in package
 // [github.com/jetinbox/jetinbox/inbox/jsinbox] (a worker end to end),
 // package [github.com/jetinbox/jetinbox/inbox/pginbox]'s (a batch, a claim
 // inside a transaction of your own), and package

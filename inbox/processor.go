@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -247,6 +248,13 @@ func (p *Processor[TX]) Logger() *slog.Logger { return p.cfg.Logger }
 func (p *Processor[TX]) TracerProvider() trace.TracerProvider { return p.cfg.TracerProvider }
 
 // Scope returns the processor's scope.
+// StoreName names the processor's store by its type, as
+// "pginbox.Store" or "sqliteinbox.Store": the consumer's start-up line
+// shows it.
+func (p *Processor[TX]) StoreName() string {
+	return strings.TrimPrefix(fmt.Sprintf("%T", p.store), "*")
+}
+
 func (p *Processor[TX]) Scope() string { return p.cfg.Scope }
 
 var errIsolate = errors.New("inbox: batch failed; isolating messages")

@@ -368,7 +368,7 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 	dupBefore := pub.Stats().Duplicates
 	refused := map[string]string{}
 	for _, in := range batch {
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			if errors.Is(err, inbox.ErrBadIntent) {
 				refused[in.ID] = err.Error()
 				continue

@@ -49,7 +49,7 @@ func publishAll(t *testing.T, ctx context.Context, js jetstream.JetStream, cfg j
 	}
 	defer p.Close()
 	for _, in := range intents {
-		if err := p.Publish(ctx, in); err != nil {
+		if err := p.PublishAsync(ctx, in); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -60,7 +60,7 @@ func BenchmarkConsume(b *testing.B) {
 				b.Fatal(err)
 			}
 			for _, in := range pipeline.Generate(pipeline.Load{Count: b.N, Accounts: 1024, Prefix: "c", Seed: 7}) {
-				if err := pub.Publish(ctx, in); err != nil {
+				if err := pub.PublishAsync(ctx, in); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -11,10 +11,11 @@
 //	go consumer.Run(ctx) // acks after COMMIT; pauses while the database is down
 //
 //	pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
-//	_, err = pub.PublishWait(ctx, inbox.Intent{ID: "ship-42", Subject: "intents.shipping", Payload: body})
+//	_, err = pub.Publish(ctx, inbox.Intent{ID: "ship-42", Subject: "intents.shipping", Payload: body})
 //
-// Runnable examples: Example_readme (the README's worker and publisher,
-// run against a real nats-server and PostgreSQL) and [ExampleConsumer].
+// Runnable examples: [ExampleConsumer], and the README's worker, a whole
+// program (examples/worker in the module's repository) run against a real
+// nats-server and PostgreSQL.
 //
 // # Producing
 //
@@ -40,8 +41,8 @@
 // by one caller or by many goroutines, go out next as one JetStream atomic
 // batch, which a stream with sync_interval: always stores with one fsync
 // instead of one per intent. It never waits to fill a batch, and a small
-// group goes as single publishes. [Publisher.PublishWait] returns each
-// caller its own intent's PubAck or error; [Publisher.Publish] hands an
+// group goes as single publishes. [Publisher.Publish] returns each
+// caller its own intent's PubAck or error; [Publisher.PublishAsync] hands an
 // intent over and reports in Stats and Failures. A batch the stream refuses
 // as a whole is published again one intent at a time, so deduplication and
 // the conflict check stay per intent, and a stream that takes no atomic

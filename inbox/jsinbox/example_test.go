@@ -82,7 +82,7 @@ func ExampleConsumer() {
 		{ID: "ship-1", Subject: "intents.shipping", Payload: []byte(`{"order":"o-1","city":"Lisbon"}`)},
 		{ID: "ship-3", Subject: "intents.shipping", Payload: []byte(`{"order":"o-3"}`)},
 	} {
-		must(pub.Publish(ctx, in))
+		must(pub.PublishAsync(ctx, in))
 	}
 	must(pub.Flush(ctx))
 	pub.Close()

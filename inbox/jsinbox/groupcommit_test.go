@@ -42,14 +42,14 @@ func groupEnv(t *testing.T, opts testenv.NATSOptions, atomicAllowed bool) (*test
 	return srv, js
 }
 
-// outcome is what PublishWait returned for one intent.
+// outcome is what Publish returned for one intent.
 type outcome struct {
 	in  inbox.Intent
 	ack *jetstream.PubAck
 	err error
 }
 
-// callers publishes intents with PublishWait from n goroutines, each taking
+// callers publishes intents with Publish from n goroutines, each taking
 // the next intent once its previous one is settled, and returns every
 // outcome by intent index.
 func callers(t *testing.T, p *jsinbox.Publisher, n int, intents []inbox.Intent) []outcome {
@@ -66,7 +66,7 @@ func callers(t *testing.T, p *jsinbox.Publisher, n int, intents []inbox.Intent) 
 				if i >= len(intents) {
 					return
 				}
-				ack, err := p.PublishWait(ctx, intents[i])
+				ack, err := p.Publish(ctx, intents[i])
 				out[i] = outcome{in: intents[i], ack: ack, err: err}
 			}
 		})
@@ -298,11 +298,11 @@ func TestGroupCommitWithoutAtomicStream(t *testing.T) {
 	}
 }
 
-// TestPublishWaitContextAndClose: a caller whose context ends gets its
+// TestPublishContextAndClose: a caller whose context ends gets its
 // error at once; Close fails every intent still in flight with ErrClosed
 // and returns every waiting caller; a publish after Close is refused. The
 // package's leak check then finds no goroutine of the publisher left.
-func TestPublishWaitContextAndClose(t *testing.T) {
+func TestPublishContextAndClose(t *testing.T) {
 	t.Parallel()
 	_, js := groupEnv(t, testenv.NATSOptions{}, true)
 	p, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{AckTimeout: 200 * time.Millisecond,
@@ -319,13 +319,13 @@ func TestPublishWaitContextAndClose(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	if _, err := p.PublishWait(ctx, intents[0]); !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
-		t.Fatalf("PublishWait with a context that ends: %v after %v, want DeadlineExceeded at once", err, time.Since(start))
+	if _, err := p.Publish(ctx, intents[0]); !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
+		t.Fatalf("Publish with a context that ends: %v after %v, want DeadlineExceeded at once", err, time.Since(start))
 	}
 	errs := make(chan error, len(intents)-1)
 	for _, in := range intents[1:] {
 		go func() {
-			_, err := p.PublishWait(context.Background(), in)
+			_, err := p.Publish(context.Background(), in)
 			errs <- err
 		}()
 	}
@@ -347,11 +347,11 @@ func TestPublishWaitContextAndClose(t *testing.T) {
 			t.Fatal("a caller still waits after Close")
 		}
 	}
-	if err := p.Publish(context.Background(), intents[0]); !errors.Is(err, jsinbox.ErrClosed) {
+	if err := p.PublishAsync(context.Background(), intents[0]); !errors.Is(err, jsinbox.ErrClosed) {
 		t.Fatalf("Publish after Close: %v, want ErrClosed", err)
 	}
-	if _, err := p.PublishWait(context.Background(), intents[0]); !errors.Is(err, jsinbox.ErrClosed) {
-		t.Fatalf("PublishWait after Close: %v, want ErrClosed", err)
+	if _, err := p.Publish(context.Background(), intents[0]); !errors.Is(err, jsinbox.ErrClosed) {
+		t.Fatalf("Publish after Close: %v, want ErrClosed", err)
 	}
 	fctx, fcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer fcancel()

@@ -235,7 +235,7 @@ func TestNATSRestart(t *testing.T) {
 		}
 		defer p.Close()
 		for _, in := range intents {
-			if err := p.Publish(ctx, in); err != nil {
+			if err := p.PublishAsync(ctx, in); err != nil {
 				t.Error(err)
 				break
 			}

@@ -77,7 +77,7 @@ func (e *env) publish(t *testing.T, intents []inbox.Intent) jsinbox.PublisherSta
 	}
 	defer p.Close()
 	for _, in := range intents {
-		if err := p.Publish(ctx, in); err != nil {
+		if err := p.PublishAsync(ctx, in); err != nil {
 			t.Fatal(err)
 		}
 	}

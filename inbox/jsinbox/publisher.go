@@ -40,7 +40,7 @@ type PublisherConfig struct {
 	// publish refused: skip the header for such a consumer (the PubAck's
 	// stream is still checked).
 	SkipExpectedStreamHeader bool
-	// MaxInFlight bounds the publishes awaiting a PubAck. Publish blocks
+	// MaxInFlight bounds the publishes awaiting a PubAck. Publish and PublishAsync block
 	// while the window is full. Default 4096.
 	MaxInFlight int
 	// AckTimeout is how long one publish waits for its PubAck before it is
@@ -66,7 +66,7 @@ type PublisherConfig struct {
 	// group of MinBatch intents or more is one atomic batch: the server
 	// stores it with one fsync and one PubAck instead of one each, which is
 	// what limits a stream with sync_interval: always, and each intent
-	// still gets its own outcome (see [Publisher.PublishWait]). The stream
+	// still gets its own outcome (see [Publisher.Publish]). The stream
 	// should allow atomic publishing (StreamConfig sets it); one that does
 	// not refuses the first batch, and the publisher says so once in its
 	// log and publishes one intent at a time from then on. A batch the
@@ -196,8 +196,8 @@ var ErrWrongStream = errors.New("jsinbox: intent's subject belongs to another st
 // Intents handed over at the same time, by one caller or by many
 // goroutines, are published together in JetStream atomic batches (group
 // commit, see [PublisherConfig].Batch): one fsync and one PubAck a batch,
-// and each intent's own outcome. [Publisher.Publish] hands an intent over
-// and reports outcomes in Stats and Failures; [Publisher.PublishWait]
+// and each intent's own outcome. [Publisher.PublishAsync] hands an intent over
+// and reports outcomes in Stats and Failures; [Publisher.Publish]
 // returns the intent's own PubAck or error to its caller.
 //
 // A PubAck must come from the publisher's stream. A duplicate PubAck
@@ -273,14 +273,16 @@ func NewPublisher(js jetstream.JetStream, cfg PublisherConfig) (*Publisher, erro
 // such an intent may or may not be stored.
 var ErrClosed = errors.New("jsinbox: publisher closed")
 
-// Publish starts publishing in; it returns once the intent holds a slot of
-// the in-flight window. Its outcome shows in Stats and Failures after Flush.
-func (p *Publisher) Publish(ctx context.Context, in inbox.Intent) error {
+// PublishAsync starts publishing in and does not wait for its PubAck, as
+// nats.go's jetstream.JetStream.PublishAsync does: it returns once the
+// intent holds a slot of the in-flight window. Its outcome shows in Stats
+// and Failures after Flush. [Publisher.Publish] waits.
+func (p *Publisher) PublishAsync(ctx context.Context, in inbox.Intent) error {
 	_, err := p.start(ctx, in, false)
 	return err
 }
 
-// PublishWait publishes in and waits for its outcome: the PubAck of the
+// Publish publishes in and waits for its outcome: the PubAck of the
 // stream that stored it (Duplicate set, with the sequence of the message
 // stored first, when the stream already held the ID with the same payload),
 // or the reason it was not published, which wraps [ErrConflict],
@@ -290,10 +292,10 @@ func (p *Publisher) Publish(ctx context.Context, in inbox.Intent) error {
 // [PublisherConfig].Batch), and each caller gets its own intent's outcome.
 // Its failures are counted in Stats but not listed in Failures.
 //
-// If ctx ends first, PublishWait returns ctx's error; an intent already
+// If ctx ends first, Publish returns ctx's error; an intent already
 // handed over is still published (publishing it again with the same ID is
 // safe), and Flush waits for it.
-func (p *Publisher) PublishWait(ctx context.Context, in inbox.Intent) (*jetstream.PubAck, error) {
+func (p *Publisher) Publish(ctx context.Context, in inbox.Intent) (*jetstream.PubAck, error) {
 	t, err := p.start(ctx, in, true)
 	if err != nil {
 		return nil, err
@@ -362,7 +364,7 @@ func (p *Publisher) start(ctx context.Context, in inbox.Intent, wait bool) (*tra
 	return t, nil
 }
 
-// Flush waits until every intent handed to Publish was acknowledged or
+// Flush waits until every intent handed to PublishAsync was acknowledged or
 // failed, or ctx ends.
 func (p *Publisher) Flush(ctx context.Context) error {
 	done := make(chan struct{})
@@ -414,7 +416,7 @@ func (p *Publisher) Stats() PublisherStats {
 		Failed: p.failed.Load(), Batches: p.batches.Load(), BatchFallbacks: p.batchFallbacks.Load()}
 }
 
-// Failures returns the intents handed to Publish that could not be
+// Failures returns the intents handed to PublishAsync that could not be
 // published.
 func (p *Publisher) Failures() []Failure {
 	p.mu.Lock()
@@ -434,7 +436,7 @@ type tracker struct {
 	// grp, while set, is the group commit's group this intent was
 	// published one by one in.
 	grp *group
-	// res, for PublishWait, is closed once ack or err is set.
+	// res, for Publish, is closed once ack or err is set.
 	res chan struct{}
 	ack jetstream.PubAck
 	err error
@@ -578,7 +580,7 @@ func (t *tracker) fail(err error) {
 		t.p.conflicts.Add(1)
 	}
 	t.p.failed.Add(1)
-	if t.res == nil { // PublishWait returns it instead
+	if t.res == nil { // Publish returns it instead
 		t.p.mu.Lock()
 		t.p.failures = append(t.p.failures, Failure{ID: t.in.ID, Fingerprint: inbox.Fingerprint(t.in.Payload), Attempts: t.attempts, Err: err})
 		t.p.mu.Unlock()

@@ -82,7 +82,7 @@ func BenchmarkPublishCallers(b *testing.B) {
 		var next atomic.Int64
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if _, err := p.PublishWait(context.Background(), benchIntent(run, next.Add(1))); err != nil {
+				if _, err := p.Publish(context.Background(), benchIntent(run, next.Add(1))); err != nil {
 					b.Error(err)
 					return
 				}
@@ -97,7 +97,7 @@ func BenchmarkPublishAsync(b *testing.B) {
 	publishModes(b, func(b *testing.B, p *jsinbox.Publisher, run int64) {
 		ctx := context.Background()
 		for i := range b.N {
-			if err := p.Publish(ctx, benchIntent(run, int64(i))); err != nil {
+			if err := p.PublishAsync(ctx, benchIntent(run, int64(i))); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -64,7 +64,7 @@ func publishThroughElections(t *testing.T, batch int) {
 			if i > 0 && i%(n/4) == 0 {
 				at <- i
 			}
-			if err := p.Publish(ctx, in); err != nil {
+			if err := p.PublishAsync(ctx, in); err != nil {
 				pubErr <- err
 				return
 			}

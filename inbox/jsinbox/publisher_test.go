@@ -31,7 +31,7 @@ func publishOutcome(t *testing.T, js jetstream.JetStream, cfg jsinbox.PublisherC
 	}
 	defer p.Close()
 	for _, in := range intents {
-		if err := p.Publish(ctx, in); err != nil {
+		if err := p.PublishAsync(ctx, in); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -336,7 +336,7 @@ func TestPublisherRefusesWhatEveryInboxRejects(t *testing.T) {
 		{ID: strings.Repeat("i", 201), Subject: "intents.a"},
 		{ID: "long", Subject: "intents." + strings.Repeat("s", 300)},
 	} {
-		if err := p.Publish(context.Background(), in); !errors.Is(err, inbox.ErrBadIntent) {
+		if err := p.PublishAsync(context.Background(), in); !errors.Is(err, inbox.ErrBadIntent) {
 			t.Errorf("Publish(ID %.10q, subject %.20q): %v, want ErrBadIntent", in.ID, in.Subject, err)
 		}
 	}
@@ -359,7 +359,7 @@ func TestPublisherRefusesWhatTheOutboxRefuses(t *testing.T) {
 	defer p.Close()
 	for _, subject := range []string{"intents.*", "intents.>", "intents..a", "intents.a.", ".intents.a", "intents.a b", "intents.a\tb"} {
 		in := inbox.Intent{ID: "x", Subject: subject, Payload: []byte("{}")}
-		if err := p.Publish(context.Background(), in); !errors.Is(err, inbox.ErrBadIntent) {
+		if err := p.PublishAsync(context.Background(), in); !errors.Is(err, inbox.ErrBadIntent) {
 			t.Errorf("Publish(subject %q): %v, want ErrBadIntent", subject, err)
 		}
 		if err := in.Validate(); !errors.Is(err, inbox.ErrBadIntent) {

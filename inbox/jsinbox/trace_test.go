@@ -30,7 +30,7 @@ func TestTraceContextCarried(t *testing.T) {
 	}
 	defer pub.Close()
 	for _, in := range load(20, "tr") {
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			t.Fatal(err)
 		}
 	}

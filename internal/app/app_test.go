@@ -428,7 +428,7 @@ func TestReplayChangesNothingByDefault(t *testing.T) {
 	intents = append(intents, inbox.Intent{ID: "rd-bad-1", Subject: "intents.x", Payload: []byte(`{"account":1,`)},
 		inbox.Intent{ID: "rd-bad-2", Subject: "intents.x", Payload: []byte(`{"account":99999,"amount":5}`)})
 	for _, in := range intents {
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -182,7 +182,7 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 		if nodes != nil && i == len(intents)/2 {
 			leaderKill = killStreamLeader(ctx, nodes, streamOpts.Name, say)
 		}
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			return err
 		}
 	}
@@ -210,13 +210,13 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	}
 	replays := intents[:int(float64(len(intents))**dupFrac)]
 	for _, in := range replays {
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			return err
 		}
 	}
 	conflict := intents[len(intents)-1]
 	conflict.Payload = effects.Intent{Account: 1, Amount: 777}.AppendJSON(nil)
-	if err := pub.Publish(ctx, conflict); err != nil {
+	if err := pub.PublishAsync(ctx, conflict); err != nil {
 		return err
 	}
 	if err := pub.Flush(ctx); err != nil {

@@ -238,7 +238,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	}
 	defer pub.Close()
 	for _, in := range intents {
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			return err
 		}
 	}
@@ -276,7 +276,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 			return err
 		}
 		for _, in := range hot {
-			if err := hotPub.Publish(ctx, in); err != nil {
+			if err := hotPub.PublishAsync(ctx, in); err != nil {
 				hotPub.Close()
 				return err
 			}

@@ -205,7 +205,7 @@ func producerRate(ctx context.Context, replicas int, syncAlways bool, batch, n i
 	defer pub.Close()
 	t0 := time.Now()
 	for _, in := range intents {
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			return 0, err
 		}
 	}
@@ -262,7 +262,7 @@ func consumersOnR3(ctx context.Context, o ClusterOptions, res *ClusterResult, sa
 		return err
 	}
 	for _, in := range intents {
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			pub.Close()
 			return err
 		}

@@ -354,7 +354,7 @@ func (b *shardsBench) publish(ctx context.Context, res *ShardsResult) error {
 	defer pub.Close()
 	cpu0, t0 := cpuTime(), time.Now()
 	for _, in := range b.intents {
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			return err
 		}
 	}

@@ -469,7 +469,7 @@ func (r *clusterRun) phase(ctx context.Context, fault string, intents []inbox.In
 			if tick != nil {
 				<-tick.C
 			}
-			if err := r.pub.Publish(ctx, in); err != nil {
+			if err := r.pub.PublishAsync(ctx, in); err != nil {
 				pubErr <- err
 				return
 			}

@@ -352,7 +352,7 @@ func runPGMode(ctx context.Context, o PGFailoverOptions, mode string, round uint
 			next++
 		}
 		<-tick.C
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			return PGFailoverRow{}, err
 		}
 		published.Add(1)

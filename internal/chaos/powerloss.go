@@ -551,7 +551,7 @@ func (s *powerStack) load(ctx context.Context, pub *jsinbox.Publisher, intents [
 			if i < len(seg)-burst {
 				<-tick.C
 			}
-			if err := pub.Publish(ctx, in); err != nil {
+			if err := pub.PublishAsync(ctx, in); err != nil {
 				return err
 			}
 		}

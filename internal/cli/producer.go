@@ -318,7 +318,7 @@ func publishGenerated(ctx context.Context, pub *jsinbox.Publisher, intents []inb
 				return ctx.Err()
 			}
 		}
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			return err
 		}
 	}
@@ -394,7 +394,7 @@ func publishJSONL(ctx context.Context, pub *jsinbox.Publisher, r io.Reader, subj
 					if _, seen := lineOf[k]; !seen {
 						lineOf[k] = n // failures are reported by line
 					}
-					if err := pub.Publish(ctx, in); err != nil {
+					if err := pub.PublishAsync(ctx, in); err != nil {
 						return bad, err
 					}
 				}
