@@ -236,6 +236,13 @@ type Publisher struct {
 	batchDone chan struct{}
 	noBatch   atomic.Bool
 
+	// streamMu guards the last check of cfg.Stream after a publish that
+	// nothing answered: its time and its error (a SetupError when the
+	// stream does not exist), shared by the intents failing meanwhile.
+	streamMu        sync.Mutex
+	streamCheckedAt time.Time
+	streamCheckErr  error
+
 	mu       sync.Mutex
 	failures []Failure
 
@@ -551,6 +558,46 @@ func (t *tracker) retry(err error) {
 		t.fail(fmt.Errorf("%w: %w", ErrClosed, err))
 		return
 	}
+	if isNoResponders(err) {
+		// Nothing answered: a stream that does not exist fails the
+		// intent at once, naming the call that creates it, instead of
+		// spending the retry budget on it.
+		closed := func() { t.fail(fmt.Errorf("%w: %w", ErrClosed, err)) }
+		t.p.goBG(func() {
+			if serr := t.p.checkStream(); serr != nil {
+				t.fail(fmt.Errorf("jsinbox: intent %s: %w", t.in.ID, serr))
+				return
+			}
+			t.backOff(err)
+		}, closed)
+		return
+	}
+	t.backOff(err)
+}
+
+// checkStream looks cfg.Stream up, at most once a second for all the
+// intents that ask meanwhile, and returns a [SetupError] if the server has
+// no such stream. Any other answer, or none, returns nil: the publish is
+// then retried as usual.
+func (p *Publisher) checkStream() error {
+	p.streamMu.Lock()
+	defer p.streamMu.Unlock()
+	if !p.streamCheckedAt.IsZero() && time.Since(p.streamCheckedAt) < time.Second {
+		return p.streamCheckErr
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.AckTimeout)
+	defer cancel()
+	_, err := p.js.Stream(ctx, p.cfg.Stream)
+	p.streamCheckedAt, p.streamCheckErr = time.Now(), nil
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		p.streamCheckErr = streamNotFound(p.cfg.Stream, err)
+	}
+	return p.streamCheckErr
+}
+
+// backOff retries the intent after the next delay of its retry policy, or
+// fails it when the policy is spent or err is not worth a retry.
+func (t *tracker) backOff(err error) {
 	if t.bo == nil { // most publishes never retry: no backoff until one does
 		t.bo = t.p.cfg.Retry.NewBackOff()
 	}

@@ -373,3 +373,37 @@ func TestPublisherRefusesWhatTheOutboxRefuses(t *testing.T) {
 		t.Fatalf("the stream holds %d messages", n)
 	}
 }
+
+// TestPublishWithoutStreamFailsAtOnce: publishing before the stream exists
+// fails within a second or two with a SetupError that names EnsureStream,
+// instead of spending the retry budget on "no response from stream"; both
+// ways of publishing, with and without group commit.
+func TestPublishWithoutStreamFailsAtOnce(t *testing.T) {
+	t.Parallel()
+	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, batch := range []int{1, jsinbox.DefaultBatch} {
+		p, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{Batch: batch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		start := time.Now()
+		_, err = p.Publish(ctx, inbox.Intent{ID: "no-stream-1", Subject: "intents.x", Payload: []byte("{}")})
+		took := time.Since(start)
+		cancel()
+		p.Close()
+		var setup *jsinbox.SetupError
+		if !errors.As(err, &setup) || !strings.Contains(err.Error(), "jsinbox.EnsureStream") || took > 5*time.Second {
+			t.Fatalf("batch %d: Publish without a stream: %v after %v, want a SetupError naming jsinbox.EnsureStream at once", batch, err, took)
+		}
+	}
+}

@@ -101,7 +101,7 @@ func (c *Consumer) bindRescue(ctx context.Context) (jetstream.Consumer, error) {
 	}
 	if err != nil {
 		return nil, setupError(fmt.Errorf("jsinbox: advisory stream %s, which keeps the max-deliveries advisories a consumer rescues messages from, could not be found or created: "+
-			"create it with jetinbox's producer (EnsureStream), or nats stream add %s --config deploy/jetstream/advisories-stream.json: %w", name, name, err))
+			"create it with jsinbox.EnsureStream (`jetinbox producer` calls it), or nats stream add %s --config deploy/jetstream/advisories-stream.json: %w", name, name, err))
 	}
 	if problems := checkAdvisory(s.CachedInfo().Config); len(problems) > 0 {
 		return nil, &SetupError{Err: fmt.Errorf("jsinbox: existing stream %s is unsafe: %v", name, problems)}

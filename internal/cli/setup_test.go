@@ -34,7 +34,7 @@ func TestConsumerSaysWhatToCreate(t *testing.T) {
 		return Consumer(cctx, []string{"-http", ""}, env, io.Discard, &stderr)
 	}
 	err := run()
-	if ExitCode(err) != 2 || !strings.Contains(err.Error(), "stream INTENTS not found: create it with jetinbox's producer") ||
+	if ExitCode(err) != 2 || !strings.Contains(err.Error(), "stream INTENTS not found: create it with jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{Name: \"INTENTS\"})") ||
 		!strings.Contains(err.Error(), "nats stream add INTENTS --config deploy/jetstream/intents-stream.json") {
 		t.Fatalf("no stream: exit %d, err %v", ExitCode(err), err)
 	}
