@@ -12,8 +12,13 @@
 //	out, err := kit.Deliver(ctx, inboxtest.Message("m-1", `{"to":"ann@example.com"}`))
 //	// inboxtest.Statuses(out) == "applied"; deliver it again: "duplicate"
 //
-// A handler written for PostgreSQL (pgx.Tx) runs on a store of your test
-// database with [New]: inboxtest.New(pginbox.New(pool), h, cfg).
+// A handler written for PostgreSQL (pgx.Tx) runs on a schema of its own in
+// a test database, dropped when the test ends:
+//
+//	kit := inboxtest.Postgres(t, os.Getenv("DATABASE_URL"), myHandler, inbox.Config{Scope: "emails"})
+//	_, err := kit.Pool.Exec(ctx, `CREATE TABLE sent (id text PRIMARY KEY)`) // in the kit's schema
+//
+// [New] runs a handler on any store of your own.
 package inboxtest
 
 import (
