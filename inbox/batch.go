@@ -235,12 +235,12 @@ func (p *Processor[TX]) classify(b *batch, res []ClaimResult) {
 			b.fresh = append(b.fresh, b.msgs[i])
 			b.freshIdx = append(b.freshIdx, i)
 		case ClaimDuplicate:
-			b.out[i] = Outcome{Status: StatusDuplicate, Redelivered: true, FirstSeq: r.PriorSeq}
+			b.out[i] = Outcome{Status: StatusDuplicate, AlreadyInInbox: true, FirstSeq: r.PriorSeq}
 			if r.PriorStatus == RowRejected {
-				b.out[i] = Outcome{Status: StatusRejected, Cause: CauseRejectedBefore, Reason: SanitizeReason(r.PriorReason), Redelivered: true, FirstSeq: r.PriorSeq}
+				b.out[i] = Outcome{Status: StatusRejected, Cause: CauseRejectedBefore, Reason: SanitizeReason(r.PriorReason), AlreadyInInbox: true, FirstSeq: r.PriorSeq}
 			}
 		case ClaimConflict:
-			b.out[i] = Outcome{Status: StatusConflict, Cause: CauseConflict, Redelivered: true, Reason: b.conflictReason(i, r)}
+			b.out[i] = Outcome{Status: StatusConflict, Cause: CauseConflict, AlreadyInInbox: true, Reason: b.conflictReason(i, r)}
 			b.conflicts = append(b.conflicts, i)
 		}
 	}
@@ -324,12 +324,12 @@ func (p *Processor[TX]) decide(b *batch, errs []error) (rejIDs, rejReasons, retr
 		case StatusApplied, StatusDuplicate:
 			o = Outcome{Status: StatusDuplicate, FirstSeq: msgs[d[1]].StreamSeq}
 		case StatusRejected:
-			o.Redelivered = false
+			o.AlreadyInInbox = false
 			if o.FirstSeq == 0 && !b.refused[d[1]] {
 				o.FirstSeq = msgs[d[1]].StreamSeq
 			}
 		case StatusConflict:
-			o.Redelivered = false // each conflicting message is dead-lettered
+			o.AlreadyInInbox = false // each conflicting message is dead-lettered
 		}
 		out[d[0]] = o
 	}

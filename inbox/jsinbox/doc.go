@@ -34,7 +34,7 @@
 // jittered delay. JetStream drops the copy inside its duplicate window (the
 // PubAck says duplicate), and the publisher reads the stored message back
 // to check it carries the same subject and payload: another payload, or
-// another subject, under the same ID is [ErrConflict]. After the window, the consumer's inbox catches copies.
+// another subject, under the same ID is [inbox.ErrConflict]. After the window, the consumer's inbox catches copies.
 //
 // The publisher group-commits ([PublisherConfig].Batch): one group of
 // intents is published at a time, and the intents handed over meanwhile,

@@ -169,7 +169,7 @@ func TestGroupCommitStoredIDs(t *testing.T) {
 }
 
 // TestGroupCommitConflict: an ID the stream holds, reused with another
-// payload, fails with ErrConflict for the caller that published it, and
+// payload, fails with inbox.ErrConflict for the caller that published it, and
 // only for that one.
 func TestGroupCommitConflict(t *testing.T) {
 	t.Parallel()
@@ -185,8 +185,8 @@ func TestGroupCommitConflict(t *testing.T) {
 	outs := callers(t, p, 64, again)
 	for i, o := range outs {
 		if i == 17 {
-			if !errors.Is(o.err, jsinbox.ErrConflict) || o.ack != nil || !strings.Contains(o.err.Error(), o.in.ID) {
-				t.Fatalf("intent %s (reused ID): %v, %+v; want ErrConflict naming it", o.in.ID, o.err, o.ack)
+			if !errors.Is(o.err, inbox.ErrConflict) || o.ack != nil || !strings.Contains(o.err.Error(), o.in.ID) {
+				t.Fatalf("intent %s (reused ID): %v, %+v; want inbox.ErrConflict naming it", o.in.ID, o.err, o.ack)
 			}
 			continue
 		}

@@ -26,7 +26,7 @@ type PublisherConfig struct {
 	// PubAck comes from another stream (its subject is captured by, say,
 	// the dead-letter stream's "dlq.intents.>") fails at once with
 	// [ErrWrongStream], naming both streams, and is not retried.
-	// Duplicates are read back from this stream (see [ErrConflict]).
+	// Duplicates are read back from this stream (see [inbox.ErrConflict]).
 	// Default [DefaultStream] ("INTENTS").
 	Stream string
 	// SkipExpectedStreamHeader stops sending Stream in each publish's
@@ -147,7 +147,7 @@ type PublisherStats struct {
 	// Conflicts: duplicate PubAcks for which the stored message has a
 	// different payload: the ID was reused for another intent, which the
 	// stream dropped. Each is also a failure (Failed, and in Failures with
-	// an error wrapping [ErrConflict]).
+	// an error wrapping [inbox.ErrConflict]).
 	Conflicts int64
 	// Retries: publishes sent again after a timeout or error.
 	Retries int64
@@ -156,13 +156,13 @@ type PublisherStats struct {
 	Batches, BatchFallbacks int64
 	// Failed intents, each listed in Failures: retry budget spent
 	// without a PubAck, refused for good (a subject another stream
-	// captures, [ErrWrongStream]) or a conflict ([ErrConflict]).
+	// captures, [ErrWrongStream]) or a conflict ([inbox.ErrConflict]).
 	Failed int64
 }
 
 // Failure is an intent the publisher could not publish: its retry budget
 // ran out, the stream refused it for good, or its ID was reused (Err wraps
-// [ErrConflict] or [ErrWrongStream] for those two).
+// [inbox.ErrConflict] or [ErrWrongStream] for those two).
 type Failure struct {
 	ID string
 	// Fingerprint is the intent's [inbox.Fingerprint]: it tells apart two
@@ -172,14 +172,6 @@ type Failure struct {
 	Attempts    int
 	Err         error
 }
-
-// ErrConflict reports an intent whose ID the stream already holds, inside
-// its duplicate window, with a different payload: JetStream deduplicates by
-// ID alone and dropped this intent. It is the "same key, different body"
-// case of idempotency keys, never a success. The publisher finds it by
-// reading back, on a duplicate PubAck only, the message the PubAck names
-// and comparing payload fingerprints ([inbox.Fingerprint]).
-var ErrConflict = errors.New("jsinbox: message ID reused with a different payload")
 
 // ErrWrongStream reports an intent whose subject is captured by a stream
 // other than [PublisherConfig.Stream]: the server refused it for its
@@ -204,7 +196,7 @@ var ErrWrongStream = errors.New("jsinbox: intent's subject belongs to another st
 // is checked: the publisher reads the stored message it names (the
 // STREAM.MSG.GET API, so the producer's NATS user needs publish permission
 // on $JS.API.STREAM.MSG.GET.<stream>) and reports a different payload as an
-// [ErrConflict] failure. Publishes acknowledged as new never pay for this.
+// [inbox.ErrConflict] failure. Publishes acknowledged as new never pay for this.
 type Publisher struct {
 	js     jetstream.JetStream
 	cfg    PublisherConfig
@@ -292,7 +284,7 @@ func (p *Publisher) PublishAsync(ctx context.Context, in inbox.Intent) error {
 // Publish publishes in and waits for its outcome: the PubAck of the
 // stream that stored it (Duplicate set, with the sequence of the message
 // stored first, when the stream already held the ID with the same payload),
-// or the reason it was not published, which wraps [ErrConflict],
+// or the reason it was not published, which wraps [inbox.ErrConflict],
 // [ErrWrongStream], [ErrClosed] or the last publish error once the retry
 // budget is spent. Call it from as many goroutines as there are requests:
 // intents published at the same time share atomic batches (see
@@ -623,7 +615,7 @@ func (t *tracker) backOff(err error) {
 // fail reports the intent as not published, for good.
 func (t *tracker) fail(err error) {
 	t.leaveGroup()
-	if errors.Is(err, ErrConflict) {
+	if errors.Is(err, inbox.ErrConflict) {
 		t.p.conflicts.Add(1)
 	}
 	t.p.failed.Add(1)
@@ -661,5 +653,5 @@ func (t *tracker) done() {
 func retryable(err error) bool {
 	return !errors.Is(err, jetstream.ErrInvalidSubject) && !errors.Is(err, nats.ErrBadSubject) && !errors.Is(err, nats.ErrMaxPayload) &&
 		!errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) &&
-		!errors.Is(err, ErrWrongStream) && !errors.Is(err, ErrConflict) && !isStreamNotMatch(err)
+		!errors.Is(err, ErrWrongStream) && !errors.Is(err, inbox.ErrConflict) && !isStreamNotMatch(err)
 }

@@ -101,8 +101,8 @@ func wantConflicts(t *testing.T, failures []jsinbox.Failure, intents []inbox.Int
 	for _, f := range failures {
 		got = append(got, f.ID)
 		i := slices.IndexFunc(intents, func(in inbox.Intent) bool { return in.ID == f.ID })
-		if !errors.Is(f.Err, jsinbox.ErrConflict) || i < 0 {
-			t.Errorf("failure %+v: want an ErrConflict", f)
+		if !errors.Is(f.Err, inbox.ErrConflict) || i < 0 {
+			t.Errorf("failure %+v: want an inbox.ErrConflict", f)
 		}
 	}
 	if !slices.Equal(got, want) {
@@ -180,8 +180,8 @@ func TestReusedIDWithDifferentPayloadInBatch(t *testing.T) {
 	twin.Payload = []byte(`{"account":2,"amount":1}`)
 	again = slices.Insert(again, 251, twin) // in the same batch as its original
 	st, f := publishOutcome(t, js, jsinbox.PublisherConfig{Batch: 100, Linger: 50 * time.Millisecond}, again)
-	if len(f) != 2 || f[0].ID != intents[250].ID || f[0].Fingerprint != inbox.Fingerprint(twin.Payload) || !errors.Is(f[0].Err, jsinbox.ErrConflict) ||
-		f[1].ID != intents[42].ID || !errors.Is(f[1].Err, jsinbox.ErrConflict) {
+	if len(f) != 2 || f[0].ID != intents[250].ID || f[0].Fingerprint != inbox.Fingerprint(twin.Payload) || !errors.Is(f[0].Err, inbox.ErrConflict) ||
+		f[1].ID != intents[42].ID || !errors.Is(f[1].Err, inbox.ErrConflict) {
 		t.Fatalf("failures %+v, want conflicts for %s (the twin) and %s", f, intents[250].ID, intents[42].ID)
 	}
 	if st.Conflicts != 2 || st.Duplicates != 99 || st.Published != 299 || st.BatchFallbacks == 0 {

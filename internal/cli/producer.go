@@ -284,7 +284,7 @@ func reportFailures(w io.Writer, f []jsinbox.Failure, lineOf map[lineKey]int) {
 	fmt.Fprintf(w, "not published (%d):\n", len(f))
 	for _, x := range f {
 		what := "not published"
-		if errors.Is(x.Err, jsinbox.ErrConflict) {
+		if errors.Is(x.Err, inbox.ErrConflict) {
 			what = "conflict"
 		}
 		if line := lineOf[lineKey{x.ID, x.Fingerprint}]; line > 0 {

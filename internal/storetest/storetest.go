@@ -352,7 +352,7 @@ func (s suite[TX]) mixedBatch(t *testing.T) {
 	}
 	// Redelivering a rejected message reports the stored rejection again.
 	out, err = p.Process(ctx, batch[3:4])
-	if err != nil || out[0].Status != inbox.StatusRejected || !out[0].Redelivered || out[0].Reason == "" {
+	if err != nil || out[0].Status != inbox.StatusRejected || !out[0].AlreadyInInbox || out[0].Reason == "" {
 		t.Fatalf("redelivered poison: %+v, %v", out[0], err)
 	}
 }

@@ -189,15 +189,15 @@ func TestAddRepeatsAndConflicts(t *testing.T) {
 	}
 	other := in
 	other.Payload = []byte(`{"a":2}`)
-	if err := pgoutbox.Add(ctx, e.pool, other); !errors.Is(err, outbox.ErrConflict) {
-		t.Fatalf("same ID, other payload: %v, want ErrConflict", err)
+	if err := pgoutbox.Add(ctx, e.pool, other); !errors.Is(err, inbox.ErrConflict) {
+		t.Fatalf("same ID, other payload: %v, want inbox.ErrConflict", err)
 	}
 	other = in
 	other.Subject = "notifications.b"
-	if err := pgoutbox.Add(ctx, e.pool, other); !errors.Is(err, outbox.ErrConflict) {
-		t.Fatalf("same ID, other subject: %v, want ErrConflict", err)
+	if err := pgoutbox.Add(ctx, e.pool, other); !errors.Is(err, inbox.ErrConflict) {
+		t.Fatalf("same ID, other subject: %v, want inbox.ErrConflict", err)
 	}
-	if err := pgoutbox.Add(ctx, e.pool, in, other); !errors.Is(err, outbox.ErrConflict) {
+	if err := pgoutbox.Add(ctx, e.pool, in, other); !errors.Is(err, inbox.ErrConflict) {
 		t.Fatalf("one call, one ID, two payloads: %v", err)
 	}
 	// The transaction stays usable after a conflict.
@@ -205,7 +205,7 @@ func TestAddRepeatsAndConflicts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := pgoutbox.Add(ctx, tx, inbox.Intent{ID: "n-1", Subject: "notifications.a", Payload: []byte(`{}`)}); !errors.Is(err, outbox.ErrConflict) {
+	if err := pgoutbox.Add(ctx, tx, inbox.Intent{ID: "n-1", Subject: "notifications.a", Payload: []byte(`{}`)}); !errors.Is(err, inbox.ErrConflict) {
 		t.Fatal(err)
 	}
 	if err := pgoutbox.Add(ctx, tx, inbox.Intent{ID: "n-2", Subject: "notifications.a"}); err != nil {
@@ -256,8 +256,8 @@ func TestConcurrentAddsOfOneID(t *testing.T) {
 	if err := tx1.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done; !errors.Is(err, outbox.ErrConflict) {
-		t.Fatalf("the concurrent add of another payload: %v, want ErrConflict", err)
+	if err := <-done; !errors.Is(err, inbox.ErrConflict) {
+		t.Fatalf("the concurrent add of another payload: %v, want inbox.ErrConflict", err)
 	}
 }
 

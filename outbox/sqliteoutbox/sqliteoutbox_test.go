@@ -133,7 +133,7 @@ func TestSQLiteAddAndRelay(t *testing.T) {
 	}
 	other := ins[3]
 	other.Payload = []byte("other")
-	if err := e.add(t, other); !errors.Is(err, outbox.ErrConflict) {
+	if err := e.add(t, other); !errors.Is(err, inbox.ErrConflict) {
 		t.Fatalf("another payload: %v", err)
 	}
 	if err := e.add(t, inbox.Intent{ID: "x", Subject: "a.>"}); !errors.Is(err, inbox.ErrBadIntent) {
