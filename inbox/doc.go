@@ -56,7 +56,7 @@
 //
 // # Stores
 //
-// The processor runs on a [Store], one value per database that carries
+// The processor runs on a store, one value per database that carries
 // everything of it: the processor's claims and transactions, and Migrate,
 // MigrationSQL, MigrationStatus, CheckSchema, Prune and Ping as methods.
 // Package [github.com/jetinbox/jetinbox/inbox/pginbox] is the production
@@ -64,7 +64,8 @@
 // [github.com/jetinbox/jetinbox/inbox/sqliteinbox] keeps the inbox in a
 // SQLite file for a worker where one process and a local file will do.
 // Both pass one conformance suite. This package imports no database
-// driver.
+// driver. The interface the stores implement is in package
+// [github.com/jetinbox/jetinbox/inbox/driver], which is not for users.
 //
 // Nothing migrates implicitly: call the store's Migrate from a deploy step
 // (`jetinbox migrate`), or run its MigrationSQL with your own tool, and let

@@ -32,6 +32,7 @@ import (
 	"sync"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 )
 
@@ -48,7 +49,7 @@ type Kit[TX any] struct {
 // pginbox.New(pool) on a test database), migrating the inbox tables first
 // when the store can. cfg is the processor's configuration; Scope is
 // required.
-func New[TX any](store inbox.Store[TX], handler inbox.Handler[TX], cfg inbox.Config) (*Kit[TX], error) {
+func New[TX any](store driver.Store[TX], handler inbox.Handler[TX], cfg inbox.Config) (*Kit[TX], error) {
 	if m, ok := store.(interface {
 		Migrate(ctx context.Context) (int, error)
 	}); ok {
