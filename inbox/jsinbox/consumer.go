@@ -185,6 +185,7 @@ type Consumer struct {
 	redeliveries, naks, deadLettered, batches, failedBatches atomic.Int64
 	inFlight, rescued, rejectedRepeats, deadLettersHeld      atomic.Int64
 	rescueExpired, foreignAdvisories                         atomic.Int64
+	rescueStaleReads                                         atomic.Int64
 
 	// dlLog samples the dead-letter warnings.
 	dlLog dlSampler
