@@ -60,7 +60,7 @@ func readAwaitingOf(ctx context.Context, js jetstream.JetStream, stream string, 
 	// floors: the durables with advisories to read, by ack floor.
 	floors := make(map[string]uint64, len(durables))
 	var unread []string
-	for _, durable := range durables {
+	for i, durable := range durables {
 		c, err := js.Consumer(ctx, name, durable)
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -83,6 +83,13 @@ func readAwaitingOf(ctx context.Context, js jetstream.JetStream, stream string, 
 			}
 		case err != nil:
 			unread = append(unread, fmt.Sprintf("rescue durable %s on %s: %v", durable, name, err))
+			if rest := len(durables) - i - 1; rest > 0 {
+				// A lookup that fails (refused, timed out) fails for the
+				// others too, each after the client's timeout.
+				unread = append(unread, fmt.Sprintf("%d more rescue durables not looked up", rest))
+				aw.unread = strings.Join(unread, "; ")
+				return aw, ctx.Err()
+			}
 		default:
 			info := c.CachedInfo()
 			if n := info.NumPending + uint64(info.NumAckPending); n > 0 {
@@ -154,9 +161,13 @@ func (r *Report) awaitingWarning(aw awaiting, stream string) {
 // could not be read.
 func awaitingWarnings(aw awaiting, n int, since time.Time, stream string) []string {
 	var ws []string
-	if aw.unread != "" && aw.backlog > 0 {
+	switch {
+	case aw.unread != "" && aw.backlog > 0:
 		ws = append(ws, fmt.Sprintf("%d max-deliveries advisories await rescue, but which messages they name is unknown (%s): "+
 			"messages counted lost may be among them; run verify again once jetinbox_rescue_backlog is 0", aw.backlog, aw.unread))
+	case aw.unread != "":
+		ws = append(ws, fmt.Sprintf("whether max-deliveries advisories await rescue is unknown (%s): "+
+			"messages counted lost may be among them; run verify again once jetinbox_rescue_backlog is 0", aw.unread))
 	}
 	if n == 0 {
 		return ws
