@@ -132,6 +132,11 @@ func DLQ(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, s
 		return cli.UsageError{Err: err}
 	}
 	defer store.Close()
+	// A re-drive deletes rejected inbox rows: refuse a database that
+	// cannot take that before anything is published.
+	if err := store.CheckWritable(ctx); err != nil {
+		return fmt.Errorf("dlq: %w", err)
+	}
 	return redriveAll(ctx, stdout, js, store, nil, *stream, *scope, picked)
 }
 

@@ -31,6 +31,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/shard"
@@ -525,6 +526,7 @@ func (d pgDatabases) openExisting(ctx context.Context, name string, accounts int
 		return nil, err
 	}
 	cfg.MaxConns = 4
+	pginbox.WatchCommits(cfg.ConnConfig)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
