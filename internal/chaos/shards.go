@@ -483,7 +483,7 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 	for i, s := range r.m.Shards {
 		dbs[i] = verify.ShardDB{Name: s.Name, DB: r.pools[i]}
 	}
-	if res.Verify, err = verify.Shards(ctx, r.js, r.m.Stream, r.m.Scope, dbs); err != nil {
+	if res.Verify, err = verify.Shards(ctx, r.js, r.m.Stream, r.m.Scope, dbs, r.m.Durables()...); err != nil {
 		return nil, err
 	}
 	for _, fp := range r.fps {
