@@ -37,7 +37,7 @@ var (
 	ErrBusy = errors.New("idempotency: the key is held by a request still in flight")
 	// ErrNotMigrated is returned by a store's CheckSchema when the key
 	// table is missing or older than the store's package.
-	ErrNotMigrated = errors.New("idempotency: schema not migrated (run `jetinbox migrate -idempotency` or apply the store's MigrationSQL)")
+	ErrNotMigrated = errors.New("idempotency: schema not migrated (run `jetinbox intake -migrate` or apply the store's MigrationSQL)")
 	// ErrUnsafeHorizon is returned by Prune for a horizon shorter than
 	// the retention in use.
 	ErrUnsafeHorizon = errors.New("idempotency: prune horizon shorter than the retention")
