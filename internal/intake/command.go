@@ -58,6 +58,7 @@ func Main(ctx context.Context, args []string, env cli.Env, stdin io.Reader, stdo
 		migrate     = fs.Bool("migrate", false, "apply the key table's and the outbox's migrations, then exit")
 		prune       = fs.Bool("prune", false, "delete keys older than -retention once, then exit")
 		hashToken   = fs.Bool("hash-token", false, "read a bearer token from stdin and print its token_sha256 for the tenants file, then exit")
+		keyOptional = fs.Bool("unsafe-key-optional", false, "accept a POST without an Idempotency-Key as a new intent each time, so that a client retrying it sends it twice: for showing what the key prevents (jetinbox chaos -http); never in production")
 		logFormat   = fs.String("log-format", env.Or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto (text on a terminal)")
 	)
 	fs.Var(&maxBody, "max-body", "largest request body (413 above)")
@@ -147,7 +148,7 @@ func Main(ctx context.Context, args []string, env cli.Env, stdin io.Reader, stdo
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg := Config{Tenants: tenants, SubjectPrefix: *prefix, Rate: *rate, Burst: *burst, MaxBody: int64(maxBody), Wait: *wait, Log: log, Registry: reg}
+	cfg := Config{Tenants: tenants, SubjectPrefix: *prefix, Rate: *rate, Burst: *burst, MaxBody: int64(maxBody), Wait: *wait, Log: log, Registry: reg, KeyOptional: *keyOptional}
 	var srv *Server
 	if store.SQLite != nil {
 		srv, err = NewSQLite(store.SQLite, cfg)
@@ -208,6 +209,9 @@ func Main(ctx context.Context, args []string, env cli.Env, stdin io.Reader, stdo
 	}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
+	if *keyOptional {
+		log.Error("intake: -unsafe-key-optional: requests without an Idempotency-Key are accepted, and their retries are new intents")
+	}
 	log.Info("intake: serving", "listen", ln.Addr().String(), "tls", *tlsCert != "", "store", store.Kind(), "tenants", len(tenants), "retention", *retention)
 	select {
 	case err := <-served:

@@ -68,6 +68,10 @@ type Config struct {
 	// Wait is how long a duplicate waits for its key's first request.
 	Wait time.Duration
 	Log  *slog.Logger
+	// KeyOptional accepts a POST without an Idempotency-Key as a new
+	// intent every time (an ID of its own): a client that retries such a
+	// request sends its intent twice. For comparisons only; off by default.
+	KeyOptional bool
 	// Registry, if set, gets the jetinbox_intake_* metrics.
 	Registry prometheus.Registerer
 }
@@ -203,10 +207,13 @@ func wrap[Tx any](s *Server, st idempotency.Store[Tx], add func(context.Context,
 		Observer: func(route string, o idempotency.Outcome) { s.requests.WithLabelValues(route, string(o)).Inc() },
 		Logger:   s.cfg.Log,
 	}
-	route := idempotency.Route{Name: Route, MaxBody: s.cfg.MaxBody, ReplayHeaders: []string{"Location"}}
+	route := idempotency.Route{Name: Route, MaxBody: s.cfg.MaxBody, ReplayHeaders: []string{"Location"}, KeyOptional: s.cfg.KeyOptional}
 	return idempotency.Wrap(st, cfg, route, func(w http.ResponseWriter, r *http.Request, tx Tx, raw []byte) error {
 		t := r.Context().Value(principalKey{}).(*tenantState)
 		key, _ := idempotency.ParseKey(r.Header.Get(idempotency.Header))
+		if key == "" { // KeyOptional: every request is an intent of its own
+			key = "unkeyed-" + idempotency.NewKey()
+		}
 		var b Body
 		dec := json.NewDecoder(strings.NewReader(string(raw)))
 		dec.DisallowUnknownFields()
