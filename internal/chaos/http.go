@@ -315,7 +315,10 @@ func RunHTTP(ctx context.Context, o HTTPOptions) (*HTTPResult, error) {
 	planned := plannedRelayCrashes()
 	for w := range 2 {
 		wg.Add(2)
-		go func() { defer wg.Done(); r.superviseHop(wctx, jsinbox.DefaultStream, "ledger", effects.DefaultScope, "", w) }()
+		go func() {
+			defer wg.Done()
+			r.superviseHop(wctx, jsinbox.DefaultStream, "ledger", effects.DefaultScope, "", w)
+		}()
 		go func() { defer wg.Done(); r.superviseIntentsRelay(wctx, planned) }()
 	}
 
