@@ -298,6 +298,15 @@ func TestIntakeCommand(t *testing.T) {
 	if err != nil || res.Status != http.StatusAccepted {
 		t.Fatalf("post: %+v %v", res, err)
 	}
+	// A header block over -max-header (16 KiB) is refused by the server.
+	big, _ := http.NewRequest(http.MethodPost, url+intake.Route, strings.NewReader(`{}`))
+	big.Header.Set("Authorization", "Bearer acme-token")
+	big.Header.Set("X-Pad", strings.Repeat("p", 64<<10))
+	if resp, err := http.DefaultClient.Do(big); err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("a 64 KiB header: %v %v, want 431", resp, err)
+	} else {
+		resp.Body.Close()
+	}
 	// A slow client that never finishes its headers is cut off.
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
