@@ -281,4 +281,3 @@ func fire(ctx context.Context, hc *http.Client, url string, n, conc int, withKey
 	}
 	return time.Since(start), lat, nil
 }
-
