@@ -58,6 +58,7 @@ func Main(ctx context.Context, args []string, env cli.Env, stdin io.Reader, stdo
 		migrate     = fs.Bool("migrate", false, "apply the key table's and the outbox's migrations, then exit")
 		prune       = fs.Bool("prune", false, "delete keys older than -retention once, then exit")
 		hashToken   = fs.Bool("hash-token", false, "read a bearer token from stdin and print its token_sha256 for the tenants file, then exit")
+		partitioned = fs.String("partition-prefix", "", "on a sharded pipeline: the partitioned stream's subject prefix (e.g. pintents); a posted subject PREFIX.KIND is published as PREFIX.<the ID's key token>.KIND, so the stream puts it in the ID's partition. Keys and outbox stay in this intake's database")
 		keyOptional = fs.Bool("unsafe-key-optional", false, "accept a POST without an Idempotency-Key as a new intent each time, so that a client retrying it sends it twice: for showing what the key prevents (jetinbox chaos -http); never in production")
 		logFormat   = fs.String("log-format", env.Or("JETINBOX_LOG_FORMAT", "auto"), "json, text or auto (text on a terminal)")
 	)
@@ -148,7 +149,7 @@ func Main(ctx context.Context, args []string, env cli.Env, stdin io.Reader, stdo
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg := Config{Tenants: tenants, SubjectPrefix: *prefix, Rate: *rate, Burst: *burst, MaxBody: int64(maxBody), Wait: *wait, Log: log, Registry: reg, KeyOptional: *keyOptional}
+	cfg := Config{Tenants: tenants, SubjectPrefix: *prefix, Rate: *rate, Burst: *burst, MaxBody: int64(maxBody), Wait: *wait, Log: log, Registry: reg, KeyOptional: *keyOptional, PartitionPrefix: *partitioned}
 	var srv *Server
 	if store.SQLite != nil {
 		srv, err = NewSQLite(store.SQLite, cfg)

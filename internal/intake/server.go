@@ -29,6 +29,7 @@ import (
 	"github.com/jetinbox/jetinbox/idempotency/pgidempotency"
 	"github.com/jetinbox/jetinbox/idempotency/sqliteidempotency"
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/internal/shard"
 	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
@@ -68,6 +69,13 @@ type Config struct {
 	// Wait is how long a duplicate waits for its key's first request.
 	Wait time.Duration
 	Log  *slog.Logger
+	// PartitionPrefix, on a sharded pipeline, is the partitioned stream's
+	// subject prefix (such as "pintents"): a posted subject must be
+	// PREFIX.REST, and the outbox row is published on PREFIX.<the ID's key
+	// token>.REST, so that the stream puts it in its ID's partition. The
+	// key and the row stay in the intake's own database whoever owns the
+	// partition.
+	PartitionPrefix string
 	// KeyOptional accepts a POST without an Idempotency-Key as a new
 	// intent every time (an ID of its own): a client that retries such a
 	// request sends its intent twice. For comparisons only; off by default.
@@ -240,6 +248,14 @@ func wrap[Tx any](s *Server, st idempotency.Store[Tx], add func(context.Context,
 		}
 		sc := idempotency.Scope{Principal: t.Name, Method: r.Method, Route: Route, Key: key}
 		in := inbox.Intent{ID: sc.ID(), Subject: b.Subject, Payload: payload}
+		if p := s.cfg.PartitionPrefix; p != "" {
+			rest, ok := strings.CutPrefix(b.Subject, p+".")
+			if !ok || rest == "" {
+				idempotency.Problem(w, http.StatusUnprocessableEntity, "bad-intent", fmt.Sprintf("subject %q: want %s.<kind>", b.Subject, p))
+				return nil
+			}
+			in.Subject = shard.PublishSubject(p, in.ID, rest)
+		}
 		if err := in.Validate(); err != nil {
 			idempotency.Problem(w, http.StatusUnprocessableEntity, "bad-intent", err.Error())
 			return nil
