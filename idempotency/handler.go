@@ -341,7 +341,7 @@ func replay(w http.ResponseWriter, a Answer) {
 // Problem writes an application/problem+json answer (RFC 9457).
 func Problem(w http.ResponseWriter, status int, kind, detail string) {
 	b, _ := json.Marshal(map[string]any{
-		"type":   "https://jetinbox.dev/problems/" + kind,
+		"type":   "urn:jetinbox:problem:" + kind,
 		"title":  http.StatusText(status),
 		"status": status,
 		"detail": detail,
