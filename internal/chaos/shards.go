@@ -120,6 +120,7 @@ func ShardsMain(ctx context.Context, n string, args []string, stdout, stderr io.
 	fs.IntVar(&o.Stray, "stray", 20, "intents published again after the duplicate window on each path that could reach another partition")
 	fs.BoolVar(&o.KillPostgres, "kill", true, "SIGKILL one shard's PostgreSQL mid-run and start it again")
 	fs.BoolVar(&o.Move, "move", true, "move a partition from the first shard to the last mid-run")
+	fs.BoolVar(&o.Intake, "intake", false, "post the intents through an HTTP intake (its own database, partitioned subjects, lost answers retried with the same key) instead of publishing them")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed for the fault dice")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage of jetinbox chaos -shards N: one stream partitioned by its subject transform, N shards each on its own\n"+
