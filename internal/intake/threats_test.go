@@ -175,3 +175,38 @@ func TestIntakeKeyFlood(t *testing.T) {
 		t.Fatal("a prune inside the 24 h retention went through")
 	}
 }
+
+// TestIntakeReadyAndDrain: /readyz answers 200 while the database does and
+// 503 once the intake drains, so a load balancer stops sending; /healthz
+// stays 200.
+func TestIntakeReadyAndDrain(t *testing.T) {
+	ctx := context.Background()
+	db, err := sqliteinbox.Open(ctx, filepath.Join(t.TempDir(), "intake.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	s, err := intake.NewSQLite(db, intake.Config{Tenants: []intake.Tenant{{Name: "a", TokenSHA256: intake.HashToken("t")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(path string) int {
+		w := httptest.NewRecorder()
+		s.ServeHTTP(w, httptest.NewRequest(http.MethodGet, path, nil))
+		return w.Code
+	}
+	if get("/readyz") != 200 || get("/healthz") != 200 {
+		t.Fatalf("before the drain: readyz %d healthz %d", get("/readyz"), get("/healthz"))
+	}
+	s.Drain()
+	if get("/readyz") != http.StatusServiceUnavailable || get("/healthz") != 200 {
+		t.Fatalf("draining: readyz %d healthz %d", get("/readyz"), get("/healthz"))
+	}
+	db.Close()
+	s2, _ := intake.NewSQLite(db, intake.Config{Tenants: []intake.Tenant{{Name: "a", TokenSHA256: intake.HashToken("t")}}})
+	w := httptest.NewRecorder()
+	s2.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("readyz with the database closed: %d", w.Code)
+	}
+}
