@@ -173,7 +173,7 @@ func checkRescue(d *jsDefs) error {
 	check(c.AckPolicy == jetstream.AckExplicitPolicy, "ack_policy %v, want explicit", c.AckPolicy)
 	check(c.AckWait == d.ledger.AckWait, "ack_wait %v, want ledger-consumer.json's %v", c.AckWait, d.ledger.AckWait)
 	check(c.MaxDeliver == -1, "max_deliver %d, want -1: a rescue that fails for a passing reason is tried again, never given up", c.MaxDeliver)
-	check(c.MaxAckPending == 64, "max_ack_pending %d, want 64", c.MaxAckPending)
+	check(c.MaxAckPending == jsinbox.RescueMaxAckPending, "max_ack_pending %d, want %d: room for a full rescue batch (jsinbox.RescueBatch) and the next pull", c.MaxAckPending, jsinbox.RescueMaxAckPending)
 	check(c.InactiveThreshold == 0, "inactive_threshold set: a durable must never be removed for idling")
 	check(c.Replicas == 0 || c.Replicas == d.advisories.Replicas, "num_replicas %d, want the stream's %d", c.Replicas, d.advisories.Replicas)
 	check(!c.MemoryStorage, "mem_storage must be false")

@@ -441,6 +441,25 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 		if judged == nil || !judged.Clean() || judged.StreamMessages != 7 {
 			t.Fatalf("verify -watch: %+v, want the 7 messages clean", judged)
 		}
+		// A give-up whose rescue is pending (an advisory as the server
+		// publishes it, for a message settled already; no consumer runs to
+		// settle it): a full verify reads the advisories above the rescue
+		// durable's ack floor, whose messages await rescue.
+		planted := fmt.Sprintf(`{"type":"io.nats.jetstream.advisory.v1.max_deliver","id":"pending","timestamp":%q,"stream":%q,"consumer":%q,"stream_seq":1,"deliveries":5}`,
+			time.Now().UTC().Format(time.RFC3339Nano), stream, durable)
+		if err := admin.nc.Publish("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."+stream+"."+durable, []byte(planted)); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, ctx, func() error {
+			rc, err := adminJS.Consumer(ctx, defs.advisories.Name, durable)
+			if err != nil {
+				return err
+			}
+			if info, err := rc.Info(ctx); err != nil || info.NumPending == 0 {
+				return fmt.Errorf("rescue durable %+v (%v): the advisory is not pending", info, err)
+			}
+			return nil
+		})
 		r, err := verify.Run(ctx, js, pool, opts)
 		if err != nil {
 			t.Fatalf("verify under the verify role: %v", err)

@@ -129,7 +129,7 @@ func validateAlerts(fsys files) error {
 			}
 		}
 	}
-	for _, m := range []string{"jetinbox_dead_letters_total", "jetinbox_redeliveries_total", "jetinbox_consumer_pending_messages", "jetinbox_consumer_ack_pending_messages", "jetinbox_verify_violations", "jetinbox_verify_last_run_timestamp_seconds", "jetinbox_conflicts_total", "jetinbox_stream_fill_ratio", "jetinbox_rescue_expired_total", "jetinbox_rescue_foreign_advisories_total"} {
+	for _, m := range []string{"jetinbox_dead_letters_total", "jetinbox_redeliveries_total", "jetinbox_consumer_pending_messages", "jetinbox_consumer_ack_pending_messages", "jetinbox_verify_violations", "jetinbox_verify_last_run_timestamp_seconds", "jetinbox_conflicts_total", "jetinbox_stream_fill_ratio", "jetinbox_rescue_expired_total", "jetinbox_rescue_foreign_advisories_total", "jetinbox_rescue_backlog"} {
 		check(covered[m], "no alert uses %s", m)
 	}
 	check(rules > 0, "no rules")

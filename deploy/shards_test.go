@@ -209,7 +209,9 @@ func TestShardDatabaseRoles(t *testing.T) {
 	migrator.mustFile(t, "postgres/shard-grants.sql") // idempotent
 	// What migrate -shards records, and a move's statements.
 	migrator.must(t, `INSERT INTO jetinbox_partitions (scope, partition, owned) SELECT 'ledger', p, true FROM unnest(ARRAY[0, 1, 2]) AS p ON CONFLICT DO NOTHING`)
-	migrator.must(t, `BEGIN; SET LOCAL lock_timeout = '30s'; UPDATE jetinbox_partitions SET owned = false, changed_at = now() WHERE scope = 'ledger' AND partition = 2 AND owned; COMMIT`)
+	migrator.must(t, `BEGIN; SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = '30s'; UPDATE jetinbox_partitions SET owned = false, moved_to = 'c', changed_at = now() WHERE scope = 'ledger' AND partition = 2 AND owned; SELECT pg_logical_emit_message(true, 'jetinbox.durable', ''); COMMIT`)
+	migrator.must(t, `BEGIN; SELECT owned, moved_to FROM jetinbox_partitions WHERE scope = 'ledger' AND partition = 2 FOR SHARE; SELECT message_id FROM inbox WHERE scope = 'ledger' AND message_id > '' AND jetinbox_partition_of(message_id, 64) = 2; COMMIT`)
+	migrator.must(t, `BEGIN; SELECT owned, moved_to FROM jetinbox_partitions WHERE scope = 'ledger' AND partition = 2 FOR UPDATE; UPDATE jetinbox_partitions SET owned = true, moved_to = NULL WHERE scope = 'ledger' AND partition = 2; COMMIT`)
 	migrator.must(t, `INSERT INTO inbox (scope, message_id, fingerprint, status, reason, stream_seq, subject, received_at) SELECT 'ledger', * FROM unnest(ARRAY['m'], ARRAY['\x01'::bytea], ARRAY['applied'], ARRAY[NULL::text], ARRAY[1::bigint], ARRAY['pintents.2.k.ledger.1'], ARRAY[now()]) ON CONFLICT DO NOTHING`)
 	// The consumer's statements: the runner's poll and each batch's fence.
 	consumer.must(t, `SELECT partition FROM jetinbox_partitions WHERE scope = 'ledger' AND owned ORDER BY partition`)
@@ -219,6 +221,8 @@ func TestShardDatabaseRoles(t *testing.T) {
 		`UPDATE jetinbox_partitions SET owned = true`,
 		`INSERT INTO jetinbox_partitions (scope, partition, owned) VALUES ('ledger', 9, true)`,
 		`DELETE FROM jetinbox_partitions`,
+		`SELECT moved_to FROM jetinbox_partitions`,
+		`SELECT jetinbox_partition_of('x', 64)`,
 		`INSERT INTO inbox (scope, message_id, fingerprint, received_at) VALUES ('ledger', 'x', '\x01', now() - interval '1 year')`,
 	} {
 		consumer.mustFail(t, q, denied...)

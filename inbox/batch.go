@@ -31,6 +31,9 @@ type batch struct {
 	// database refused.
 	inBatch [][2]int
 	refused map[int]bool
+	// prior: some outcome rests on a row an earlier commit wrote (a
+	// duplicate, a rejection or conflict found in the inbox).
+	prior bool
 }
 
 func (p *Processor[TX]) processOnce(ctx context.Context, msgs []Message, valid []int, out []Outcome, isolate, fast bool) (err error) {
@@ -74,7 +77,37 @@ func (p *Processor[TX]) processOnce(ctx context.Context, msgs []Message, valid [
 	if err := p.record(ctx, tx, msgs, rejIDs, rejReasons, retryIDs, b.conflicts); err != nil {
 		return err
 	}
+	if err := p.readPrior(ctx, tx, b); err != nil {
+		return err
+	}
 	return p.commit(ctx, tx, len(valid))
+}
+
+// priorReader is a store whose commit of a transaction that wrote nothing
+// returns before the commits it read are durable (PostgreSQL's
+// read-only COMMIT waits for no flush and no standby): ReadPriorCommits
+// makes it wait as a writing commit does.
+type priorReader[TX any] interface {
+	ReadPriorCommits(ctx context.Context, tx TX) error
+}
+
+// readPrior makes the commit of a batch whose acks rest on rows committed
+// before, and that claimed nothing itself, wait until those rows are as
+// durable as its own fresh commit would be: the row a redelivery finds may
+// be one whose commit the synchronous standby never confirmed. A batch
+// that claimed a message wrote its row, so its commit waits anyway.
+func (p *Processor[TX]) readPrior(ctx context.Context, tx TX, b *batch) error {
+	if !b.prior || len(b.fresh) > 0 {
+		return nil
+	}
+	r, ok := any(p.store).(priorReader[TX])
+	if !ok {
+		return nil
+	}
+	if err := r.ReadPriorCommits(ctx, tx); err != nil {
+		return fmt.Errorf("inbox: read prior commits: %w", err)
+	}
+	return nil
 }
 
 // claim claims the batch's valid messages: with COPY when fast (every
@@ -194,6 +227,9 @@ func (p *Processor[TX]) classify(b *batch, res []ClaimResult) {
 			b.inBatch = append(b.inBatch, [2]int{i, b.valid[r.First]})
 			continue
 		}
+		if r.State != ClaimFresh {
+			b.prior = true
+		}
 		switch r.State {
 		case ClaimFresh:
 			b.fresh = append(b.fresh, b.msgs[i])
@@ -237,7 +273,9 @@ func (p *Processor[TX]) apply(ctx context.Context, tx TX, fresh []Message, isola
 		return errs, p.handleIsolated(ctx, tx, fresh, errs)
 	}
 	if err := p.handle(ctx, tx, fresh, errs); err != nil {
-		if p.store.Classify(err) == ErrorRetryTx {
+		if k := p.store.Classify(err); k == ErrorRetryTx || k == ErrorConn {
+			// The whole batch is retried: one message at a time would
+			// only meet the same deadlock, connection or deployment.
 			return nil, err
 		}
 		return nil, fmt.Errorf("%w: %w", errIsolate, err)
@@ -256,6 +294,12 @@ func (p *Processor[TX]) decide(b *batch, errs []error) (rejIDs, rejReasons, retr
 			out[i] = Outcome{Status: StatusApplied}
 		case IsPermanent(e):
 			out[i] = Outcome{Status: StatusRejected, Cause: rejectCause(e), Reason: SanitizeReason(e.Error()), Err: e}
+		case p.store.Classify(e) == ErrorConn:
+			// The database's or the deployment's fault, reported for one
+			// message: retried, on its last delivery too.
+			out[i] = Outcome{Status: StatusRetry, Cause: CauseTransient, Reason: SanitizeReason(e.Error()), Err: e, NotMessageFault: true}
+			retryIDs = append(retryIDs, msgs[i].ID)
+			continue
 		case msgs[i].Final:
 			reason := fmt.Sprintf("gave up after %d deliveries: %v", msgs[i].Deliveries, e)
 			out[i] = Outcome{Status: StatusRejected, Cause: CauseGaveUp, Reason: SanitizeReason(reason), Err: e}

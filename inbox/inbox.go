@@ -182,6 +182,18 @@ type Outcome struct {
 	Redelivered bool
 	// Err is the underlying error of a retry or rejection, if any.
 	Err error
+	// NotMessageFault marks a retry that no fault of the message caused:
+	// the database or the deployment could not take the batch (it is
+	// unreachable, read-only, lacks the schema or a grant, sits behind a
+	// pooler that refuses the transaction, or the commit's outcome is
+	// unknown), or the message is not this consumer's to apply now (its
+	// partition moved to another shard). A transport never gives up on
+	// such a message on its last delivery: it leaves it unsettled, the
+	// server gives up on it and says so in an advisory, and the rescue
+	// applies it once the cause is gone. Only the message's own faults (a
+	// data error, a [Permanent] or [BadInput] effect error, a retryable
+	// effect error on the last delivery) reject it.
+	NotMessageFault bool
 	// FirstSeq, for an outcome decided by another message (a row already
 	// in the inbox, or a copy earlier in the batch), is the stream
 	// sequence of that message, when known; 0 otherwise. A rejected

@@ -226,10 +226,17 @@ func (p *Processor[TX]) Warm(ctx context.Context, n int) error {
 	})
 }
 
-// Ping checks that the store's database answers. A consumer pings
-// through it while the database is unreachable, so it pauses instead of
-// turning an outage into a redelivery storm.
+// Ping checks that the store's database answers.
 func (p *Processor[TX]) Ping(ctx context.Context) error { return p.store.Ping(ctx) }
+
+// Check runs the store's check transaction (see [Store.Check]): it fails
+// where a batch would fail for the database's or the deployment's reason,
+// with [ErrNotMigrated] or [ErrDatabaseUnfit] when the database answers but
+// cannot take batches as it is set up. A consumer checks at start, and
+// while a batch failed for such a reason it pauses until Check passes, so
+// that an outage, a read-only node or a missing migration does not turn
+// into a redelivery storm.
+func (p *Processor[TX]) Check(ctx context.Context) error { return p.store.Check(ctx) }
 
 // Logger returns the processor's logger ([Config.Logger]); a transport
 // logs through it too.
@@ -305,11 +312,23 @@ func (p *Processor[TX]) Process(ctx context.Context, msgs []Message) ([]Outcome,
 				}
 			}
 		}
+		notMine := p.notMessageFault(err)
 		for _, i := range valid {
-			out[i] = Outcome{Status: StatusRetry, Cause: CauseBatchFailed, Reason: SanitizeReason(err.Error()), Err: err}
+			out[i] = Outcome{Status: StatusRetry, Cause: CauseBatchFailed, Reason: SanitizeReason(err.Error()), Err: err, NotMessageFault: notMine}
 		}
 		return out, err
 	}
+}
+
+// notMessageFault reports whether a batch failed for a reason that is no
+// message's: the database or the deployment (see [ErrorConn]), contention
+// that outlasted the retries, or a commit whose outcome is unknown.
+func (p *Processor[TX]) notMessageFault(err error) bool {
+	if errors.Is(err, ErrOutcomeUnknown) {
+		return true
+	}
+	k := p.store.Classify(err)
+	return k == ErrorConn || k == ErrorRetryTx
 }
 
 // copyCooldownBatches is how many batches after a failed copy claim are

@@ -72,9 +72,17 @@ type Store[TX any] interface {
 	// Classify says what an error of a store statement, or of a handler
 	// running on the store's transaction, means for the batch.
 	Classify(err error) ErrorKind
-	// Ping checks that the database answers; a consumer pings through it
-	// while the database is unreachable.
+	// Ping checks that the database answers.
 	Ping(ctx context.Context) error
+	// Check runs a transaction that fails where a batch would fail for
+	// the database's or the deployment's reason: the database unreachable,
+	// the inbox schema missing or older than this library
+	// ([ErrNotMigrated]), a session that cannot write, a connection that
+	// cannot hold a transaction (a pooler in statement mode), a grant the
+	// claim needs missing (the last three wrap [ErrDatabaseUnfit]). A
+	// consumer refuses to start on the latter two kinds and, after a batch
+	// failed so, pauses until Check passes.
+	Check(ctx context.Context) error
 	// Warm readies the store for up to n concurrent batches (opening
 	// connections, preparing statements) and calls prepare on each
 	// readied transaction; see [Processor.Warm].
@@ -94,10 +102,19 @@ const (
 	// ErrorData: the input itself is at fault (a data exception, an
 	// integrity violation): the same statement fails again.
 	ErrorData
-	// ErrorConn: the connection or the database is gone, not one
-	// message's fault.
+	// ErrorConn: the connection, the database or the deployment is at
+	// fault, not one message: the connection or the server is gone, the
+	// node is read-only, a table, function or grant is missing, a pooler
+	// refuses the transaction. The batch is retried as a whole and no
+	// message is rejected for it, on its last delivery either.
 	ErrorConn
 )
+
+// ErrDatabaseUnfit is wrapped by a store's Check when the database answers
+// but cannot take batches as it is set up: the session is read-only, the
+// connection cannot hold a transaction, or the role lacks a grant the claim
+// needs. An operator must change the deployment; no retry helps before.
+var ErrDatabaseUnfit = errors.New("inbox: the database cannot take batches as it is set up")
 
 // ErrClaimedBefore is wrapped by [Store.ClaimNew] when an ID it was to
 // insert is already in the inbox.

@@ -203,6 +203,13 @@ func (r *Relay) Stats() RelayStats {
 		TakenOver: r.takenOver.Load()}
 }
 
+// commitWatcher is a source that can tell whether its pool reports a
+// COMMIT whose wait for the synchronous standby was cancelled
+// (pgoutbox.Store).
+type commitWatcher interface {
+	CheckCommitWatch(ctx context.Context) error
+}
+
 // Close stops the relay's publisher, abandoning publishes in flight (their
 // rows stay pending). Run closes it when it returns; call Close after using
 // only [Relay.Round]. It is safe to call more than once.
@@ -212,7 +219,9 @@ func (r *Relay) Close() { r.publisher().Close() }
 // crash simulated by a harness, and with an error once its NATS connection
 // is closed for good (see [jsinbox.ClosedForGood]): nothing can be published
 // on it again. Errors of a round (the database or NATS away) are logged and
-// retried after a jittered wait.
+// retried after a jittered wait. At start it logs a warning if the
+// source's pool cannot see a mark commit the synchronous standby never
+// confirmed (see pgoutbox.WatchCommits).
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.Close()
 	var ln Waiter
@@ -222,6 +231,15 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	}()
 	listener, canListen := r.src.(Listener)
+	if w, ok := r.src.(commitWatcher); ok {
+		// A source on a pool that cannot see a mark commit the
+		// synchronous standby never confirmed counts such rows sent.
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := w.CheckCommitWatch(cctx); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Warn("outbox: relay: could not confirm that the database pool watches its commits (make it with pginbox.NewPool or pgoutbox.WatchCommits)", "err", err)
+		}
+		cancel()
+	}
 	idle, fail := r.cfg.Idle.NewBackOff(), r.cfg.Retry.NewBackOff()
 	for {
 		if err := jsinbox.ClosedForGood(r.js.Conn()); err != nil {

@@ -22,6 +22,10 @@ REVOKE ALL ON TABLE jetinbox_partitions FROM jetinbox_consumer, jetinbox_relay, 
 GRANT SELECT (scope, partition, owned) ON TABLE jetinbox_partitions TO jetinbox_consumer;
 GRANT UPDATE (changed_at) ON TABLE jetinbox_partitions TO jetinbox_consumer;
 
+-- The consumer reads no moved_to (the target a move recorded) and cannot
+-- call jetinbox_partition_of (the move's copy filter; grants.sql revokes
+-- functions from PUBLIC): both are the migrator's, for the move.
+
 -- verify and partitions list read it.
 GRANT SELECT ON TABLE jetinbox_partitions TO jetinbox_verifier;
 

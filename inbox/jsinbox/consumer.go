@@ -10,11 +10,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/semaphore"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/internal/jscheck"
 	"github.com/jetinbox/jetinbox/jitter"
@@ -87,9 +89,11 @@ type ConsumerConfig struct {
 	// does, for its gauges) is attached by NewConsumer.
 	Observer Observer
 
-	// The consumer pings the database through the processor while the
-	// database is unreachable (it stops fetching until it answers, so an
-	// outage does not turn into a redelivery storm), and logs and traces
+	// The consumer checks the database through the processor (see
+	// [Checker]) at start and while it cannot take batches
+	// (it stops fetching until the check passes, so an outage, a read-only
+	// node or a missing migration does not turn into a redelivery storm
+	// or into dead letters), and logs and traces
 	// with the processor's [inbox.Config.Logger] and
 	// [inbox.Config.TracerProvider]: each batch's span "jetinbox.batch" is
 	// linked to the producers' spans carried in the messages' headers, with
@@ -184,7 +188,16 @@ type Consumer struct {
 	received, applied, duplicates, rejected, conflicts       atomic.Int64
 	redeliveries, naks, deadLettered, batches, failedBatches atomic.Int64
 	inFlight, rescued, rejectedRepeats, deadLettersHeld      atomic.Int64
-	rescueExpired, foreignAdvisories                         atomic.Int64
+	rescueExpired, foreignAdvisories, leftForRescue          atomic.Int64
+	rescueStaleReads                                         atomic.Int64
+
+	// batchOK is set by every batch that commits: a pause after it starts
+	// its waits afresh, one right after a pause goes on with the longer
+	// waits (pauses holds them), so a deployment fault that Check cannot
+	// see (a handler's table or grant missing) is met once per long wait,
+	// not in a spin.
+	batchOK atomic.Bool
+	pauses  backoff.BackOff
 
 	// dlLog samples the dead-letter warnings.
 	dlLog dlSampler
@@ -193,6 +206,9 @@ type Consumer struct {
 	stopping <-chan struct{}
 
 	bound atomic.Pointer[jetstream.Consumer]
+	// rescueBound is the rescue durable on the advisory stream, once Run
+	// has bound it.
+	rescueBound atomic.Pointer[jetstream.Consumer]
 
 	// budget holds the bytes of the messages in formed batches and in
 	// flight (half of MaxBytes); batchBytes is its size.
@@ -244,7 +260,7 @@ func NewConsumer(js jetstream.JetStream, proc BatchProcessor, cfg ConsumerConfig
 func (c *Consumer) Config() ConsumerConfig { return c.cfg }
 
 // Ready reports whether the consumer is consuming, connected to NATS, with
-// a reachable database, holds no message that the dead-letter stream
+// a database that takes batches, holds no message that the dead-letter stream
 // refused, and is not draining.
 func (c *Consumer) Ready() bool {
 	return c.ready.Load() && !c.draining.Load() && !c.dbDown.Load() && !c.crashed.Load() &&
@@ -274,8 +290,18 @@ func (c *Consumer) DurableConfig() jetstream.ConsumerConfig {
 // Run consumes until ctx ends, then stops fetching, finishes the batches in
 // flight (their commits and acks are not cut short), hands back what it held
 // but had not started, and returns nil.
+//
+// It first checks the database through the processor (see
+// [Checker]) and returns a [SetupError] if the database
+// answers but cannot take batches as it is set up: the inbox schema
+// missing or old, a read-only session, a connection that cannot hold a
+// transaction (a pooler in statement mode), a grant missing. A database
+// that does not answer now is waited for, as one that fails later.
 func (c *Consumer) Run(ctx context.Context) error {
 	defer c.dlLog.flush(c.cfg.logger)
+	if err := c.checkDatabase(ctx); err != nil {
+		return err
+	}
 	cons, err := c.bind(ctx)
 	if err != nil {
 		return err
@@ -422,6 +448,30 @@ func (c *Consumer) Run(ctx context.Context) error {
 			c.bound.Store(&cons)
 		}
 	}
+}
+
+// checkDatabase runs the processor's Check once at start: a database that
+// answers but is unfit for batches (unmigrated, read-only, behind a
+// statement pooler, without a grant) is a [SetupError]; one that does not
+// answer is only logged, and the consumer pauses on its first batch.
+func (c *Consumer) checkDatabase(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err := check(cctx, c.proc)
+	switch {
+	case err == nil:
+		return nil
+	case unfit(err):
+		return &SetupError{Err: fmt.Errorf("jsinbox: the database cannot take batches: %w", err)}
+	}
+	c.cfg.logger.Warn("jsinbox: the database check failed; consuming, and pausing while it fails", "err", err)
+	return nil
+}
+
+// unfit reports whether err says the database answers but cannot take
+// batches until an operator changes it.
+func unfit(err error) bool {
+	return errors.Is(err, inbox.ErrNotMigrated) || errors.Is(err, inbox.ErrDatabaseUnfit)
 }
 
 // ClosedForGood returns an error if nc is closed: nats.go never reopens a

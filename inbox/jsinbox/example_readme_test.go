@@ -28,7 +28,9 @@ import (
 // readme:begin
 // shipOrders applies each order once, in the transaction of its inbox row, until ctx ends.
 func shipOrders(ctx context.Context, js jetstream.JetStream, databaseURL string) error {
-	pool, err := pgxpool.New(ctx, databaseURL)
+	// pgxpool.New with pginbox.WatchCommits: the store sees a COMMIT whose
+	// wait for the synchronous standby was cancelled, which pgx takes for a success.
+	pool, err := pginbox.NewPool(ctx, databaseURL)
 	if err != nil {
 		return err
 	}
@@ -42,7 +44,8 @@ func shipOrders(ctx context.Context, js jetstream.JetStream, databaseURL string)
 		return err
 	})
 	// One store value: the processor claims through it, and the consumer
-	// pings through the processor to pause while the database is down.
+	// checks the database through the processor: it refuses one it cannot
+	// use and pauses while the database is down.
 	proc, err := inbox.NewProcessor(pginbox.New(pool), ship, inbox.Config{Scope: "shipping"})
 	if err != nil {
 		return err

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -43,7 +42,7 @@ func ExampleConsumer() {
 	must(err)
 	url, err := testenv.CreateSharedDatabase("jsinbox_example")
 	must(err)
-	pool, err := pgxpool.New(ctx, url)
+	pool, err := pginbox.NewPool(ctx, url) // pgxpool.New with pginbox.WatchCommits
 	must(err)
 	defer pool.Close()
 

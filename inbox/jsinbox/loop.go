@@ -107,16 +107,17 @@ func (c *Consumer) keepAlive(batch []jetstream.Msg, stop chan struct{}) {
 // handBack returns a message the consumer will not process now: a short
 // jittered delay spreads the redeliveries. A message on its last delivery
 // cannot come back, so it is processed now instead (and dead-lettered with
-// the reason if that fails), unless the consumer is stopping with the
-// database down: then it is let go, for the next consumer to rescue. After a simulated crash nothing is done, as a
-// dead process would do nothing.
+// the reason if that is the message's fault), unless the database is
+// down: then it is let go, for the rescue. After a simulated crash nothing
+// is done, as a dead process would do nothing.
 func (c *Consumer) handBack(ctx context.Context, m jetstream.Msg) {
 	if c.crashed.Load() {
 		return
 	}
 	if md, err := m.Metadata(); err == nil && c.cfg.MaxDeliver > 0 && md.NumDelivered >= uint64(c.cfg.MaxDeliver) {
-		if c.stoppingNow() && c.dbDown.Load() {
-			return // let go: the next consumer rescues it (see lastTry)
+		if c.dbDown.Load() {
+			c.leftForRescue.Add(1)
+			return // let go: the rescue applies it (see lastTry)
 		}
 		_ = c.processBatch(ctx, []jetstream.Msg{m}, time.Now())
 		return
@@ -124,8 +125,18 @@ func (c *Consumer) handBack(ctx context.Context, m jetstream.Msg) {
 	_ = m.NakWithDelay(c.cfg.Nak.Delay(1))
 }
 
+// waitForDB pauses fetching until the processor's Check passes: the
+// database answers, and takes batches as it is set up (migrated, writable,
+// holding a transaction, with the grants), so that a read-only node or a
+// missing migration keeps the consumer paused instead of letting it
+// fetch, fail and use up deliveries. The waits go on growing across
+// pauses with no committed batch between them.
 func (c *Consumer) waitForDB(ctx context.Context) error {
-	bo := c.cfg.DBWait.NewBackOff()
+	if committed := c.batchOK.Swap(false); committed || c.pauses == nil {
+		c.pauses = c.cfg.DBWait.NewBackOff()
+	}
+	bo := c.pauses
+	logged := false
 	for {
 		d := bo.NextBackOff()
 		if d < 0 {
@@ -136,10 +147,17 @@ func (c *Consumer) waitForDB(ctx context.Context) error {
 			return ctx.Err()
 		case <-time.After(d):
 		}
-		if err := c.proc.Ping(ctx); err == nil {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := check(cctx, c.proc)
+		cancel()
+		if err == nil {
 			c.dbDown.Store(false)
-			c.cfg.logger.Info("jsinbox: database reachable again; consuming")
+			c.cfg.logger.Info("jsinbox: the database takes batches again; consuming")
 			return nil
+		}
+		if !logged {
+			logged = true
+			c.cfg.logger.Warn("jsinbox: the database cannot take batches; fetching paused until it can", "err", err)
 		}
 	}
 }

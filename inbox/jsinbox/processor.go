@@ -20,13 +20,33 @@ type BatchProcessor interface {
 	Scope() string
 	Stats() inbox.ProcessorStats
 	Warm(ctx context.Context, n int) error
-	// Ping checks the processor's database; the consumer pauses while it
-	// fails.
+	// Ping checks that the processor's database answers; the consumer
+	// pauses while it fails, unless the processor is also a [Checker].
 	Ping(ctx context.Context) error
 	// Logger and TracerProvider are the processor's; the consumer logs
 	// and traces with them.
 	Logger() *slog.Logger
 	TracerProvider() trace.TracerProvider
+}
+
+// Checker is a [BatchProcessor] that can run its store's check
+// transaction, which fails where a batch would fail for the database's or
+// the deployment's reason (see [inbox.Processor.Check]); an
+// *inbox.Processor is one. A consumer on a Checker refuses to start on a
+// database that cannot take batches as it is set up (unmigrated,
+// read-only, behind a statement pooler, without a grant) and pauses while
+// Check fails; on any other processor it only pings. A processor that
+// wraps another forwards Check.
+type Checker interface {
+	Check(ctx context.Context) error
+}
+
+// check runs the processor's Check, or its Ping if it has none.
+func check(ctx context.Context, p BatchProcessor) error {
+	if c, ok := p.(Checker); ok {
+		return c.Check(ctx)
+	}
+	return p.Ping(ctx)
 }
 
 // isNil reports whether p is nil or a nil pointer.

@@ -25,8 +25,9 @@ import (
 // that may not subscribe). So the advisories are kept in a stream of their
 // own, which the server fills whether or not a consumer runs, and each
 // consumer drains its durable's advisories there, at start and while it
-// runs: the message is read back from the intents stream and settled,
-// applied once or dead-lettered with a reason.
+// runs, in batches: the messages are read back from the intents stream
+// and settled through the processor in one transaction, each applied once
+// or dead-lettered with a reason.
 
 // AdvisoryStream returns the name of the stream that keeps the
 // max-deliveries advisories of the consumers of an intents stream.
@@ -75,6 +76,10 @@ func advisoryConfig(intents jetstream.StreamConfig) jetstream.StreamConfig {
 		MaxAge:     maxAge,
 		DenyDelete: true,
 		DenyPurge:  true,
+		// verify reads the advisories the rescue has not settled yet with
+		// direct gets, as it reads every stream: their messages await
+		// rescue, they are not lost.
+		AllowDirect: true,
 	}
 }
 
@@ -109,7 +114,7 @@ func (c *Consumer) bindRescue(ctx context.Context) (jetstream.Consumer, error) {
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			AckWait:       c.cfg.AckWait,
 			MaxDeliver:    -1,
-			MaxAckPending: 64,
+			MaxAckPending: RescueMaxAckPending,
 		})
 		if errors.Is(err, jetstream.ErrConsumerExists) {
 			cons, err = s.Consumer(ctx, c.cfg.Durable)
@@ -122,31 +127,102 @@ func (c *Consumer) bindRescue(ctx context.Context) (jetstream.Consumer, error) {
 	return cons, nil
 }
 
-// startRescue drains the durable's advisories, one at a time, until the
-// returned stop is called; stop waits for a rescue in progress. A simulated
-// crash during a rescue is handed to onCrash.
+// RescueBatch is how many max-deliveries advisories a rescue settles in
+// one transaction at most: the messages they name are read back from the
+// intents stream together (concurrent gets) and run through the
+// processor as one batch, like the main path's.
+const RescueBatch = 1000
+
+// RescueMaxAckPending is the rescue durable's max_ack_pending as a
+// consumer creates it: room for a full [RescueBatch] and the next pull. A
+// durable made with less (64 before) still works, its rescue batches no
+// larger than that.
+const RescueMaxAckPending = 2048
+
+// rescueReaders is how many reads of given-up messages a rescue batch has
+// under way at once.
+const rescueReaders = 32
+
+// startRescue drains the durable's advisories, in batches of what has
+// arrived (up to [RescueBatch]), until the returned stop is called; stop
+// waits for a batch in progress. A simulated crash during a rescue is
+// handed to onCrash.
 func (c *Consumer) startRescue(ctx context.Context, cons jetstream.Consumer, onCrash func(error)) (stop func(), err error) {
-	var mu sync.Mutex
-	stopped := false
+	c.rescueBound.Store(&cons)
+	in := make(chan jetstream.Msg, RescueBatch)
+	quit := make(chan struct{})
+	done := make(chan struct{})
 	cc, err := cons.Consume(func(m jetstream.Msg) {
-		mu.Lock()
-		defer mu.Unlock()
-		if stopped || c.crashed.Load() {
-			return // a stopped or dead consumer settles nothing
+		select {
+		case in <- m:
+		case <-quit: // a stopped consumer settles nothing
 		}
-		c.rescue(ctx, m, onCrash)
-	}, jetstream.PullMaxMessages(16), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+	}, jetstream.PullMaxMessages(RescueBatch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		c.cfg.logger.Debug("jsinbox: rescue consume", "err", err)
 	}))
 	if err != nil {
 		return nil, fmt.Errorf("jsinbox: consume advisories: %w", err)
 	}
+	go func() {
+		defer close(done)
+		batch := make([]jetstream.Msg, 0, RescueBatch)
+		for {
+			select {
+			case <-quit:
+				return
+			case m := <-in:
+				batch = append(batch[:0], m)
+			}
+			// What has arrived goes into the same batch; a short wait
+			// lets a pull that is still arriving join it.
+			linger := time.NewTimer(2 * time.Millisecond)
+		gather:
+			for len(batch) < RescueBatch {
+				select {
+				case m := <-in:
+					batch = append(batch, m)
+				case <-linger.C:
+					break gather
+				}
+			}
+			linger.Stop()
+			select {
+			case <-quit:
+				return // stopped while gathering: settles nothing
+			default:
+			}
+			if c.crashed.Load() {
+				continue // a dead consumer settles nothing
+			}
+			c.rescueBatch(ctx, batch, onCrash)
+		}
+	}()
+	var once sync.Once
 	return func() {
-		cc.Stop()
-		mu.Lock()
-		stopped = true
-		mu.Unlock()
+		once.Do(func() {
+			cc.Stop()
+			close(quit)
+			<-done
+		})
 	}, nil
+}
+
+// RescueBacklog returns how many max-deliveries advisories of the durable
+// are not settled yet, as the server counts them on the rescue durable:
+// not yet delivered, or delivered and not acked. An advisory is settled
+// once its message is applied (or found applied), dead-lettered, recorded
+// as expired, or the advisory is refused as foreign; then it is acked.
+// It needs a running consumer.
+func (c *Consumer) RescueBacklog(ctx context.Context) (uint64, error) {
+	b := c.rescueBound.Load()
+	if b == nil {
+		return 0, errors.New("jsinbox: consumer not running")
+	}
+	info, err := (*b).Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("jsinbox: rescue durable %s: %w", c.cfg.Durable, err)
+	}
+	return info.NumPending + uint64(info.NumAckPending), nil
 }
 
 // rescued is a message the server gave up on, read back from the stream,
@@ -212,71 +288,174 @@ func (c *Consumer) genuineAdvisory(adv jetstream.Msg) (maxDeliverAdvisory, strin
 	return a, ""
 }
 
-// rescue settles the message an advisory names: it runs it through the
-// inbox once more as a final delivery, so it ends applied (or found
-// applied) or dead-lettered with a reason. A database or stream that
-// fails now naks the advisory, to try again later. A message that is not
-// a genuine advisory is terminated and counted; one for a message that
-// aged out of the stream first is recorded in the dead-letter stream
-// (see [DeadLetterExpired]) before it is acked.
-func (c *Consumer) rescue(ctx context.Context, adv jetstream.Msg, onCrash func(error)) {
-	a, why := c.genuineAdvisory(adv)
-	if why != "" {
-		c.foreignAdvisories.Add(1)
-		c.cfg.logger.Error("jsinbox: a message in the advisory stream is no max-deliveries advisory of this durable; terminated, nothing rescued",
-			"subject", adv.Subject(), "durable", c.cfg.Durable, "why", why)
-		_ = adv.Term()
+// rescueOne is one genuine advisory of a rescue batch and the message it
+// names, once read back.
+type rescueOne struct {
+	adv jetstream.Msg
+	a   maxDeliverAdvisory
+	raw *jetstream.RawStreamMsg
+	err error // reading raw back
+	i   int   // its message in the batch; -1 for none
+}
+
+// retryRescue naks an advisory whose rescue failed for a passing reason,
+// to try again later.
+func (c *Consumer) retryRescue(adv jetstream.Msg, seq uint64, what string, err error) {
+	c.cfg.logger.Warn("jsinbox: rescue after max deliveries failed; trying again later", "stream_seq", seq, "step", what, "err", err)
+	n := 1
+	if md, merr := adv.Metadata(); merr == nil {
+		n = int(md.NumDelivered)
+	}
+	_ = adv.NakWithDelay(c.cfg.Nak.Delay(n))
+}
+
+// rescueBatch settles the messages a batch of advisories names: it reads
+// them back from the stream (concurrent gets) and runs them through the
+// inbox once more, in one transaction, as final deliveries, so each ends
+// applied (or found applied) or dead-lettered with a reason. A database or
+// stream that fails now naks the advisories, to try again later. A message
+// that is not a genuine advisory is terminated and counted; one for a
+// message that aged out of the stream first is recorded in the dead-letter
+// stream (see [DeadLetterExpired]) before it is acked, and one whose
+// read-back found nothing while the stream still holds it is tried again
+// (see [Consumer.rescueGone]).
+func (c *Consumer) rescueBatch(ctx context.Context, advs []jetstream.Msg, onCrash func(error)) {
+	ones := make([]rescueOne, 0, len(advs))
+	for _, adv := range advs {
+		a, why := c.genuineAdvisory(adv)
+		if why != "" {
+			c.foreignAdvisories.Add(1)
+			c.cfg.logger.Error("jsinbox: a message in the advisory stream is no max-deliveries advisory of this durable; terminated, nothing rescued",
+				"subject", adv.Subject(), "durable", c.cfg.Durable, "why", why)
+			_ = adv.Term()
+			continue
+		}
+		ones = append(ones, rescueOne{adv: adv, a: a, i: -1})
+	}
+	if len(ones) == 0 {
 		return
 	}
-	retry := func(what string, err error) {
-		c.cfg.logger.Warn("jsinbox: rescue after max deliveries failed; trying again later", "stream_seq", a.StreamSeq, "step", what, "err", err)
-		n := 1
-		if md, merr := adv.Metadata(); merr == nil {
-			n = int(md.NumDelivered)
-		}
-		_ = adv.NakWithDelay(c.cfg.Nak.Delay(n))
-	}
-	var raw *jetstream.RawStreamMsg
 	s, err := c.js.Stream(ctx, c.cfg.Stream)
-	if err == nil {
-		raw, err = s.GetMsg(ctx, a.StreamSeq)
-	}
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		// The stream's state now, not before the read: the message may
-		// have aged out in between.
-		var info *jetstream.StreamInfo
-		if info, err = s.Info(ctx); err != nil {
-			retry("stream info", err)
-			return
-		}
-		c.rescueGone(ctx, adv, info, a, retry)
-		return
-	}
 	if err != nil {
-		retry("read message", err)
+		for _, o := range ones {
+			c.retryRescue(o.adv, o.a.StreamSeq, "stream info", err)
+		}
 		return
 	}
-	im := inbox.Message{ID: raw.Header.Get(jetstream.MsgIDHeader), Payload: raw.Data, Subject: raw.Subject,
-		StreamSeq: a.StreamSeq, Deliveries: a.Deliveries, Final: true}
-	out, err := c.proc.Process(ctx, []inbox.Message{im})
+	c.readBack(ctx, s, ones)
+
+	// One inbox message per sequence: two advisories of one message (a
+	// redelivered advisory) share its outcome.
+	msgs := make([]inbox.Message, 0, len(ones))
+	bySeq := make(map[uint64]int, len(ones))
+	var gone []int
+	for k := range ones {
+		o := &ones[k]
+		switch {
+		case errors.Is(o.err, jetstream.ErrMsgNotFound):
+			gone = append(gone, k)
+			continue
+		case o.err != nil:
+			c.retryRescue(o.adv, o.a.StreamSeq, "read message", o.err)
+			continue
+		}
+		if i, ok := bySeq[o.a.StreamSeq]; ok {
+			o.i = i
+			continue
+		}
+		o.i = len(msgs)
+		bySeq[o.a.StreamSeq] = o.i
+		msgs = append(msgs, inbox.Message{ID: o.raw.Header.Get(jetstream.MsgIDHeader), Payload: o.raw.Data, Subject: o.raw.Subject,
+			StreamSeq: o.a.StreamSeq, Deliveries: o.a.Deliveries, Final: true})
+	}
+	if len(gone) > 0 {
+		// The stream's state now, not before the reads: a message may
+		// have aged out in between.
+		info, err := s.Info(ctx)
+		for _, k := range gone {
+			if err != nil {
+				c.retryRescue(ones[k].adv, ones[k].a.StreamSeq, "stream info", err)
+				continue
+			}
+			c.rescueGone(ctx, ones[k].adv, info, ones[k].a)
+		}
+	}
+	if len(msgs) == 0 {
+		return
+	}
+	out, err := c.proc.Process(ctx, msgs)
 	var crash *hook.Crash
 	if errors.As(err, &crash) {
 		onCrash(err) // a dead process settles nothing
 		return
 	}
-	src := rescued{raw: raw, adv: adv}
-	switch o := out[0]; {
-	case o.Ackable():
-		c.rescued.Add(1)
-		c.cfg.logger.Info("jsinbox: rescued a message after max deliveries", "id", im.ID, "stream_seq", im.StreamSeq, "status", o.Status)
-		_ = adv.Ack()
-	case o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict:
-		if c.settleRejected(ctx, src, &im, o) {
-			c.rescued.Add(1)
+	// settled: per message, whether its first advisory settled it (a
+	// second advisory of it follows that one).
+	settled := make([]bool, len(msgs))
+	first := make([]bool, len(msgs))
+	var nRescued int
+	for k := range ones {
+		o := &ones[k]
+		if o.i < 0 {
+			continue
 		}
-	default:
-		retry("inbox", err)
+		im := &msgs[o.i]
+		if err != nil {
+			c.retryRescue(o.adv, im.StreamSeq, "inbox", err)
+			continue
+		}
+		if first[o.i] {
+			// Another advisory of a message this batch settled already.
+			if settled[o.i] {
+				_ = o.adv.Ack()
+			} else {
+				c.retryRescue(o.adv, im.StreamSeq, "inbox", errors.New("not settled"))
+			}
+			continue
+		}
+		first[o.i] = true
+		switch res := out[o.i]; {
+		case res.Ackable():
+			settled[o.i] = true
+			nRescued++
+			c.rescued.Add(1)
+			c.cfg.logger.Debug("jsinbox: rescued a message after max deliveries", "id", im.ID, "stream_seq", im.StreamSeq, "status", res.Status)
+			_ = o.adv.Ack()
+		case res.Status == inbox.StatusRejected || res.Status == inbox.StatusConflict:
+			if c.settleRejected(ctx, rescued{raw: o.raw, adv: o.adv}, im, res) {
+				settled[o.i] = true
+				c.rescued.Add(1)
+			}
+		default:
+			c.retryRescue(o.adv, im.StreamSeq, "inbox", fmt.Errorf("%s: %s", res.Status, res.Reason))
+		}
 	}
+	if nRescued > 0 {
+		c.cfg.logger.Info("jsinbox: rescued messages after max deliveries", "applied_or_found_applied", nRescued, "batch", len(msgs))
+	}
+}
+
+// readBack reads the messages ones name from the intents stream, up to
+// rescueReaders at a time (a direct get where the stream allows them).
+func (c *Consumer) readBack(ctx context.Context, s jetstream.Stream, ones []rescueOne) {
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for range min(rescueReaders, len(ones)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := range work {
+				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				ones[k].raw, ones[k].err = s.GetMsg(rctx, ones[k].a.StreamSeq)
+				cancel()
+			}
+		}()
+	}
+	for k := range ones {
+		work <- k
+	}
+	close(work)
+	wg.Wait()
 }
 
 // DeadLetterExpired is the [HeaderStatus] of the record a rescue leaves in
@@ -305,20 +484,34 @@ func expiredSubject(filter string) string {
 	return DeadLetterPrefix + strings.Join(toks, ".")
 }
 
-// rescueGone settles an advisory whose message the stream no longer holds.
-// Up to the stream's last sequence, the message is gone (aged out, as the
-// stream denies deletes) before the rescue: the expired record is
-// published to the dead-letter stream (with an ID like a dead letter's, so
-// a retry stores it once) and counted, then the advisory is acked; a
-// failed publish naks the advisory to try again. Beyond it, the stream
-// never held the message: the advisory names no message of this stream,
-// and it is terminated like a forged one.
-func (c *Consumer) rescueGone(ctx context.Context, adv jetstream.Msg, info *jetstream.StreamInfo, a maxDeliverAdvisory, retry func(string, error)) {
+// rescueGone settles an advisory whose message a read-back did not find,
+// judged by the stream's state as its leader answers it (info, fetched
+// after the read). Only below the stream's first sequence is the message
+// gone before the rescue (aged out: the stream denies deletes, purges,
+// rollups and per-subject discards, so it loses messages only from its
+// front): the expired record is published to the dead-letter stream (with
+// an ID like a dead letter's, so a retry stores it once) and counted, then
+// the advisory is acked; a failed publish naks the advisory to try again.
+// From the first sequence up to the last, the stream still holds the
+// message, and the read was answered by a replica or a mirror behind the
+// leader (a direct get goes to any of them): recording it expired would
+// drop an intent that is there to apply, so the advisory is left
+// unsettled, counted, and tried again after a jittered backoff. Beyond
+// the last sequence, the stream never held the message: the advisory
+// names no message of this stream, and it is terminated like a forged
+// one.
+func (c *Consumer) rescueGone(ctx context.Context, adv jetstream.Msg, info *jetstream.StreamInfo, a maxDeliverAdvisory) {
 	if a.StreamSeq > info.State.LastSeq {
 		c.foreignAdvisories.Add(1)
 		c.cfg.logger.Error("jsinbox: a max-deliveries advisory names a message this stream never held; terminated, nothing rescued",
 			"stream", c.cfg.Stream, "stream_seq", a.StreamSeq, "first_seq", info.State.FirstSeq, "last_seq", info.State.LastSeq)
 		_ = adv.Term()
+		return
+	}
+	if a.StreamSeq >= info.State.FirstSeq {
+		c.rescueStaleReads.Add(1)
+		c.retryRescue(adv, a.StreamSeq, "read message", fmt.Errorf("%w, though %s holds sequences %d to %d: a replica or mirror behind the leader answered the read; not recorded as expired",
+			jetstream.ErrMsgNotFound, c.cfg.Stream, info.State.FirstSeq, info.State.LastSeq))
 		return
 	}
 	subject := DeadLetterPrefix + expiredToken
@@ -337,7 +530,7 @@ func (c *Consumer) rescueGone(ctx context.Context, adv jetstream.Msg, info *jets
 		HeaderDelivered: []string{strconv.FormatUint(a.Deliveries, 10)},
 	}}
 	if err := c.publishDeadLetter(ctx, rec, &inbox.Message{StreamSeq: a.StreamSeq}); err != nil {
-		retry("record expired message", err)
+		c.retryRescue(adv, a.StreamSeq, "record expired message", err)
 		return
 	}
 	c.rescueExpired.Add(1)

@@ -98,14 +98,12 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 	}
 	if err != nil {
 		c.failedBatches.Add(1)
-		if !errors.Is(err, inbox.ErrOutcomeUnknown) {
-			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			if c.proc.Ping(pctx) != nil {
-				c.dbDown.Store(true)
-			}
-			cancel()
+		if c.pauseAfter(ctx, err, out) {
+			c.dbDown.Store(true)
 		}
 		c.cfg.logger.Warn("jsinbox: batch failed; naking with jittered delay", "batch", len(batch), "err", err)
+	} else {
+		c.batchOK.Store(true)
 	}
 	skipAck := c.hook != nil && c.hook(hook.SkipAck)
 	if c.cfg.tp != nil {
@@ -151,33 +149,77 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 // lastTry settles a message whose last delivery ended in retry. The batch
 // may have failed with its commit outcome unknown, in which case the message
 // may well be applied: one more transaction of its own finds out. Applied
-// (now or before) is acked; anything else is dead-lettered with the reason,
-// except when the consumer is stopping and the database is unavailable:
-// then the message is let go (see [Consumer.lettingGo]).
+// (now or before) is acked; rejected is dead-lettered with the reason; a
+// retry that is not the message's fault ([inbox.Outcome.NotMessageFault]:
+// the database unavailable or unfit, the message's partition moved away)
+// is left unsettled for the rescue, as is any failure while the database
+// is down; anything else is dead-lettered as given up.
 func (c *Consumer) lastTry(ctx context.Context, m jetstream.Msg, im *inbox.Message, o inbox.Outcome) {
-	if c.stoppingNow() && c.dbDown.Load() {
+	if c.dbDown.Load() {
 		// Known down: another try would only wait for its connect timeout.
-		c.cfg.logger.Warn("jsinbox: stopping while the database is unavailable; letting go of a message on its last delivery for the next consumer to rescue",
-			"id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries)
+		c.leaveForRescue(im, "the database is unavailable", o.Err)
+		return
+	}
+	if o.NotMessageFault && !errors.Is(o.Err, inbox.ErrOutcomeUnknown) {
+		// The same try would fail the same way: nothing to find out.
+		c.leaveForRescue(im, "not the message's fault", o.Err)
 		return
 	}
 	_ = m.InProgress()
 	out, err := c.proc.Process(ctx, []inbox.Message{*im})
-	if err == nil {
+	if len(out) == 1 {
 		o = out[0]
 	}
+	var crash *hook.Crash
 	switch {
+	case errors.As(err, &crash):
+		// A dead process settles nothing.
 	case o.Ackable():
 		c.duplicates.Add(1)
 		_ = m.Ack()
 	case o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict:
 		c.settleRejected(ctx, m, im, o)
+	case o.NotMessageFault:
+		c.leaveForRescue(im, "not the message's fault", err)
 	case err != nil && c.lettingGo(ctx):
-		c.cfg.logger.Warn("jsinbox: stopping while the database is unavailable; letting go of a message on its last delivery for the next consumer to rescue",
-			"id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "err", err)
+		c.leaveForRescue(im, "stopping while the database is unavailable", err)
 	default:
 		c.deadLetter(ctx, m, im, "gave-up", fmt.Sprintf("gave up after %d deliveries: %s", im.Deliveries, o.Reason))
 	}
+}
+
+// leaveForRescue leaves a message on its last delivery unsettled: what kept
+// it from being applied is not its fault, and giving up on it would
+// record a failure the intent never had. The server gives up on it after
+// AckWait, keeps its max-deliveries advisory in the advisory stream, and
+// the rescue applies it once the cause is gone.
+func (c *Consumer) leaveForRescue(im *inbox.Message, why string, err error) {
+	c.leftForRescue.Add(1)
+	c.cfg.logger.Warn("jsinbox: leaving a message on its last delivery unsettled for the rescue: "+why,
+		"id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "err", err)
+}
+
+// pauseAfter reports whether a failed batch pauses fetching: its database
+// fails the processor's Check (unreachable, read-only, unmigrated, behind a
+// statement pooler, a grant missing), or the batch failed for a reason
+// that is no message's (a handler's table or grant missing, which Check
+// cannot see). A commit whose outcome is unknown pauses only if Check
+// fails.
+func (c *Consumer) pauseAfter(ctx context.Context, err error, out []inbox.Outcome) bool {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if check(cctx, c.proc) != nil {
+		return true
+	}
+	if errors.Is(err, inbox.ErrOutcomeUnknown) {
+		return false
+	}
+	for _, o := range out {
+		if o.NotMessageFault {
+			return true
+		}
+	}
+	return false
 }
 
 // lettingGo reports whether a message whose last try failed as a whole

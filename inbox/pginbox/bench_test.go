@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/jetinbox/jetinbox/inbox"
@@ -138,6 +139,62 @@ func BenchmarkProcessLedgerExecModes(b *testing.B) {
 					b.ReportMetric(float64(b.N*size)/b.Elapsed().Seconds(), "msgs/s")
 				})
 			}
+		}
+	}
+}
+
+// readOnlyDuplicates is the store without ReadPriorCommits: a batch of
+// duplicates commits read-only, without waiting for anything, as before
+// duplicates were made to rest on a durable commit.
+type readOnlyDuplicates struct{ inbox.Store[pgx.Tx] }
+
+// BenchmarkDuplicateBatch measures a batch whose every message is a
+// duplicate (the redelivery path), on a server of its own with fsync on
+// (synchronous_commit=on flushes locally): "durable" is the shipped
+// store, whose commit writes WAL and flushes it so that the acks rest on
+// durable rows; "read-only" is the old behaviour, a commit that waits for
+// nothing. Reports msgs/s.
+func BenchmarkDuplicateBatch(b *testing.B) {
+	ctx := context.Background()
+	srv, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{Durable: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = srv.Close() })
+	for _, size := range []int{1, 50, 1000} {
+		for _, mode := range []string{"durable", "read-only"} {
+			b.Run(fmt.Sprintf("batch=%d/%s", size, mode), func(b *testing.B) {
+				url, err := srv.CreateDatabase(ctx, fmt.Sprintf("dup_%d_%s", size, strings.ReplaceAll(mode, "-", "_")))
+				if err != nil {
+					b.Fatal(err)
+				}
+				pool := newDBAt(b, url)
+				var st inbox.Store[pgx.Tx] = pginbox.New(pool)
+				if mode == "read-only" {
+					st = readOnlyDuplicates{st}
+				}
+				p, err := inbox.NewProcessor(st, effects.NewLedger(), inbox.Config{Scope: "bench"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				msgs := make([]inbox.Message, size)
+				for i := range msgs {
+					msgs[i] = inbox.Message{ID: "d-" + strconv.Itoa(i), Deliveries: 2,
+						Payload: effects.Intent{Account: int64(1 + i%1024), Amount: 5}.AppendJSON(nil), StreamSeq: uint64(i + 1)}
+				}
+				if _, err := p.Process(ctx, msgs); err != nil {
+					b.Fatal(err)
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for b.Loop() {
+					out, err := p.Process(ctx, msgs)
+					if err != nil || out[0].Status != inbox.StatusDuplicate {
+						b.Fatal(fmt.Sprint(err, out[0]))
+					}
+				}
+				b.ReportMetric(float64(b.N*size)/b.Elapsed().Seconds(), "msgs/s")
+			})
 		}
 	}
 }

@@ -229,6 +229,7 @@ func TestWarmSmallPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.MaxConns = 2
+	pginbox.WatchCommits(cfg.ConnConfig)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

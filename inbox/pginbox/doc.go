@@ -2,7 +2,11 @@
 // production store, with a COPY fast path for big batches of first
 // deliveries.
 //
-//	store := pginbox.New(pool) // a *pgxpool.Pool
+//	pool, err := pginbox.NewPool(ctx, url) // or WatchCommits on a pgxpool.Config of your own
+//	if err != nil {
+//		return err
+//	}
+//	store := pginbox.New(pool)
 //	if err := store.CheckSchema(ctx); err != nil { // `jetinbox migrate` or store.Migrate made it
 //		return err
 //	}
@@ -15,6 +19,17 @@
 // claims and transactions, [Store.Migrate], [Store.MigrationSQL],
 // [Store.MigrationStatus], [Store.CheckSchema], [Store.Prune] and
 // [Store.Ping]. [ClaimTx] claims a batch inside a transaction of your own.
+//
+// # Commits the synchronous standby never confirmed
+//
+// With a synchronous standby, a COMMIT whose wait for the standby is
+// cancelled (pg_cancel_backend, a cancel request) stays committed on the
+// primary and returns success with only a warning, which pgx hands to the
+// connection's OnNotice and to no one else. [WatchCommits] (or
+// [NewPool]) installs a handler there, chained with any the configuration
+// has; the store then reports such a commit as [ErrCommitNotReplicated]
+// and the processor acks nothing of the batch. [Store.CheckCommitWatch]
+// (and [Store.Warm]) tell a pool made without it.
 //
 // # Roles
 //

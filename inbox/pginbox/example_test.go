@@ -21,7 +21,7 @@ func exampleDB(ctx context.Context, name string) *pgxpool.Pool {
 	if err != nil {
 		panic(err)
 	}
-	pool, err := pgxpool.New(ctx, url)
+	pool, err := pginbox.NewPool(ctx, url) // pgxpool.New with pginbox.WatchCommits
 	if err != nil {
 		panic(err)
 	}

@@ -30,7 +30,12 @@ func newDB(t testing.TB) *pgxpool.Pool {
 func newDBAt(t testing.TB, dbURL string) *pgxpool.Pool {
 	t.Helper()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, dbURL)
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pginbox.WatchCommits(cfg.ConnConfig)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

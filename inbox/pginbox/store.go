@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/internal/pgwatch"
 	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 )
 
@@ -55,13 +56,41 @@ func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
 
 func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(ctx) }
 
-func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }
+// Commit commits tx. A COMMIT the server answers with success and the
+// warning that its wait for the synchronous standby was cancelled
+// returns an error wrapping [ErrCommitNotReplicated]: the processor
+// treats it as an unknown outcome and acks nothing. It sees that warning
+// only on connections made with [WatchCommits].
+func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error { return pgwatch.Commit(ctx, tx) }
+
+// ReadPriorCommits makes the commit of a transaction that wrote nothing
+// wait, as a writing one does, until every commit before it is as durable
+// as a fresh one (flushed, and confirmed by the synchronous standby). A
+// transaction ID alone does not do it: PostgreSQL commits a transaction
+// that wrote no WAL without flushing or waiting for the standby, even
+// with an ID. So it writes an empty transactional logical-decoding
+// message (prefix "jetinbox.durable", seen only by logical decoding
+// consumers, which may ignore it), which takes an ID and WAL: the
+// COMMIT then writes its record, flushes and waits for the standby to
+// confirm all WAL up to it. The processor calls it before committing a
+// batch that acks duplicates and claimed nothing: a duplicate rests on a
+// row committed earlier, perhaps by a commit whose wait for the standby
+// was cancelled.
+func (s *Store) ReadPriorCommits(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, durableSQL)
+	return err
+}
+
+// durableSQL gives a transaction that wrote nothing a commit that waits
+// for the flush and the synchronous standby.
+const durableSQL = `SELECT pg_logical_emit_message(true, 'jetinbox.durable', '')`
 
 func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }
 
 // CommitRolledBack: a COMMIT the server answered with an error, or that
 // pgx reports as a rollback, did not commit; anything else (a broken
-// connection) may have.
+// connection, a commit only the primary has: [ErrCommitNotReplicated])
+// may have.
 func (s *Store) CommitRolledBack(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback)
@@ -146,7 +175,8 @@ func (s *Store) Classify(err error) inbox.ErrorKind {
 // Warm opens n transactions at once, so that a pool opens n connections,
 // prepares the claim statements and calls prepare on each, and rolls them
 // back. n is capped at a pool's MaxConns, and is 1 for a single
-// connection. Statements are prepared only where the connection caches them
+// connection. It then checks, as [Store.CheckCommitWatch], that the
+// connections were made with [WatchCommits]. Statements are prepared only where the connection caches them
 // anyway (pgx's default mode).
 func (s *Store) Warm(ctx context.Context, n int, prepare func(ctx context.Context, tx pgx.Tx) error) error {
 	switch db := s.db.(type) {
@@ -187,7 +217,15 @@ func (s *Store) Warm(ctx context.Context, n int, prepare func(ctx context.Contex
 			first = err
 		}
 	}
-	return first
+	if first != nil {
+		return first
+	}
+	// Last, so that the connections are ready either way: a pool that
+	// cannot see a commit the standby never confirmed is said at start.
+	if err := s.CheckCommitWatch(ctx); err != nil {
+		return fmt.Errorf("inbox: warm: %w", err)
+	}
+	return nil
 }
 
 func (s *Store) prepare(ctx context.Context, tx pgx.Tx, prepare func(ctx context.Context, tx pgx.Tx) error) error {

@@ -73,3 +73,21 @@ func (s *Store) Prune(ctx context.Context, opts inbox.PruneOptions) (int64, erro
 		}
 	}
 }
+
+// Check implements [inbox.Store]: the file answers, the inbox migrations
+// this package ships are applied ([inbox.ErrNotMigrated] otherwise), and
+// the connection may write (PRAGMA query_only off; otherwise it wraps
+// [inbox.ErrDatabaseUnfit]).
+func (s *Store) Check(ctx context.Context) error {
+	if err := s.CheckSchema(ctx); err != nil {
+		return err
+	}
+	var queryOnly int
+	if err := s.db.QueryRowContext(ctx, "PRAGMA query_only").Scan(&queryOnly); err != nil {
+		return fmt.Errorf("inbox: check: %w", err)
+	}
+	if queryOnly != 0 {
+		return fmt.Errorf("%w: the connection is query-only (PRAGMA query_only)", inbox.ErrDatabaseUnfit)
+	}
+	return nil
+}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
@@ -368,6 +369,7 @@ func demoPool(ctx context.Context, dbURL, searchPath string) (*pgxpool.Pool, err
 		}
 		cfg.ConnConfig.RuntimeParams["search_path"] = searchPath
 	}
+	pginbox.WatchCommits(cfg.ConnConfig)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)

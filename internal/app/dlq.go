@@ -28,10 +28,19 @@ import (
 // inbox decides again: a rejected inbox row of that ID is deleted first
 // (an applied one stays, and the intent is not published). Conflicts are
 // not re-driven: their ID is applied with another payload.
+//
+// What is published is the original as the intents stream holds it, read
+// by the stream sequence the dead letter names, never the dead letter's
+// own copy: a key that may publish dead letters (every consumer's) could
+// otherwise have any intent applied by writing one. A dead letter whose
+// sequence holds another ID or subject, or nothing any more (aged out), is
+// refused and reported, and the command exits 1.
 func DLQ(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 	fs := cli.NewFlagSet("jetinbox dlq", "List one scope's dead letters with counts by reason (the default), -show one, or -redrive a selection\n"+
 		"after fixing the cause: each intent is published again with its original ID so the inbox decides again\n"+
-		"(its rejected inbox row is deleted first; an applied ID stays applied). Exit 0 ok, 1 failure, 2 usage error.", stderr)
+		"(its rejected inbox row is deleted first; an applied ID stays applied). What is published is the original read back\n"+
+		"from the intents stream at the dead letter's stream sequence; a dead letter whose original is gone or is another\n"+
+		"message there is refused. Exit 0 ok, 1 failure or a refused dead letter, 2 usage error.", stderr)
 	var nf cli.NATSFlags
 	nf.Register(fs, env)
 	dbURL := cli.DatabaseFlag(fs, env, cli.DatabaseUsage)
@@ -123,6 +132,11 @@ func DLQ(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, s
 		return cli.UsageError{Err: err}
 	}
 	defer store.Close()
+	// A re-drive deletes rejected inbox rows: refuse a database that
+	// cannot take that before anything is published.
+	if err := store.CheckWritable(ctx); err != nil {
+		return fmt.Errorf("dlq: %w", err)
+	}
 	return redriveAll(ctx, stdout, js, store, nil, *stream, *scope, picked)
 }
 
@@ -138,6 +152,9 @@ type deadLetter struct {
 	header         nats.Header
 	payload        []byte
 	deadLetteredAt time.Time
+	// original is the intent as the intents stream holds it at origSeq,
+	// read before a re-drive (see readOriginal).
+	original *jetstream.RawStreamMsg
 }
 
 func (d deadLetter) print(w io.Writer) {
@@ -289,7 +306,7 @@ func shorten(s string, n int) string {
 
 // redriveAll re-drives each picked dead letter once per intent ID.
 func redriveAll(ctx context.Context, w io.Writer, js jetstream.JetStream, store *cli.Store, route redriveRoute, stream, scope string, picked []deadLetter) error {
-	var sent, applied, skipped, failed int
+	var sent, applied, skipped, refused, failed int
 	done := map[string]bool{}
 	for _, d := range picked {
 		if d.status == jsinbox.DeadLetterExpired {
@@ -300,7 +317,27 @@ func redriveAll(ctx context.Context, w io.Writer, js jetstream.JetStream, store 
 		if done[d.id] {
 			continue
 		}
+		if d.status == inbox.StatusConflict.String() {
+			done[d.id] = true
+			skipped++
+			fmt.Fprintf(w, "%s: a conflict: the ID is applied with another payload; publish the intent under a new ID instead\n", d.id)
+			continue
+		}
+		orig, why, err := readOriginal(ctx, js, stream, d)
+		switch {
+		case err != nil:
+			failed++
+			fmt.Fprintf(w, "dead letter %d (intent %q): %v\n", d.seq, d.id, err)
+			continue
+		case why != "":
+			// Not marked done: another dead letter of the ID may name
+			// its original rightly.
+			refused++
+			fmt.Fprintf(w, "dead letter %d (intent %q): refused, not re-driven: %s\n", d.seq, d.id, why)
+			continue
+		}
 		done[d.id] = true
+		d.original = orig
 		st := store
 		if route != nil {
 			var why string
@@ -324,11 +361,59 @@ func redriveAll(ctx context.Context, w io.Writer, js jetstream.JetStream, store 
 			fmt.Fprintf(w, "%s: %s\n", d.id, res)
 		}
 	}
-	fmt.Fprintf(w, "re-driven %d, already applied %d, skipped %d, failed %d\n", sent, applied, skipped, failed)
-	if failed > 0 {
-		return fmt.Errorf("dlq: %d re-drives failed", failed)
+	fmt.Fprintf(w, "re-driven %d, already applied %d, skipped %d, refused %d, failed %d\n", sent, applied, skipped, refused, failed)
+	switch {
+	case failed > 0:
+		return fmt.Errorf("dlq: %d re-drives failed, %d dead letters refused", failed, refused)
+	case refused > 0:
+		return fmt.Errorf("dlq: %d dead letters refused: the intents stream does not hold the original they name (gone, or another message there); nothing of theirs was published", refused)
 	}
 	return nil
+}
+
+// readOriginal reads the intent a dead letter stands for from the intents
+// stream, at the stream sequence the dead letter names. It returns why the
+// dead letter is refused ("" if not): no sequence, nothing there any more
+// (aged out of the stream), or a message there whose ID or subject is not
+// the dead letter's. Anyone who may publish dead letters can write one, so
+// nothing but the stream's own copy is re-driven.
+func readOriginal(ctx context.Context, js jetstream.JetStream, stream string, d deadLetter) (*jetstream.RawStreamMsg, string, error) {
+	if d.origSeq == 0 {
+		return nil, fmt.Sprintf("it names no stream sequence of %s to read the original from", stream), nil
+	}
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, "", fmt.Errorf("stream %s: %w", stream, err)
+	}
+	raw, err := s.GetMsg(ctx, d.origSeq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		// A direct get may be answered by a replica that lags; the
+		// stream's leader says whether the sequence is really gone.
+		info, ierr := s.Info(ctx)
+		if ierr != nil {
+			return nil, "", fmt.Errorf("stream %s: %w", stream, ierr)
+		}
+		switch {
+		case d.origSeq > info.State.LastSeq:
+			return nil, fmt.Sprintf("stream seq %d is beyond the last message %s ever held (%d): it names no original", d.origSeq, stream, info.State.LastSeq), nil
+		case d.origSeq < info.State.FirstSeq:
+			return nil, fmt.Sprintf("the original at stream seq %d is gone from %s (aged out, max_age %s): nothing is kept to re-drive; "+
+				"find the intent at its producer (publishing it again with its ID is safe)", d.origSeq, stream, info.Config.MaxAge), nil
+		}
+		return nil, "", fmt.Errorf("stream %s: seq %d could not be read (a replica behind its leader?); try again: %w", stream, d.origSeq, err)
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("read the original at stream seq %d of %s: %w", d.origSeq, stream, err)
+	}
+	if id := raw.Header.Get(jetstream.MsgIDHeader); id != d.id {
+		return nil, fmt.Sprintf("stream seq %d holds intent %q, not %q: the dead letter does not describe the message it names (written by someone other than a consumer?)",
+			d.origSeq, id, d.id), nil
+	}
+	if raw.Subject != d.subject {
+		return nil, fmt.Sprintf("stream seq %d holds intent %q on subject %q, not %q: the dead letter does not describe the message it names (written by someone other than a consumer?)",
+			d.origSeq, d.id, raw.Subject, d.subject), nil
+	}
+	return raw, "", nil
 }
 
 // expiredNote says why an expired record cannot be re-driven.
@@ -384,8 +469,8 @@ func shardRoute(ctx context.Context, m *shard.Map, env cli.Env, log *slog.Logger
 	}, closeAll, nil
 }
 
-// redrive deletes the intent's rejected inbox row and publishes it again
-// with its original ID. It returns "" when published, "applied" when the
+// redrive deletes the intent's rejected inbox row and publishes the
+// original read from the stream (d.original) again with its ID. It returns "" when published, "applied" when the
 // ID is applied (nothing published), or why it skipped the dead letter.
 func redrive(ctx context.Context, js jetstream.JetStream, store *cli.Store, stream, scope string, d deadLetter) (string, error) {
 	if d.status == inbox.StatusConflict.String() {
@@ -401,16 +486,24 @@ func redrive(ctx context.Context, js jetstream.JetStream, store *cli.Store, stre
 	if status == inbox.RowApplied {
 		return "applied", nil
 	}
+	// The original's bytes and headers, as the stream holds them; of
+	// JetStream's own headers only its ID, which WithMsgID sets (an
+	// expected-stream, TTL, rollup or batch header of the original publish
+	// would refuse, expire or delete).
+	orig := d.original
+	if orig == nil {
+		return "", errors.New("no original read from the intents stream")
+	}
 	h := nats.Header{}
-	for k, v := range d.header {
-		if strings.HasPrefix(strings.ToLower(k), "nats-") || strings.HasPrefix(strings.ToLower(k), "jetinbox-") {
+	for k, v := range orig.Header {
+		if strings.HasPrefix(strings.ToLower(k), "nats-") {
 			continue
 		}
 		h[k] = v
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	ack, err := js.PublishMsg(pctx, &nats.Msg{Subject: d.subject, Data: d.payload, Header: h},
+	ack, err := js.PublishMsg(pctx, &nats.Msg{Subject: d.subject, Data: orig.Data, Header: h},
 		jetstream.WithMsgID(d.id), jetstream.WithExpectStream(stream))
 	if err != nil {
 		return "", fmt.Errorf("publish: %w", err)

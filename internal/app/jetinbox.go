@@ -156,6 +156,8 @@ var errViolations = errors.New("verify: invariants broken")
 func Verify(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 	fs := cli.NewFlagSet("jetinbox verify", "Check that every message in the stream was applied once or dead-lettered, for one inbox scope.\n"+
 		"A dead letter counts only if its headers name the stream, the scope, a stream sequence and that message's ID.\n"+
+		"A message the server gave up on whose advisory the -durable's rescue has not settled yet is awaiting rescue, not lost\n"+
+		"(no violation; a warning says when it has waited too long).\n"+
 		"Exit 0 clean, 1 violations, 2 usage or connection errors (a reversed range is a usage error).", stderr)
 	var nf cli.NATSFlags
 	nf.Register(fs, env)

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,7 +24,8 @@ const partitionsUsage = `jetinbox partitions: the partitions of a sharded stream
 
   jetinbox partitions list -shards FILE [-v]     each shard's partitions, as its database says, against the map file
   jetinbox partitions stream -shards FILE        create the stream with its partition transform, dead-letter and advisory streams
-  jetinbox partitions move P --to B -shards FILE move partition P to shard B while every shard runs, then rewrite FILE`
+  jetinbox partitions move P --to B -shards FILE move partition P to shard B while every shard runs, then rewrite FILE;
+                                                 a move stopped halfway: run it again to the same B, or to its source to give P back`
 
 // Partitions is `jetinbox partitions`.
 func Partitions(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
@@ -111,7 +113,10 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 // shardOwned is what one shard's database says.
 type shardOwned struct {
 	owned shard.Set
-	err   error
+	// movedTo is, per partition the shard gave away, the shard it was
+	// given to ("" if its row names none).
+	movedTo map[int]string
+	err     error
 }
 
 func readOwned(ctx context.Context, m *shard.Map, env cli.Env, log *slog.Logger) []shardOwned {
@@ -122,8 +127,20 @@ func readOwned(ctx context.Context, m *shard.Map, env cli.Env, log *slog.Logger)
 			out[i].err = err
 			continue
 		}
-		out[i].owned, out[i].err = shard.Owned(ctx, st.PG, m.Scope)
+		rows, err := shard.Rows(ctx, st.PG, m.Scope)
 		st.Close()
+		if err != nil {
+			out[i].err = err
+			continue
+		}
+		out[i].movedTo = map[int]string{}
+		for _, r := range rows {
+			if r.Owned {
+				out[i].owned = append(out[i].owned, r.Partition)
+			} else {
+				out[i].movedTo[r.Partition] = r.MovedTo
+			}
+		}
 	}
 	return out
 }
@@ -161,7 +178,17 @@ func listPartitions(ctx context.Context, m *shard.Map, env cli.Env, verbose bool
 	}
 	if len(none) > 0 && bad == 0 {
 		// A move between its fence and its copy, or a shard not migrated.
-		fmt.Fprintf(stdout, "partitions %s: owned by no shard (a move stopped halfway: run it again; or a shard not migrated)\n", none)
+		for _, p := range none {
+			from, to := stuckMove(m, owned, p)
+			switch {
+			case from == "":
+				fmt.Fprintf(stdout, "partition %d: owned by no shard and given away by none (a shard not migrated? run jetinbox migrate -shards FILE -shard NAME)\n", p)
+			case to == "":
+				fmt.Fprintf(stdout, "partition %d: owned by no shard: %s gave it away, naming no target (a move stopped halfway): run: jetinbox partitions move %d --to SHARD -shards FILE, or give it back: --to %s\n", p, from, p, from)
+			default:
+				fmt.Fprintf(stdout, "partition %d: owned by no shard: a move from %s to %s stopped halfway: run: jetinbox partitions move %d --to %s -shards FILE (or give it back: --to %s)\n", p, from, to, p, to, from)
+			}
+		}
 		bad++
 	}
 	fmt.Fprintf(stdout, "stream %s, %d partitions, scope %q, durables %s\n", m.Stream, m.Partitions, m.Scope, m.Durable(0)+"…")
@@ -183,6 +210,28 @@ func listPartitions(ctx context.Context, m *shard.Map, env cli.Env, verbose bool
 	return nil
 }
 
+// stuckMove finds the move of partition p, owned by no shard, that stopped
+// after its fence: its source is the map file's owner (the file is written
+// last) if that shard gave p away, else the one shard that gave p to a
+// shard that does not own it. It returns the source and the target its row
+// names ("" if none).
+func stuckMove(m *shard.Map, owned []shardOwned, p int) (from, to string) {
+	if i := slices.IndexFunc(m.Shards, func(s shard.Shard) bool { return s.Name == m.Owner(p) }); i >= 0 {
+		if t, ok := owned[i].movedTo[p]; ok {
+			return m.Shards[i].Name, t
+		}
+	}
+	for i := range m.Shards {
+		if t, ok := owned[i].movedTo[p]; ok {
+			if from != "" {
+				return "", "" // more than one: the file must say
+			}
+			from, to = m.Shards[i].Name, t
+		}
+	}
+	return from, to
+}
+
 func movePartition(ctx context.Context, m *shard.Map, file string, p int, to string, env cli.Env, stdout io.Writer, log *slog.Logger) error {
 	toShard, err := m.Shard(to)
 	if err != nil {
@@ -201,14 +250,19 @@ func movePartition(ctx context.Context, m *shard.Map, file string, p int, to str
 	var from int
 	switch len(owners) {
 	case 0:
-		// A move that stopped after its fence: its source is still the
-		// map file's owner (the file is written last).
-		owner := m.Owner(p)
-		from = slices.IndexFunc(m.Shards, func(s shard.Shard) bool { return s.Name == owner })
+		// A move that stopped after its fence: its source is the shard
+		// that gave it away, the map file's owner (the file is written last).
+		name, target := stuckMove(m, owned, p)
+		from = slices.IndexFunc(m.Shards, func(s shard.Shard) bool { return s.Name == name })
 		if from < 0 {
-			return fmt.Errorf("partitions move: no shard owns partition %d", p)
+			return fmt.Errorf("partitions move: no shard owns partition %d, and none gave it away: run jetinbox partitions list", p)
 		}
-		log.Info("partitions: no shard owns the partition: finishing a move that stopped halfway", "partition", p, "from", owner)
+		if name == to {
+			// Back to the source: give it back there, if the target its
+			// row names did not take it.
+			return unfencePartition(ctx, m, file, p, from, target, env, stdout, log)
+		}
+		log.Info("partitions: no shard owns the partition: finishing a move that stopped halfway", "partition", p, "from", name, "recorded_target", target)
 	case 1:
 		from = owners[0]
 	default:
@@ -239,7 +293,7 @@ func movePartition(ctx context.Context, m *shard.Map, file string, p int, to str
 		return err
 	}
 	defer dst.Close()
-	res, err := shard.Move(ctx, m, p, src.PG, dst.PG)
+	res, err := shard.Move(ctx, m, p, shard.Side{Name: m.Shards[from].Name, Pool: src.PG}, shard.Side{Name: to, Pool: dst.PG})
 	if err != nil {
 		return err
 	}
@@ -252,6 +306,44 @@ func movePartition(ctx context.Context, m *shard.Map, file string, p int, to str
 	}
 	fmt.Fprintf(stdout, "partition %d: %s → %s, %d inbox rows copied; durable %s carries on at %s; %s rewritten\n",
 		p, m.Shards[from].Name, to, res.Copied, m.Durable(p), to, file)
+	return nil
+}
+
+// unfencePartition gives partition p back to shard from, which gave it
+// away to target ("" for none) in a move that stopped before target took
+// it.
+func unfencePartition(ctx context.Context, m *shard.Map, file string, p, from int, target string, env cli.Env, stdout io.Writer, log *slog.Logger) error {
+	src, err := cli.OpenShard(ctx, &m.Shards[from], env, 2, log)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	t := shard.Side{Name: target}
+	if target != "" {
+		ts, err := m.Shard(target)
+		if err != nil {
+			return fmt.Errorf("partitions move: %s gave partition %d to %q, which the map file does not name: %w", m.Shards[from].Name, p, target, err)
+		}
+		dst, err := cli.OpenShard(ctx, ts, env, 2, log)
+		if err != nil {
+			return err
+		}
+		defer dst.Close()
+		t.Pool = dst.PG
+	}
+	if _, err := shard.Unfence(ctx, m, p, shard.Side{Name: m.Shards[from].Name, Pool: src.PG}, t); err != nil {
+		return fmt.Errorf("partitions move: %w", err)
+	}
+	if m.Owner(p) != m.Shards[from].Name {
+		nm, err := m.Move(p, m.Shards[from].Name)
+		if err != nil {
+			return err
+		}
+		if err := nm.Save(file); err != nil {
+			return fmt.Errorf("partitions move: the partition is back, but the map file was not written (run the move again to write it): %w", err)
+		}
+	}
+	fmt.Fprintf(stdout, "partition %d: given back to %s (the move to %s had not taken it)\n", p, m.Shards[from].Name, cmp.Or(target, "no shard"))
 	return nil
 }
 
@@ -313,7 +405,7 @@ func verifyShards(ctx context.Context, sf cli.ShardFlags, nf *cli.NATSFlags, env
 		return cli.UsageError{Err: err}
 	}
 	defer nc.Close()
-	r, err := verify.Shards(ctx, js, m.Stream, m.Scope, dbs)
+	r, err := verify.Shards(ctx, js, m.Stream, m.Scope, dbs, m.Durables()...)
 	if err != nil {
 		return cli.UsageError{Err: streamMissing("verify", m.Stream, err)}
 	}

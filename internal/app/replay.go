@@ -108,23 +108,33 @@ func Replay(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	if err := store.CheckSchema(ctx); err != nil {
 		return cli.UsageError{Err: err}
 	}
+	// Even a dry run claims and rolls back: every batch would fail on a
+	// read-only session or a pooler that cannot hold a transaction.
+	if err := store.CheckWritable(ctx); err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
 	nc, js, err := nf.Connect("jetinbox-replay", cli.DefaultReconnect(), log)
 	if err != nil {
 		return cli.UsageError{Err: err}
 	}
 	defer nc.Close()
 
-	newProc := store.DryRunLedgerProcessor
-	if *apply {
-		newProc = store.LedgerProcessor
-	}
-	var proc jsinbox.BatchProcessor
-	proc, err = newProc(inbox.Config{Scope: *scope, Logger: log})
-	if err != nil {
-		return cli.UsageError{Err: err}
-	}
 	rg := replayRange{from: uint64(*fromSeq), to: uint64(*toSeq), fromTime: start}
-	if sm != nil {
+	var proc jsinbox.BatchProcessor
+	if sm == nil {
+		// A shard's database read without its map would apply every
+		// partition, outside the fence of a move.
+		if err := store.RefuseSharded(ctx, *scope, "replay"); err != nil {
+			return err
+		}
+		newProc := store.DryRunLedgerProcessor
+		if *apply {
+			newProc = store.LedgerProcessor
+		}
+		if proc, err = newProc(inbox.Config{Scope: *scope, Logger: log}); err != nil {
+			return cli.UsageError{Err: err}
+		}
+	} else {
 		if store.PG == nil {
 			return cli.UsageError{Err: errors.New("replay -shards: a shard's database is PostgreSQL")}
 		}
@@ -135,8 +145,18 @@ func Replay(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 		if len(owned) == 0 {
 			return cli.UsageError{Err: fmt.Errorf("replay: shard %s owns no partition", sf.Name)}
 		}
-		sp := shard.NewProcessor(proc, sm)
-		sp.SetOwned(owned)
+		// Every batch applies behind the fence: a partition moved away
+		// during the replay is refused in the transaction (counted, not
+		// applied), whatever the owned set read here says.
+		var sp jsinbox.BatchProcessor
+		if unsafeReplayPlainProcessor {
+			sp, err = newPlainShardProcessor(store, sm, owned, *apply, log)
+		} else {
+			sp, err = newShardReplayProcessor(store, sm, owned, *apply, log)
+		}
+		if err != nil {
+			return cli.UsageError{Err: err}
+		}
 		proc = sp
 		for _, p := range owned {
 			rg.filters = append(rg.filters, sm.Filter(p))
@@ -175,8 +195,14 @@ func Replay(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout
 	}
 	line(rejected, counts.rejectedNow, "  (no inbox row, and not applicable; not dead-lettered)")
 	line(applied, counts.applied, "")
+	if counts.notOwned > 0 {
+		line("not owned now", counts.notOwned, "  (partitions moved away during the replay: the new owner replays them)")
+	}
 	if counts.retried > 0 {
 		return fmt.Errorf("replay: %d messages failed with retryable errors and were not settled; run replay again", counts.retried)
+	}
+	if counts.notOwned > 0 {
+		return fmt.Errorf("replay: %d messages of partitions moved away during the replay were not replayed here: replay them on the shard that owns them now", counts.notOwned)
 	}
 	if counts.applied > 0 {
 		if *apply {
@@ -199,7 +225,7 @@ type replayRange struct {
 
 // replayCounts counts replay outcomes.
 type replayCounts struct {
-	total, applied, duplicates, rejectedBefore, rejectedNow, conflicts, noID, retried int64
+	total, applied, duplicates, rejectedBefore, rejectedNow, conflicts, noID, retried, notOwned int64
 	// seen holds the IDs this run applied or rejected itself, so that a
 	// later copy in the range counts as what it would meet had the first
 	// been committed (a dry run commits nothing).
@@ -235,6 +261,10 @@ func (c *replayCounts) add(m inbox.Message, o inbox.Outcome) {
 	case inbox.StatusConflict:
 		c.conflicts++
 	default:
+		if errors.Is(o.Err, shard.ErrNotOwned) {
+			c.notOwned++
+			return
+		}
 		c.retried++
 	}
 }
@@ -336,6 +366,43 @@ func replay(ctx context.Context, js jetstream.JetStream, stream string, rg repla
 		for i := range msgs {
 			counts.add(msgs[i], out[i])
 		}
+		if afterReplayBatch != nil {
+			afterReplayBatch(seq)
+		}
 	}
 	return counts, first, seq, nil
+}
+
+// afterReplayBatch, if set, runs after each batch (tests move a partition
+// there).
+var afterReplayBatch func(seq uint64)
+
+// unsafeReplayPlainProcessor restores, for the test that shows the hole, a
+// sharded replay through the plain ledger processor with the owned set read
+// once at start and no fence.
+var unsafeReplayPlainProcessor bool
+
+// newShardReplayProcessor is the shard's processor for a replay: the
+// binding check, the fence in every transaction, rolled back unless apply.
+func newShardReplayProcessor(store *cli.Store, m *shard.Map, owned shard.Set, apply bool, log *slog.Logger) (jsinbox.BatchProcessor, error) {
+	sp, err := store.ShardLedgerProcessor(m, inbox.Config{Logger: log}, !apply)
+	if err != nil {
+		return nil, err
+	}
+	sp.SetOwned(owned)
+	return sp, nil
+}
+
+func newPlainShardProcessor(store *cli.Store, m *shard.Map, owned shard.Set, apply bool, log *slog.Logger) (jsinbox.BatchProcessor, error) {
+	newProc := store.DryRunLedgerProcessor
+	if apply {
+		newProc = store.LedgerProcessor
+	}
+	proc, err := newProc(inbox.Config{Scope: m.Scope, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	sp := shard.NewProcessor(proc, m)
+	sp.SetOwned(owned)
+	return sp, nil
 }

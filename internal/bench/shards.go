@@ -31,6 +31,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/shard"
@@ -488,7 +489,7 @@ func (b *shardsBench) row(ctx context.Context, exe string, round, k int) (Shards
 		}
 		dbs[i] = verify.ShardDB{Name: s.s.Name, DB: s.store.PG}
 	}
-	rep, err := verify.Shards(ctx, b.js, m.Stream, m.Scope, dbs)
+	rep, err := verify.Shards(ctx, b.js, m.Stream, m.Scope, dbs, m.Durables()...)
 	if err != nil {
 		return ShardsRound{}, err
 	}
@@ -525,6 +526,7 @@ func (d pgDatabases) openExisting(ctx context.Context, name string, accounts int
 		return nil, err
 	}
 	cfg.MaxConns = 4
+	pginbox.WatchCommits(cfg.ConnConfig)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
@@ -90,6 +91,7 @@ func (d pgDatabases) create(ctx context.Context, name string, accounts int) (*cl
 		return nil, err
 	}
 	cfg.MaxConns = 32
+	pginbox.WatchCommits(cfg.ConnConfig)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err

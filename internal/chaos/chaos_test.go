@@ -138,13 +138,15 @@ func TestClusterChaosFlags(t *testing.T) {
 
 // TestPGFailoverSmoke is the CI-sized failover run: publish and consume
 // while the primary of a pg_auto_failover formation with a synchronous
-// standby is killed and the old primary rejoins as secondary. Nothing
+// standby is killed behind a stalled standby, then again after the commits
+// waiting for the stalled standby were cancelled, and the old primary
+// rejoins as secondary each time. Nothing
 // acknowledged may be lost, applied twice or applied unasked, and verify
 // must agree.
 func TestPGFailoverSmoke(t *testing.T) {
 	var progress bytes.Buffer
 	logs := testenv.NewLogTail(300)
-	rows, err := RunPGFailover(context.Background(), PGFailoverOptions{Intents: 300, Rate: 150, Faults: 1, Kinds: []string{"lag-then-kill"},
+	rows, err := RunPGFailover(context.Background(), PGFailoverOptions{Intents: 300, Rate: 150, Faults: 2, Kinds: []string{"lag-then-kill", "cancel-sync-wait"},
 		Modes: []string{ModeSync}, Seed: 3, Progress: &progress,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	t.Logf("\n%s", progress.String())
@@ -164,8 +166,8 @@ func TestPGFailoverSmoke(t *testing.T) {
 		r.Verify.WriteTable(&b)
 		t.Log(b.String())
 	}
-	if !strings.Contains(r.Faults, "promoted") {
-		t.Errorf("no failover happened: %s", r.Faults)
+	if !strings.Contains(r.Faults, "promoted") || !strings.Contains(r.Faults, "waiting commits cancelled") {
+		t.Errorf("no failover, or no cancelled wait for the standby: %s", r.Faults)
 	}
 }
 

@@ -271,7 +271,7 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 	if r.dbURL, err = pg.CreateDatabase(ctx, "chaos_cluster"); err != nil {
 		return nil, nil, nil, err
 	}
-	if r.pool, err = pgxpool.New(ctx, r.dbURL); err != nil {
+	if r.pool, err = pginbox.NewPool(ctx, r.dbURL); err != nil {
 		return nil, nil, nil, fmt.Errorf("chaos: %w", err)
 	}
 	defer r.pool.Close()

@@ -43,12 +43,21 @@ var PGFaults = []string{
 	"failover",      // pg_autoctl perform failover: a planned switchover
 	"kill-postgres", // SIGKILL of the primary's postmaster: its keeper restarts it (crash recovery, no failover)
 	"cut",           // every client connection to the primary cut for two seconds (the nodes still see each other)
+	// the standby's WAL receiver stalled for three seconds while the commits waiting for it are cancelled
+	// (pg_cancel_backend, answered with success and a warning), then the primary killed with the WAL on the wire
+	"cancel-sync-wait",
 }
 
 // Replication modes, one row each.
 const (
 	ModeSync  = "synchronous"
 	ModeAsync = "asynchronous"
+	// ModeSyncAckOnWarning is the synchronous standby with consumers
+	// whose pool does not watch commits (made without
+	// pginbox.WatchCommits): a commit whose wait for the standby was
+	// cancelled is acked on its warning. Unsafe; not in -modes' help: it
+	// shows what the watch keeps from being lost.
+	ModeSyncAckOnWarning = "synchronous-ack-on-warning"
 )
 
 // PGFailoverOptions configures a failover run.
@@ -120,7 +129,7 @@ func PGFailoverMain(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 	}
 	for _, m := range o.Modes {
-		if m != ModeSync && m != ModeAsync {
+		if m != ModeSync && m != ModeAsync && m != ModeSyncAckOnWarning {
 			errs = append(errs, fmt.Errorf("unknown mode %q (known: %s, %s)", m, ModeSync, ModeAsync))
 		}
 	}
@@ -171,6 +180,9 @@ func WritePGFailoverTable(w io.Writer, rows []PGFailoverRow) {
 	for _, r := range rows {
 		if r.Mode == ModeAsync && r.Lost == 0 {
 			fmt.Fprintln(w, "\nThe asynchronous row lost nothing in this run: no fault met a commit the standby did not have yet.")
+		}
+		if r.Mode == ModeSyncAckOnWarning {
+			fmt.Fprintf(w, "\nThe %s row (UNSAFE) acks a commit whose wait for the standby was cancelled, on its warning: it lost %d.\n", r.Mode, r.Lost)
 		}
 	}
 }
@@ -257,7 +269,13 @@ func runPGMode(ctx context.Context, o PGFailoverOptions, mode string, round uint
 	if err := pipeline.Setup(ctx, js, check, jsinbox.StreamConfig{}, 64); err != nil {
 		return PGFailoverRow{}, err
 	}
-	pool, err := pgxpool.New(ctx, consumerURL)
+	// The consumers' pool watches its commits for a cancelled wait for the
+	// standby, as the consumer command's does; the unsafe row's does not.
+	newPool := pginbox.NewPool
+	if mode == ModeSyncAckOnWarning {
+		newPool = pgxpool.New
+	}
+	pool, err := newPool(ctx, consumerURL)
 	if err != nil {
 		return PGFailoverRow{}, err
 	}
@@ -417,16 +435,8 @@ func (r *pgRun) fault(ctx context.Context, kind string) (string, error) {
 			return "", err
 		}
 		time.Sleep(time.Second)
-		r.f.KillNode(p)
-		release(true) // what was on the wire to the standby dies with the primary
-		if err := r.waitPrimary(ctx, 1-p); err != nil {
-			return "", err
-		}
-		promoted := time.Since(t0)
-		if err := r.f.StartNode(p); err != nil {
-			return "", err
-		}
-		if err := r.f.WaitStates(ctx, 2*time.Minute, "primary", "secondary"); err != nil {
+		promoted, err := r.killStalledPrimary(ctx, p, release, t0)
+		if err != nil {
 			return "", err
 		}
 		return fmt.Sprintf("%s's WAL receiver stalled 1s, %s killed with it, %s promoted after %.1fs, %s rejoined as secondary", r.f.Name(1-p), r.f.Name(p), r.f.Name(1-p), promoted.Seconds(), r.f.Name(p)), nil
@@ -448,6 +458,28 @@ func (r *pgRun) fault(ctx context.Context, kind string) (string, error) {
 		}
 		q, _ := r.f.Primary(ctx)
 		return fmt.Sprintf("%s's postgres SIGKILLed, primary now %s after %.1fs", r.f.Name(p), r.f.Name(q), time.Since(t0).Seconds()), nil
+	case "cancel-sync-wait":
+		release, err := r.f.PauseWALReceiver(ctx, 1-p)
+		if err != nil {
+			return "", err
+		}
+		canceller, err := testenv.StartSyncRepCanceller(ctx, r.f.NodeURL(p, "postgres"), 500*time.Millisecond)
+		if err != nil {
+			release(false)
+			return "", err
+		}
+		time.Sleep(3 * time.Second)
+		cancelled, err := canceller.Stop()
+		if err != nil {
+			release(false)
+			return "", err
+		}
+		promoted, err := r.killStalledPrimary(ctx, p, release, t0)
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("%s's WAL receiver stalled 3s, %d waiting commits cancelled, %s killed, %s promoted after %.1fs, %s rejoined as secondary",
+			r.f.Name(1-p), cancelled, r.f.Name(p), r.f.Name(1-p), promoted.Seconds(), r.f.Name(p)), nil
 	case "cut":
 		r.f.Cut(p)
 		time.Sleep(2 * time.Second)
@@ -556,4 +588,24 @@ func pgSchedule(o PGFailoverOptions) []string {
 		schedule = append(schedule, kinds[:min(len(kinds), o.Faults-len(schedule))]...)
 	}
 	return schedule
+}
+
+// killStalledPrimary kills primary p while its standby's WAL receiver is
+// stalled (release(true) drops what was on the wire, dying with the
+// primary), waits for the standby's promotion, and restarts p as the new
+// secondary. It returns how long after t0 the promotion came.
+func (r *pgRun) killStalledPrimary(ctx context.Context, p int, release func(drop bool), t0 time.Time) (time.Duration, error) {
+	r.f.KillNode(p)
+	release(true)
+	if err := r.waitPrimary(ctx, 1-p); err != nil {
+		return 0, err
+	}
+	promoted := time.Since(t0)
+	if err := r.f.StartNode(p); err != nil {
+		return 0, err
+	}
+	if err := r.f.WaitStates(ctx, 2*time.Minute, "primary", "secondary"); err != nil {
+		return 0, err
+	}
+	return promoted, nil
 }

@@ -26,12 +26,12 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/effects"
@@ -392,7 +392,7 @@ func (s *powerStack) run(ctx context.Context, row *PowerRow, round uint64) error
 		if s.dbURL, err = s.pg.CreateDatabase(ctx, "chaos_power"); err != nil {
 			return err
 		}
-		pool, perr := pgxpool.New(ctx, s.dbURL)
+		pool, perr := pginbox.NewPool(ctx, s.dbURL)
 		if perr != nil {
 			return fmt.Errorf("chaos: %w", perr)
 		}
@@ -471,7 +471,7 @@ func (s *powerStack) run(ctx context.Context, row *PowerRow, round uint64) error
 			return err
 		}
 	} else {
-		pool, err := pgxpool.New(ctx, s.dbURL)
+		pool, err := pginbox.NewPool(ctx, s.dbURL)
 		if err != nil {
 			return fmt.Errorf("chaos: %w", err)
 		}

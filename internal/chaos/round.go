@@ -20,6 +20,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
@@ -76,7 +77,7 @@ func runOne(ctx context.Context, pg *testenv.Postgres, o Options, prod, cons str
 	if err != nil {
 		return Row{}, nil, err
 	}
-	if r.pool, err = pgxpool.New(ctx, url); err != nil {
+	if r.pool, err = pginbox.NewPool(ctx, url); err != nil {
 		return Row{}, nil, err
 	}
 	defer r.pool.Close()

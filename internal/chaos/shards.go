@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -56,6 +57,16 @@ type ShardsOptions struct {
 	// KillPostgres SIGKILLs one shard's PostgreSQL mid-run and starts it
 	// again; Move moves a partition between shards mid-run.
 	KillPostgres, Move bool
+	// RaceMoves, with Move, races the move: two moves of the partition to
+	// two targets at once (the last shard and the second), then a rerun to
+	// the target that lost; and a replay -apply of the source's partitions
+	// that follows the stream through the move. Needs three shards.
+	RaceMoves bool
+	// Unsafe runs the moves with the check that is not safe (a resumed move
+	// takes any given-away row; the target does not look at the source's
+	// row) and the replay through the plain processor with the owned set
+	// read at start, no fence: what the shipped checks stop.
+	Unsafe bool
 	// OnePostgres puts every shard's database on one PostgreSQL (tests:
 	// cheaper to start); the killed one then takes all shards down.
 	OnePostgres bool
@@ -70,6 +81,8 @@ type ShardsOptions struct {
 
 	// Mutations, for the tests that show the checks go red.
 	noBinding, noCopy bool
+	// unsafeMoves and unsafeReplay are the two halves of Unsafe.
+	unsafeMoves, unsafeReplay bool
 	// keyFromSubject derives the key token from the intent's kind
 	// subject instead of its ID, on both sides: producers key by subject
 	// and consumers check that.
@@ -87,16 +100,25 @@ type ShardsResult struct {
 	Unexpected   int
 	DeadLettered int
 	// Faults done, by name.
-	Faults  []string
-	Moved   string
-	Verify  *verify.ShardsReport
-	Elapsed time.Duration
+	Faults []string
+	Moved  string
+	// MovedOwners are the shards that own the moved partition at the end:
+	// exactly one, or the moves broke it.
+	MovedOwners []string
+	// MovesRefused counts the raced moves refused (the shipped check
+	// refuses all but one); ReplayApplied and ReplayNotOwned count what the
+	// replay during the move applied in the source and had refused there.
+	MovesRefused, ReplayApplied, ReplayNotOwned int
+	Unsafe                                      bool
+	Verify                                      *verify.ShardsReport
+	Elapsed                                     time.Duration
 }
 
-// Clean reports whether the count and verify both found nothing wrong.
+// Clean reports whether the count and verify both found nothing wrong, and
+// the moved partition has one owner.
 func (r *ShardsResult) Clean() bool {
 	return r.Lost == 0 && r.Duplicated == 0 && r.Unexpected == 0 && r.Verify != nil && r.Verify.Clean() &&
-		r.Verify.Lost == 0 && r.Verify.Duplicated == 0
+		r.Verify.Lost == 0 && r.Verify.Duplicated == 0 && (r.MovedOwners == nil || len(r.MovedOwners) == 1)
 }
 
 // WriteShards prints the result.
@@ -104,8 +126,25 @@ func WriteShards(w io.Writer, r *ShardsResult) {
 	fmt.Fprintf(w, "sharded: %d intents over %d shards (%s), %.1fs\n", r.Intents, len(r.Verify.AppliedIn), r.Moved, r.Elapsed.Seconds())
 	fmt.Fprintf(w, "  applied once %d, lost %d %s, duplicated %d %s (in two shards %d), unexpected %d %s, dead-lettered %d\n",
 		r.AppliedOnce, r.Lost, verify.Mark(r.Lost == 0), r.Duplicated, verify.Mark(r.Duplicated == 0), r.InTwoShards, r.Unexpected, verify.Mark(r.Unexpected == 0), r.DeadLettered)
+	if r.MovedOwners != nil {
+		fmt.Fprintf(w, "  moved partition owned by %v %s, raced moves refused %d, replay during the move: applied %d in the source, refused there %d\n",
+			r.MovedOwners, verify.Mark(len(r.MovedOwners) == 1), r.MovesRefused, r.ReplayApplied, r.ReplayNotOwned)
+	}
 	fmt.Fprintf(w, "  faults: %s\n\nverify over all shards:\n", strings.Join(r.Faults, ", "))
 	r.Verify.WriteTable(w)
+}
+
+// WriteShardsBeside prints the shipped run and the unsafe one side by side.
+func WriteShardsBeside(w io.Writer, shipped, unsafe *ShardsResult) {
+	fmt.Fprintln(w, "moves and a replay raced, shipped checks beside the unsafe ones:")
+	fmt.Fprintf(w, "  %-60s %8s %6s %10s %13s %s\n", "setting", "applied", "lost", "duplicated", "in two shards", "owners of the moved partition")
+	for _, r := range []*ShardsResult{shipped, unsafe} {
+		name := "shipped (target recorded and re-checked; replay fenced)"
+		if r.Unsafe {
+			name = "unsafe (any given-away row; replay through plain processor)"
+		}
+		fmt.Fprintf(w, "  %-60s %8d %6d %10d %13d %v\n", name, r.AppliedOnce, r.Lost, r.Duplicated, r.InTwoShards, r.MovedOwners)
+	}
 }
 
 // ShardsMain is `jetinbox chaos -shards N`.
@@ -120,6 +159,8 @@ func ShardsMain(ctx context.Context, n string, args []string, stdout, stderr io.
 	fs.IntVar(&o.Stray, "stray", 20, "intents published again after the duplicate window on each path that could reach another partition")
 	fs.BoolVar(&o.KillPostgres, "kill", true, "SIGKILL one shard's PostgreSQL mid-run and start it again")
 	fs.BoolVar(&o.Move, "move", true, "move a partition from the first shard to the last mid-run")
+	fs.BoolVar(&o.RaceMoves, "race-moves", true, "with -move: two moves of the partition to two targets at once, a rerun to the other, and a replay -apply of the source through the move (3 shards or more)")
+	beside := fs.Bool("beside-unsafe", false, "run again with the unsafe move check and replay (any given-away row; no fence in the replay) and print both")
 	fs.BoolVar(&o.Intake, "intake", false, "post the intents through an HTTP intake (its own database, partitioned subjects, lost answers retried with the same key) instead of publishing them")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed for the fault dice")
 	fs.Usage = func() {
@@ -138,11 +179,26 @@ func ShardsMain(ctx context.Context, n string, args []string, stdout, stderr io.
 	if err := o.validate(fs.NArg()); err != nil {
 		return cli.UsageError{Err: fmt.Errorf("chaos: %w", err)}
 	}
+	if o.RaceMoves && (!o.Move || o.Shards < 3) {
+		o.RaceMoves = false // nothing to race, or no second target
+	}
 	r, err := RunShards(ctx, o)
 	if err != nil {
 		return err
 	}
 	WriteShards(stdout, r)
+	if *beside {
+		u := o
+		u.Unsafe = true
+		ur, err := RunShards(ctx, u)
+		if err != nil {
+			return fmt.Errorf("chaos: the unsafe run: %w", err)
+		}
+		fmt.Fprintln(stdout, "\nthe unsafe run:")
+		WriteShards(stdout, ur)
+		fmt.Fprintln(stdout)
+		WriteShardsBeside(stdout, r, ur)
+	}
 	if !r.Clean() {
 		return errors.New("chaos: the sharded run lost, duplicated or added intents, or verify found violations")
 	}
@@ -192,7 +248,13 @@ type shardRun struct {
 	faults  map[string]int
 	faultMu sync.Mutex
 	fps     []*failpoint.Set // the partition consumers' crash points
+	refused int              // raced moves refused
 	log     *slog.Logger
+}
+
+// side is shard i of the run, for a move.
+func (r *shardRun) side(i int) shard.Side {
+	return shard.Side{Name: r.m.Shards[i].Name, Pool: r.pools[i]}
 }
 
 func (r *shardRun) roll(p float64) bool {
@@ -218,6 +280,12 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 	start := time.Now()
 	if o.Partitions == 0 {
 		o.Partitions = shard.DefaultPartitions
+	}
+	if o.Unsafe {
+		o.unsafeMoves, o.unsafeReplay = true, true
+	}
+	if o.RaceMoves && (!o.Move || o.Shards < 3) {
+		return nil, errors.New("chaos: -race-moves needs -move and three shards")
 	}
 	r := &shardRun{o: o, dice: rand.New(rand.NewPCG(o.Seed, 0x5ba4d)), faults: map[string]int{},
 		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
@@ -259,7 +327,7 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 	}
 	r.m = &m
 	for _, s := range m.Shards {
-		pool, err := pgxpool.New(ctx, s.DatabaseURL+"&pool_max_conns=12")
+		pool, err := pginbox.NewPool(ctx, s.DatabaseURL+"&pool_max_conns=12")
 		if err != nil {
 			return nil, err
 		}
@@ -310,27 +378,50 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 	moved := "no partition moved"
 	var moveErr error
 	var moveOnce sync.Once
+	var replayWG sync.WaitGroup
+	replayCtx, stopReplay := context.WithCancel(ctx)
+	defer func() { stopReplay(); replayWG.Wait() }()
+	var replayed replayCounts
 	doMove := func() {
 		moveOnce.Do(func() {
+			if o.RaceMoves {
+				// The replay follows the source's partitions through the
+				// move, as an operator's replay -apply of a long range.
+				started := make(chan struct{})
+				replayWG.Add(1)
+				go func() {
+					defer replayWG.Done()
+					if err := r.replayDuringMove(replayCtx, moveP, started, &replayed); err != nil && replayCtx.Err() == nil {
+						r.progress("replay during the move: %v", err)
+					}
+				}()
+				<-started
+			}
 			r.waitApplied(ctx, moveP)
+			last := len(r.pools) - 1
+			mo := shard.MoveOptions{UnsafeAnyGivenAway: o.unsafeMoves}
 			var res shard.MoveResult
 			var err error
-			if o.noCopy {
-				err = moveWithoutRows(ctx, r.m, moveP, r.pools[0], r.pools[len(r.pools)-1])
-			} else {
-				res, err = shard.Move(ctx, r.m, moveP, r.pools[0], r.pools[len(r.pools)-1])
+			winner := last
+			switch {
+			case o.noCopy:
+				err = moveWithoutRows(ctx, r.m, moveP, r.pools[0], r.pools[last])
+			case o.RaceMoves:
+				winner, res, err = r.raceMoves(ctx, moveP, mo)
+			default:
+				res, err = shard.MoveWith(ctx, r.m, moveP, r.side(0), r.side(last), mo)
 			}
 			if err != nil {
 				moveErr = err
 				return
 			}
-			nm, err := r.m.Move(moveP, m.Shards[len(m.Shards)-1].Name)
+			nm, err := r.m.Move(moveP, m.Shards[winner].Name)
 			if err != nil {
 				moveErr = err
 				return
 			}
 			r.m = nm
-			moved = fmt.Sprintf("partition %d moved s0 → s%d with %d inbox rows", moveP, o.Shards-1, res.Copied)
+			moved = fmt.Sprintf("partition %d moved s0 → s%d with %d inbox rows", moveP, winner, res.Copied)
 			r.fault("partition moves", 1)
 			r.progress("%s", moved)
 		})
@@ -416,6 +507,8 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 	sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	err = r.waitSettled(sctx)
 	cancel()
+	stopReplay()
+	replayWG.Wait()
 	stopRunners()
 	wg.Wait()
 	if err != nil {
@@ -424,7 +517,20 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 	for _, p := range r.pools {
 		p.Reset() // connections the kill ended may pass for alive
 	}
-	res := &ShardsResult{Intents: len(intents), Moved: moved}
+	res := &ShardsResult{Intents: len(intents), Moved: moved, Unsafe: o.Unsafe, MovesRefused: r.refused,
+		ReplayApplied: int(replayed.applied.Load()), ReplayNotOwned: int(replayed.notOwned.Load())}
+	if o.Move {
+		res.MovedOwners = []string{}
+		for i, s := range m.Shards {
+			var owned bool
+			if err := r.pools[i].QueryRow(ctx, `SELECT coalesce((SELECT owned FROM jetinbox_partitions WHERE scope = $1 AND partition = $2), false)`, r.m.Scope, moveP).Scan(&owned); err != nil {
+				return nil, err
+			}
+			if owned {
+				res.MovedOwners = append(res.MovedOwners, s.Name)
+			}
+		}
+	}
 	if err := r.count(ctx, intents, res); err != nil {
 		return nil, err
 	}
@@ -432,7 +538,7 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 	for i, s := range r.m.Shards {
 		dbs[i] = verify.ShardDB{Name: s.Name, DB: r.pools[i]}
 	}
-	if res.Verify, err = verify.Shards(ctx, r.js, r.m.Stream, r.m.Scope, dbs); err != nil {
+	if res.Verify, err = verify.Shards(ctx, r.js, r.m.Stream, r.m.Scope, dbs, r.m.Durables()...); err != nil {
 		return nil, err
 	}
 	for _, fp := range r.fps {
@@ -440,7 +546,7 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 		r.fault("crashes after commit", fp.Hits(failpoint.AfterCommit))
 	}
 	for _, f := range []string{"lost PubAcks", "retries on another subject", "poison intents", "crashes after commit", "lost acks", "PostgreSQL kills", "partition moves",
-		"replays after the window", "keys from the account", "re-drives on the stored subject", "re-drives on the publish subject", "copies on another kind", "replays of the moved partition", "lost intake answers", "re-posts after the move"} {
+		"replays after the window", "keys from the account", "re-drives on the stored subject", "re-drives on the publish subject", "copies on another kind", "replays of the moved partition", "raced moves", "replays during the move", "lost intake answers", "re-posts after the move"} {
 		res.Faults = append(res.Faults, fmt.Sprintf("%d %s", r.faults[f], f))
 	}
 	res.Elapsed = time.Since(start)
@@ -776,4 +882,137 @@ func shardsFlag(args []string, i int) (string, bool) {
 		return args[i+1], true
 	}
 	return "", true
+}
+
+// raceMoves moves partition p from the first shard to the last and to the
+// second at once, then runs the move again to the one that lost. With the
+// shipped check exactly one succeeds and the rerun is refused; it returns
+// the shard that took p.
+func (r *shardRun) raceMoves(ctx context.Context, p int, mo shard.MoveOptions) (int, shard.MoveResult, error) {
+	targets := []int{len(r.pools) - 1, 1}
+	type result struct {
+		res shard.MoveResult
+		err error
+	}
+	results := make([]result, len(targets))
+	var wg sync.WaitGroup
+	for k, t := range targets {
+		wg.Go(func() {
+			res, err := shard.MoveWith(ctx, r.m, p, r.side(0), r.side(t), mo)
+			results[k] = result{res, err}
+		})
+	}
+	wg.Wait()
+	r.fault("raced moves", len(targets)+1)
+	winner := -1
+	var won shard.MoveResult
+	for k, x := range results {
+		switch {
+		case x.err == nil:
+			if winner < 0 {
+				winner, won = targets[k], x.res
+			}
+		case errors.Is(x.err, shard.ErrOtherTarget):
+			r.refused++
+		default:
+			return 0, won, x.err
+		}
+	}
+	if winner < 0 {
+		return 0, won, errors.New("both raced moves were refused")
+	}
+	// The rerun to the other target, as partitions list's advice to run a
+	// stopped move again might be misread.
+	other := targets[0]
+	if other == winner {
+		other = targets[1]
+	}
+	_, err := shard.MoveWith(ctx, r.m, p, r.side(0), r.side(other), mo)
+	switch {
+	case errors.Is(err, shard.ErrOtherTarget):
+		r.refused++
+	case err != nil:
+		return 0, won, fmt.Errorf("the rerun to s%d: %w", other, err)
+	}
+	return winner, won, nil
+}
+
+// replayCounts is what the replay during the move did in the source.
+type replayCounts struct{ applied, notOwned atomic.Int64 }
+
+// replayDuringMove replays the source shard's partition p with -apply,
+// following the stream until ctx ends: through the shard's fenced
+// processor, or, unsafe, the plain ledger processor with the owned set
+// read at start. It closes started once it reads.
+func (r *shardRun) replayDuringMove(ctx context.Context, p int, started chan<- struct{}, c *replayCounts) error {
+	begin := sync.OnceFunc(func() { close(started) })
+	defer begin()
+	pool := r.pools[0]
+	led, err := effects.NewScopedLedger(r.m.Scope)
+	if err != nil {
+		return err
+	}
+	var h inbox.Handler[pgx.Tx] = &shard.Fenced{Map: r.m, Inner: led}
+	if r.o.unsafeReplay {
+		h = led
+	}
+	inner, err := inbox.NewProcessor(pginbox.New(pool), h, inbox.Config{Scope: r.m.Scope, Logger: r.log})
+	if err != nil {
+		return err
+	}
+	proc := shard.NewProcessor(inner, r.m)
+	owned, err := shard.Owned(ctx, pool, r.m.Scope)
+	if err != nil {
+		return err
+	}
+	proc.SetOwned(owned)
+	s, err := r.js.Stream(ctx, r.m.Stream)
+	if err != nil {
+		return err
+	}
+	oc, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{r.m.Filter(p)}})
+	if err != nil {
+		return err
+	}
+	it, err := oc.Messages(jetstream.PullMaxMessages(20))
+	if err != nil {
+		return err
+	}
+	defer it.Stop()
+	go func() { <-ctx.Done(); it.Stop() }()
+	begin()
+	r.fault("replays during the move", 1)
+	for ctx.Err() == nil {
+		var msgs []inbox.Message
+		for len(msgs) < 20 {
+			nctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			m, err := it.Next(jetstream.NextContext(nctx))
+			cancel()
+			if err != nil {
+				break
+			}
+			im := jsinbox.InboxMessage(m)
+			im.Deliveries = 2
+			msgs = append(msgs, im)
+		}
+		if len(msgs) == 0 {
+			continue
+		}
+		out, err := proc.Process(ctx, msgs)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			continue // the kill: the next batch again
+		}
+		for _, o := range out {
+			switch {
+			case o.Status == inbox.StatusApplied:
+				c.applied.Add(1)
+			case errors.Is(o.Err, shard.ErrNotOwned):
+				c.notOwned.Add(1)
+			}
+		}
+	}
+	return nil
 }

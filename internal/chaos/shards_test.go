@@ -16,7 +16,7 @@ import (
 // or added, and verify must agree.
 func TestShardsSmoke(t *testing.T) {
 	r, err := RunShards(context.Background(), ShardsOptions{Shards: 3, Partitions: 64, Intents: 600, LosePubAck: 0.03, Poison: 0.01,
-		Stray: 10, KillPostgres: true, Move: true, Seed: 3})
+		Stray: 10, KillPostgres: true, Move: true, RaceMoves: true, Seed: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,6 +25,10 @@ func TestShardsSmoke(t *testing.T) {
 	t.Logf("\n%s", b.String())
 	if !r.Clean() {
 		t.Fatalf("the sharded run is not clean")
+	}
+	// Two moves raced and a rerun to the other target: one taken, two refused.
+	if len(r.MovedOwners) != 1 || r.MovesRefused != 2 {
+		t.Errorf("the moved partition is owned by %v, %d raced moves refused: want one owner and 2 refused", r.MovedOwners, r.MovesRefused)
 	}
 	// 6 of the 600 are poison: dead-lettered, not lost.
 	if r.AppliedOnce != 594 || r.DeadLettered != 6 {
@@ -55,6 +59,9 @@ func TestShardsMutations(t *testing.T) {
 		{"no binding check", func(o *ShardsOptions) { o.noBinding = true }},
 		{"move without the inbox rows", func(o *ShardsOptions) { o.noCopy = true }},
 		{"key from the subject, not the ID", func(o *ShardsOptions) { o.keyFromSubject = true }},
+		// Fewer partitions: more of the intents go to the moved one.
+		{"raced moves, any given-away row", func(o *ShardsOptions) { o.RaceMoves, o.unsafeMoves, o.Partitions = true, true, 6 }},
+		{"replay during a move, no fence", func(o *ShardsOptions) { o.RaceMoves, o.unsafeReplay = true, true }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			o := ShardsOptions{Shards: 3, Partitions: 64, Intents: 600, Stray: 10, Move: true, OnePostgres: true, Seed: 3}

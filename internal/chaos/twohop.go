@@ -19,12 +19,12 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/effects"
@@ -160,7 +160,7 @@ func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 		if err != nil {
 			return nil, err
 		}
-		if r.pool, err = pgxpool.New(ctx, url); err != nil {
+		if r.pool, err = pginbox.NewPool(ctx, url); err != nil {
 			return nil, err
 		}
 		defer r.pool.Close()

@@ -28,6 +28,7 @@ import (
 	"golang.org/x/net/proxy"
 	"golang.org/x/term"
 
+	"github.com/jetinbox/jetinbox/internal/pgwatch"
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
@@ -372,7 +373,9 @@ func Redact(s string) string {
 	return strings.Join(parts, ",")
 }
 
-// OpenDB opens a pool and checks the server answers. Behind a connection
+// OpenDB opens a pool and checks the server answers. Its connections
+// report a COMMIT whose wait for the synchronous standby was cancelled
+// (pginbox.WatchCommits). Behind a connection
 // pooler (see [BehindPooler]) whose URL names no default_query_exec_mode,
 // the pool runs its statements in [PoolerExecMode]: pgx's default caches
 // named prepared statements per connection, which a pooler in transaction
@@ -402,6 +405,16 @@ func openDB(ctx context.Context, dsn string, maxConns int32, log *slog.Logger) (
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
+	if _, set := cfg.ConnConfig.RuntimeParams["client_encoding"]; !set {
+		// The server converts between the database's encoding and UTF-8,
+		// which Go's strings hold; on a SQL_ASCII database it passes the
+		// bytes as they are. pgx refuses the simple protocol on any
+		// other client encoding.
+		cfg.ConnConfig.RuntimeParams["client_encoding"] = "UTF8"
+	}
+	// Every commit the pool makes reports a wait for the synchronous
+	// standby that was cancelled, which pgx takes for a success.
+	pgwatch.Install(cfg.ConnConfig)
 	if h := cfg.ConnConfig.Host; !isLocal(h) && (cfg.ConnConfig.TLSConfig == nil || cfg.ConnConfig.TLSConfig.InsecureSkipVerify) {
 		log.Warn("database: TLS is weaker than sslmode=verify-full toward a non-local host", "host", h)
 	}
@@ -422,6 +435,10 @@ func openDB(ctx context.Context, dsn string, maxConns int32, log *slog.Logger) (
 	if err != nil {
 		pool.Close()
 		return nil, false, where(err)
+	}
+	if err := checkEncoding(pctx, pool); err != nil {
+		pool.Close()
+		return nil, false, UsageError{Err: where(err)}
 	}
 	if !pooled || hasParam(dsn, "default_query_exec_mode") {
 		return pool, pooled, nil
@@ -450,12 +467,34 @@ func BehindPooler(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	}
 	defer c.Release()
 	var pid uint32
-	// The simple protocol: a named prepared statement of the probe would
-	// itself collide, behind a pooler, with another client's.
-	if err := c.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&pid); err != nil {
+	// An unnamed statement, parsed and run in one round trip: a named
+	// prepared statement of the probe would itself collide, behind a
+	// pooler, with another client's, and the simple protocol, which pgx
+	// runs only with client_encoding UTF8, would refuse a session in any
+	// other encoding.
+	if err := c.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeExec).Scan(&pid); err != nil {
 		return false, err
 	}
 	return pid != c.Conn().PgConn().PID(), nil
+}
+
+// checkEncoding refuses the one combination that cannot work: statements in
+// pgx's simple protocol (default_query_exec_mode=simple_protocol in the
+// URL) on a session whose client_encoding is not UTF8, which pgx refuses
+// for every statement with arguments. The default sessions ask for UTF8
+// (see openDB), which every server encoding takes.
+func checkEncoding(ctx context.Context, pool *pgxpool.Pool) error {
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release()
+	enc := c.Conn().PgConn().ParameterStatus("client_encoding")
+	if c.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol && enc != "UTF8" {
+		return fmt.Errorf("default_query_exec_mode=simple_protocol needs client_encoding UTF8, and the session's is %s: "+
+			"drop client_encoding from the URL (jetinbox asks for UTF8) or choose another default_query_exec_mode", enc)
+	}
+	return nil
 }
 
 // hasParam reports whether the connection string dsn (a URL or key=value

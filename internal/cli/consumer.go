@@ -141,6 +141,9 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	if err := store.CheckSchema(ctx); err != nil {
 		return err
 	}
+	if err := store.RefuseSharded(ctx, *scope, "consumer"); err != nil {
+		return err
+	}
 	nc, js, err := nf.Connect("jetinbox-consumer", w.natsReconnect, log)
 	if err != nil {
 		return err

@@ -100,7 +100,9 @@ var configSQLStates = map[string]bool{
 // refusing the configuration a command was given: a stream or durable that
 // does not exist or is unsafe (jsinbox.SetupError), a NATS permission or
 // authorization refusal, a PostgreSQL login, database, grant or schema
-// error, or a SQLite file that cannot be opened as given. Such errors exit
+// error, a database that cannot take writes as it is set up (read-only,
+// behind a pooler in statement mode: inbox.ErrDatabaseUnfit), or a SQLite
+// file that cannot be opened as given. Such errors exit
 // 2 in every command, like a bad flag: retrying cannot help until an
 // operator changes something.
 func IsConfigError(err error) bool {
@@ -117,6 +119,7 @@ func IsConfigError(err error) bool {
 		errors.Is(err, nats.ErrAuthExpired),
 		errors.Is(err, nats.ErrAuthRevoked),
 		errors.Is(err, inbox.ErrNotMigrated),
+		errors.Is(err, inbox.ErrDatabaseUnfit),
 		errors.Is(err, outbox.ErrNotMigrated),
 		missingTable(err):
 		return true

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -61,14 +62,22 @@ func httpHandler(c *jsinbox.Consumer, nc *nats.Conn, reg *prometheus.Registry) h
 }
 
 func registerHealth(mux *http.ServeMux, c *jsinbox.Consumer) {
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		// The rescue backlog is detail, not readiness: a consumer with
+		// give-ups to rescue is the one that rescues them.
+		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		defer cancel()
+		backlog := ""
+		if n, err := c.RescueBacklog(ctx); err == nil && n > 0 {
+			backlog = fmt.Sprintf("\nrescue backlog: %d max-deliveries advisories not yet settled (jetinbox_rescue_backlog)", n)
+		}
 		switch {
 		case c.Draining():
-			http.Error(w, "draining", http.StatusServiceUnavailable)
+			http.Error(w, "draining"+backlog, http.StatusServiceUnavailable)
 		case !c.Ready():
-			http.Error(w, "not ready: not consuming, or NATS or PostgreSQL unreachable", http.StatusServiceUnavailable)
+			http.Error(w, "not ready: not consuming, or NATS or PostgreSQL unreachable"+backlog, http.StatusServiceUnavailable)
 		default:
-			fmt.Fprintln(w, "ready")
+			fmt.Fprintln(w, "ready"+backlog)
 		}
 	})
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
+	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 )
 
 // The outbox's defaults in the commands: the ledger's follow-ups go to
@@ -105,7 +106,8 @@ func EnsureRelayStream(ctx context.Context, js jetstream.JetStream, stream, subj
 	return nil
 }
 
-// StartRelay checks the outbox schema and the target stream, then runs a
+// StartRelay checks the outbox schema, that the database takes the relay's
+// transactions (see [Store.CheckWritable]) and the target stream, then runs a
 // relay on store's outbox (PostgreSQL: SKIP LOCKED batches and LISTEN;
 // SQLite: leased batches and polling) until ctx ends. The returned channel
 // yields Run's result.
@@ -113,6 +115,14 @@ func StartRelay(ctx context.Context, store *Store, js jetstream.JetStream, cfg o
 	src := store.Outbox()
 	if err := src.CheckSchema(ctx); err != nil {
 		return nil, nil, UsageError{Err: err}
+	}
+	if err := store.CheckWritable(ctx); err != nil {
+		return nil, nil, fmt.Errorf("relay: %w", err)
+	}
+	if pg, ok := src.(*pgoutbox.Store); ok {
+		if err := pg.CheckCommitWatch(ctx); err != nil {
+			return nil, nil, err
+		}
 	}
 	switch {
 	case store.SQLite != nil, cfg.NoListen, store.listen != nil:

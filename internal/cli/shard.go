@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -72,6 +75,55 @@ func OpenShard(ctx context.Context, s *shard.Shard, env Env, maxConns int32, log
 	return st, nil
 }
 
+// ShardLedgerProcessor returns the processor of shard map m's ledger on
+// this store (a shard's PostgreSQL): the binding check ([shard.Processor])
+// over the inbox processor whose effect runs behind the fence
+// ([shard.Fenced]), so a partition the database does not own is applied in
+// no transaction. It owns no partition until SetOwned. With dryRun, every
+// commit rolls back (replay's dry run).
+func (s *Store) ShardLedgerProcessor(m *shard.Map, cfg inbox.Config, dryRun bool) (*shard.Processor, error) {
+	if s.PG == nil {
+		return nil, UsageError{Err: errors.New("a shard's database is PostgreSQL")}
+	}
+	led, err := effects.NewScopedLedger(m.Scope)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Scope = m.Scope
+	var st inbox.Store[pgx.Tx] = pginbox.New(s.PG)
+	if dryRun {
+		st = rollbackStore[pgx.Tx]{st}
+	}
+	inner, err := inbox.NewProcessor(st, inbox.Handler[pgx.Tx](&shard.Fenced{Map: m, Inner: led}), cfg)
+	if err != nil {
+		return nil, err
+	}
+	return shard.NewProcessor(inner, m), nil
+}
+
+// RefuseSharded refuses a database that holds the partition table of a
+// sharded stream with rows for scope: a process that applies there
+// without the shard map (-shards) would apply every partition, outside
+// the fence, and one a move gave away would be applied in two shards.
+func (s *Store) RefuseSharded(ctx context.Context, scope, what string) error {
+	if s.PG == nil {
+		return nil
+	}
+	var sharded bool
+	err := s.PG.QueryRow(ctx, `SELECT to_regclass('jetinbox_partitions') IS NOT NULL`).Scan(&sharded)
+	if err == nil && sharded {
+		err = s.PG.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM jetinbox_partitions WHERE scope = $1)`, scope).Scan(&sharded)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: is the database a shard's: %w", what, err)
+	}
+	if sharded {
+		return UsageError{Err: fmt.Errorf("%s: the database is a shard of a sharded stream (its jetinbox_partitions table has rows for scope %q): "+
+			"run it with -shards FILE -shard NAME, which applies only the partitions the shard owns, behind the fence of a move", what, scope)}
+	}
+	return nil
+}
+
 // batchOnly hides an observer's Attach: the partition consumers share one
 // observer, whose counters add up; its gauges follow one consumer only.
 type batchOnly struct{ jsinbox.Observer }
@@ -100,25 +152,19 @@ func consumeShard(ctx context.Context, sf ShardFlags, env Env, nf *NATSFlags, w 
 		return err
 	}
 	defer nc.Close()
-	led, err := effects.NewScopedLedger(m.Scope)
-	if err != nil {
-		return err
-	}
-	pcfg.Scope = m.Scope
-	inner, err := inbox.NewProcessor(pginbox.New(store.PG), inbox.Handler[pgx.Tx](&shard.Fenced{Map: m, Inner: led}), pcfg)
+	proc, err := store.ShardLedgerProcessor(m, pcfg, false)
 	if err != nil {
 		return err
 	}
 	if cfg.Observer != nil {
 		cfg.Observer = batchOnly{cfg.Observer}
 	}
-	// The memory budget is the process's: shared out over the partitions
-	// the shard starts with.
+	// The memory budget is the process's: the runner shares it out over
+	// the partitions the database says the shard owns.
 	if cfg.MaxBytes <= 0 {
 		cfg.MaxBytes = jsinbox.DefaultConsumerMaxBytes
 	}
-	cfg.MaxBytes = max(cfg.MaxBytes/int64(max(1, len(s.Partitions))), 1<<20)
-	r := &shard.Runner{JS: js, Pool: store.PG, Map: m, Proc: shard.NewProcessor(inner, m), Consumer: cfg, Logger: log}
+	r := &shard.Runner{JS: js, Pool: store.PG, Map: m, Proc: proc, Consumer: cfg, MaxBytes: cfg.MaxBytes, Logger: log}
 	if httpAddr != "" {
 		srv, err := serveShardHTTP(httpAddr, r, nc, reg, log)
 		if err != nil {
@@ -153,22 +199,13 @@ func consumeShard(ctx context.Context, sf ShardFlags, env Env, nf *NATSFlags, w 
 }
 
 // serveShardHTTP serves /metrics and /healthz as the consumer does, and
-// /readyz: every partition the shard runs is consuming.
+// /readyz (see shardHTTPHandler).
 func serveShardHTTP(addr string, r *shard.Runner, nc *nats.Conn, reg *prometheus.Registry, log *slog.Logger) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("http: %w", err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/", httpHandler(nil, nc, reg))
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !r.Ready() {
-			http.Error(w, "not ready: a partition is not consuming, or NATS or PostgreSQL unreachable", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ready")
-	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: shardHTTPHandler(r, nc, reg), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("http", "err", err)
@@ -176,4 +213,32 @@ func serveShardHTTP(addr string, r *shard.Runner, nc *nats.Conn, reg *prometheus
 	}()
 	log.Info("http: serving", "addr", ln.Addr().String())
 	return srv, nil
+}
+
+// shardHTTPHandler is what serveShardHTTP serves: /readyz says whether
+// every partition the shard runs is consuming and, as the consumer's does,
+// the rescue backlog (max-deliveries advisories not yet settled), summed
+// over the partitions, with the partitions that have one. A backlog does
+// not make the shard unready: it is the one that rescues them.
+func shardHTTPHandler(r *shard.Runner, nc *nats.Conn, reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", httpHandler(nil, nc, reg))
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, req *http.Request) {
+		ctx, cancel := context.WithTimeout(req.Context(), time.Second)
+		defer cancel()
+		backlog := ""
+		if by, n, _ := r.RescueBacklog(ctx); n > 0 {
+			parts := make([]string, 0, len(by))
+			for _, p := range slices.Sorted(maps.Keys(by)) {
+				parts = append(parts, fmt.Sprintf("%d: %d", p, by[p]))
+			}
+			backlog = fmt.Sprintf("\nrescue backlog: %d max-deliveries advisories not yet settled (jetinbox_rescue_backlog), by partition %s", n, strings.Join(parts, ", "))
+		}
+		if !r.Ready() {
+			http.Error(w, "not ready: a partition is not consuming, or NATS or PostgreSQL unreachable"+backlog, http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready"+backlog)
+	})
+	return mux
 }

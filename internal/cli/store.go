@@ -237,12 +237,44 @@ func (s *Store) Ping(ctx context.Context) error {
 }
 
 // CheckSchema reports [inbox.ErrNotMigrated] unless the inbox schema is
-// up to date.
+// up to date; on PostgreSQL it also checks that the session can write and
+// hold a transaction ([pginbox.Store.CheckSession]) and that the pool sees
+// commits the synchronous standby never confirmed
+// ([pginbox.Store.CheckCommitWatch]).
 func (s *Store) CheckSchema(ctx context.Context) error {
 	if s.SQLite != nil {
 		return sqliteinbox.New(s.SQLite).CheckSchema(ctx)
 	}
-	return pginbox.New(s.PG).CheckSchema(ctx)
+	st := pginbox.New(s.PG)
+	if err := st.CheckSchema(ctx); err != nil {
+		return err
+	}
+	// The watch's probe runs in a transaction: a session that cannot
+	// hold one (a statement pooler) is refused first, saying so.
+	if err := st.CheckSession(ctx); err != nil {
+		return err
+	}
+	return st.CheckCommitWatch(ctx)
+}
+
+// CheckWritable reports a database that answers but cannot take the
+// transactions a writing command runs, wrapping [inbox.ErrDatabaseUnfit]
+// (exit 2): on PostgreSQL a read-only session (a standby, a database or
+// role set default_transaction_read_only) or a connection that cannot hold
+// a transaction (a pooler in statement mode); on SQLite a query-only
+// connection.
+func (s *Store) CheckWritable(ctx context.Context) error {
+	if s.SQLite != nil {
+		var queryOnly int
+		if err := s.SQLite.QueryRowContext(ctx, "PRAGMA query_only").Scan(&queryOnly); err != nil {
+			return fmt.Errorf("database: %w", err)
+		}
+		if queryOnly != 0 {
+			return fmt.Errorf("%w: the connection is query-only (PRAGMA query_only)", inbox.ErrDatabaseUnfit)
+		}
+		return nil
+	}
+	return pginbox.New(s.PG).CheckSession(ctx)
 }
 
 // Migrate applies the inbox and ledger schemas and returns how many

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
@@ -46,7 +47,7 @@ func Start(t testing.TB) *Env {
 	ctx := context.Background()
 	e := &Env{NATS: testenv.NewNATS(t, testenv.NATSOptions{}), DBURL: testenv.NewDatabase(t)}
 	var err error
-	if e.Pool, err = pgxpool.New(ctx, e.DBURL); err != nil {
+	if e.Pool, err = pginbox.NewPool(ctx, e.DBURL); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Pool.Close)

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -32,28 +33,8 @@ func (r *recorder) Handle(_ context.Context, _ pgx.Tx, msgs []inbox.Message, _ [
 func TestMoveWaitsForBatchesInFlight(t *testing.T) {
 	ctx := context.Background()
 	m := (&Map{Partitions: 4, Shards: []Shard{{Name: "a", DatabaseURL: "x", Partitions: Set{0, 1}}, {Name: "b", DatabaseURL: "y", Partitions: Set{2, 3}}}}).WithDefaults()
-	pools := map[string]*pgxpool.Pool{}
-	for _, s := range m.Shards {
-		pool, err := pgxpool.New(ctx, testenv.NewDatabase(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pool.Close()
-		if _, err := pginbox.New(pool).Migrate(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := Migrate(ctx, pool, &m, s.Name); err != nil {
-			t.Fatal(err)
-		}
-		pools[s.Name] = pool
-	}
-	// An ID of partition 0, owned by a.
-	id := ""
-	for i := 0; id == ""; i++ {
-		if c := "id-" + string(rune('a'+i%26)) + time.Duration(i).String(); PartitionOf(c, 4) == 0 {
-			id = c
-		}
-	}
+	pools := newShardPools(t, &m)
+	id := idOf(0, 4)
 	msg := inbox.Message{ID: id, Payload: []byte("{}"), Subject: StoredSubject(m.Subject, id, "ledger.1", 4), StreamSeq: 1}
 	rec := &recorder{}
 	f := &Fenced{Map: &m, Inner: rec}
@@ -75,7 +56,7 @@ func TestMoveWaitsForBatchesInFlight(t *testing.T) {
 	var res MoveResult
 	go func() {
 		var err error
-		res, err = Move(ctx, &m, 0, pools["a"], pools["b"])
+		res, err = Move(ctx, &m, 0, Side{"a", pools["a"]}, Side{"b", pools["b"]})
 		done <- err
 	}()
 	var moveErr error
@@ -121,7 +102,39 @@ func TestMoveWaitsForBatchesInFlight(t *testing.T) {
 		}
 	}
 	// Run again, it finds the move done.
-	if res, err := Move(ctx, &m, 0, pools["a"], pools["b"]); err != nil || !res.Already {
+	if res, err := Move(ctx, &m, 0, Side{"a", pools["a"]}, Side{"b", pools["b"]}); err != nil || !res.Already {
 		t.Errorf("a second move: %+v %v", res, err)
+	}
+}
+
+// newShardPools migrates a database per shard of m and returns their pools
+// by shard name.
+func newShardPools(t *testing.T, m *Map) map[string]*pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	pools := map[string]*pgxpool.Pool{}
+	for _, s := range m.Shards {
+		pool, err := pgxpool.New(ctx, testenv.NewDatabase(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		if _, err := pginbox.New(pool).Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Migrate(ctx, pool, m, s.Name); err != nil {
+			t.Fatal(err)
+		}
+		pools[s.Name] = pool
+	}
+	return pools
+}
+
+// idOf returns an ID of partition p among n.
+func idOf(p, n int) string {
+	for i := 0; ; i++ {
+		if c := fmt.Sprintf("id-%d", i); PartitionOf(c, n) == p {
+			return c
+		}
 	}
 }

@@ -14,7 +14,10 @@ import (
 // whose key token is not its ID's, is rejected with the reason (and so
 // dead-lettered) and never claimed, so no shard applies an ID outside its
 // partition. A message of a partition the shard does not own now is
-// retried (nak'd) without a claim. The rest goes to the inner processor.
+// retried (nak'd) without a claim, marked as no fault of its own
+// ([inbox.Outcome.NotMessageFault]): on its last delivery it is left
+// unsettled for the rescue of the partition's new owner, never
+// dead-lettered. The rest goes to the inner processor.
 type Processor struct {
 	jsinbox.BatchProcessor
 	m      *Map
@@ -55,7 +58,9 @@ func (p *Processor) Process(ctx context.Context, msgs []inbox.Message) ([]inbox.
 			o = inbox.Outcome{Status: inbox.StatusRejected, Cause: inbox.CauseBadInput, Reason: inbox.SanitizeReason(err.Error()), Err: inbox.BadInput(err)}
 		case !owned[part]:
 			err = fmt.Errorf("%w: partition %d", ErrNotOwned, part)
-			o = inbox.Outcome{Status: inbox.StatusRetry, Cause: inbox.CauseTransient, Reason: err.Error(), Err: err}
+			// Not the message's fault: on its last delivery it is left
+			// for the rescue, which the partition's new owner runs.
+			o = inbox.Outcome{Status: inbox.StatusRetry, Cause: inbox.CauseTransient, Reason: err.Error(), Err: err, NotMessageFault: true}
 		default:
 			if out != nil {
 				keep = append(keep, i)
@@ -101,6 +106,17 @@ func (p *Processor) Warm(ctx context.Context, n int) error {
 	return p.BatchProcessor.Warm(ctx, n)
 }
 
+// Check forwards the inner processor's check of its database (see
+// [jsinbox.Checker]), or pings it if the inner processor has no check, so
+// that a partition consumer refuses an unfit database and pauses while it
+// cannot take batches, as any consumer does.
+func (p *Processor) Check(ctx context.Context) error {
+	if c, ok := p.BatchProcessor.(jsinbox.Checker); ok {
+		return c.Check(ctx)
+	}
+	return p.BatchProcessor.Ping(ctx)
+}
+
 // Map returns the shard map the processor checks against.
 func (p *Processor) Map() *Map { return p.m }
 
@@ -110,4 +126,7 @@ func (p *Processor) Owns(q int) bool {
 	return q >= 0 && q < len(o) && o[q]
 }
 
-var _ jsinbox.BatchProcessor = (*Processor)(nil)
+var (
+	_ jsinbox.BatchProcessor = (*Processor)(nil)
+	_ jsinbox.Checker        = (*Processor)(nil)
+)

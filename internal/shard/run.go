@@ -34,6 +34,12 @@ type Runner struct {
 	// Consumer is the settings every partition's consumer gets; Stream,
 	// Durable and FilterSubjects are set per partition.
 	Consumer jsinbox.ConsumerConfig
+	// MaxBytes, if set, is the shard's memory budget for messages: a
+	// partition consumer starting gets MaxBytes over the number of
+	// partitions the database says the shard owns then (at least 1 MiB),
+	// in place of Consumer.MaxBytes. A partition moved in later gets its
+	// share of the new count; those running keep theirs until restarted.
+	MaxBytes int64
 	// Poll is how often the partition table is read. Default 1s.
 	Poll time.Duration
 	// Logger; default slog.Default().
@@ -90,7 +96,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.Logger == nil {
 		r.Logger = slog.Default()
 	}
+	r.mu.Lock() // /readyz may ask Ready or Running already
 	r.running = map[int]*partitionRun{}
+	r.mu.Unlock()
 	owned, err := Owned(ctx, r.Pool, r.Map.Scope)
 	if err != nil {
 		return fmt.Errorf("%w (run jetinbox migrate -shards FILE -shard NAME first)", err)
@@ -134,7 +142,7 @@ func (r *Runner) apply(ctx context.Context, owned Set) {
 		if _, ok := r.running[p]; ok || p >= r.Map.Partitions {
 			continue
 		}
-		r.running[p] = r.start(ctx, p)
+		r.running[p] = r.start(ctx, p, len(owned))
 		started = append(started, p)
 	}
 	r.mu.Unlock()
@@ -154,11 +162,15 @@ func (r *Runner) apply(ctx context.Context, owned Set) {
 	}
 }
 
-// start runs partition p's consumer, restarting it after a crash.
-func (r *Runner) start(ctx context.Context, p int) *partitionRun {
+// start runs partition p's consumer, restarting it after a crash; the
+// shard owns owned partitions now.
+func (r *Runner) start(ctx context.Context, p, owned int) *partitionRun {
 	pctx, cancel := context.WithCancel(ctx)
 	pr := &partitionRun{cancel: cancel, done: make(chan struct{})}
 	cfg := r.Consumer
+	if r.MaxBytes > 0 {
+		cfg.MaxBytes = max(r.MaxBytes/int64(max(1, owned)), 1<<20)
+	}
 	cfg.Stream, cfg.Durable, cfg.FilterSubjects = r.Map.Stream, r.Map.Durable(p), []string{r.Map.Filter(p)}
 	go func() {
 		defer close(pr.done)

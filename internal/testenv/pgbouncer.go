@@ -29,9 +29,14 @@ type PgBouncerOptions struct {
 	PoolSize int
 	// Logf, if set, receives pgbouncer's log lines.
 	Logf func(format string, args ...any)
+	// PoolMode is pgbouncer's pool_mode: transaction (the default),
+	// session or statement (which refuses every transaction of more than
+	// one statement).
+	PoolMode string
 }
 
-// PgBouncer is a running pgbouncer in transaction pooling mode in front of
+// PgBouncer is a running pgbouncer (in transaction pooling mode unless
+// [PgBouncerOptions.PoolMode] says otherwise) in front of
 // a [Postgres]: every database on the cluster is reachable through it, by
 // the same name. Like the cluster it listens on no TCP port (so it never
 // meets a pgbouncer service the package installed on 6432), only on a Unix
@@ -72,6 +77,13 @@ func StartPgBouncer(ctx context.Context, pg *Postgres, opts PgBouncerOptions) (*
 	if opts.PoolSize == 0 {
 		opts.PoolSize = 2
 	}
+	switch opts.PoolMode {
+	case "":
+		opts.PoolMode = "transaction"
+	case "transaction", "session", "statement":
+	default:
+		return nil, fmt.Errorf("testenv: pgbouncer pool_mode %q: want transaction, session or statement", opts.PoolMode)
+	}
 	bin, err := FindPgBouncer()
 	if err != nil {
 		return nil, err
@@ -95,7 +107,7 @@ func StartPgBouncer(ctx context.Context, pg *Postgres, opts PgBouncerOptions) (*
 * = host=%s port=%d
 
 [pgbouncer]
-pool_mode = transaction
+pool_mode = %s
 listen_addr =
 listen_port = %d
 unix_socket_dir = %s
@@ -113,7 +125,7 @@ logfile =
 pidfile =
 log_connections = 0
 log_disconnections = 0
-`, pg.SocketDir(), pg.Port(), b.port, root, filepath.Join(root, "userlist.txt"), opts.PoolSize)
+`, pg.SocketDir(), pg.Port(), opts.PoolMode, b.port, root, filepath.Join(root, "userlist.txt"), opts.PoolSize)
 	for name, body := range map[string]string{"pgbouncer.ini": ini, "userlist.txt": `"postgres" ""` + "\n"} {
 		if err := os.WriteFile(filepath.Join(root, name), []byte(body), 0o600); err != nil {
 			b.Close()

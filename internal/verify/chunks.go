@@ -57,6 +57,8 @@ type checker struct {
 	want map[int64]int64
 	// idAt: message IDs of sequences outside the current chunk, looked up.
 	idAt map[uint64]string
+	// awaiting: the messages given up on whose rescue is pending.
+	awaiting awaiting
 }
 
 // ownership of an ID in a chunk.
@@ -181,6 +183,13 @@ func (c *checker) chunk(msgs []Message) error {
 		// letter. The row's stream sequence names the message that was
 		// dead-lettered.
 		if ok && rw.status == inbox.RowRejected && c.dl.at(rw.seq, m.ID) {
+			continue
+		}
+		if since, ok := c.awaiting.seqs[m.Seq]; ok {
+			r.AwaitingRescue++
+			if r.AwaitingRescueSince.IsZero() || since.Before(r.AwaitingRescueSince) {
+				r.AwaitingRescueSince = since
+			}
 			continue
 		}
 		r.Lost++
@@ -474,6 +483,114 @@ func (c *checker) balances() error {
 	}
 	if err := br.Err(); err != nil {
 		return fmt.Errorf("verify: accounts: %w", err)
+	}
+	return nil
+}
+
+// expiredApplied settles the expired records whose message was applied
+// before it aged out: the consumer committed it on its last delivery and
+// the ack was lost (a crash, a cut connection), so the server gave up on
+// it, and it aged out before the rescue could read it back and find it
+// applied. The inbox row the message made names its stream sequence. Such
+// a record is no violation; its row and effect are judged here, as no
+// chunk holds their message any more, and its ledger entry stands for the
+// payload in the balances. Every other expired record stays a violation
+// with an example.
+func (c *checker) expiredApplied() error {
+	r, dl := c.r, c.dl
+	if len(dl.expired) == 0 {
+		return nil
+	}
+	seqs := slices.Sorted(maps.Keys(dl.expired))
+	args := make([]int64, len(seqs))
+	for i, s := range seqs {
+		args[i] = int64(s)
+	}
+	q, err := c.db.query(c.ctx, stmt{
+		`SELECT message_id, stream_seq FROM inbox WHERE scope = $1 AND status = 'applied' AND stream_seq = ANY($2)`,
+		`SELECT message_id, stream_seq FROM inbox WHERE scope = ?1 AND status = 'applied' AND stream_seq IN (SELECT value FROM json_each(?2))`,
+	}, c.o.Scope, args)
+	if err != nil {
+		return fmt.Errorf("verify: inbox rows of expired messages: %w", err)
+	}
+	applied := map[uint64]string{}
+	for q.Next() {
+		var id string
+		var seq int64
+		if err := q.Scan(&id, &seq); err != nil {
+			q.Close()
+			return fmt.Errorf("verify: inbox rows of expired messages: %w", err)
+		}
+		applied[uint64(seq)] = id
+	}
+	q.Close()
+	if err := q.Err(); err != nil {
+		return fmt.Errorf("verify: inbox rows of expired messages: %w", err)
+	}
+	var ids []string
+	for _, seq := range seqs {
+		id, ok := applied[seq]
+		if !ok {
+			r.example("expired before rescue: stream seq %d was given up on after %s deliveries and aged out of %s before a consumer rescued it; no inbox row names it, so whether it was applied is unknown",
+				seq, dl.expired[seq], c.o.Stream)
+			continue
+		}
+		r.ExpiredBeforeRescue--
+		r.ExpiredApplied++
+		if !c.carried[id] {
+			c.carried[id] = true // a later copy in the stream is not judged again
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	_, entries, err := c.read(ids)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		c.judgedRows++
+		c.r.DistinctIDs++
+		if !c.o.Ledger {
+			c.r.AppliedOnce++
+			continue
+		}
+		switch n := entries[id]; {
+		case n == 0:
+			r.RowWithoutEffect++
+			r.example("applied inbox row without effect: %q (its message expired before rescue)", id)
+		case n > 1:
+			c.entryIDs++
+			r.Duplicated++
+			r.example("duplicated: %q has %d ledger entries", id, n)
+		default:
+			c.entryIDs++
+			r.AppliedOnce++
+		}
+	}
+	if c.partial || !c.o.Ledger {
+		return nil
+	}
+	// The payload is gone: the effect recorded is what the balances
+	// expect of it (one entry per ID; a second is a duplicate above).
+	lr, err := c.db.query(c.ctx, stmt{
+		`SELECT DISTINCT ON (message_id) account, amount FROM ledger_entries WHERE scope = $1 AND message_id = ANY($2) ORDER BY message_id`,
+		`SELECT account, amount FROM ledger_entries WHERE scope = ?1 AND message_id IN (SELECT value FROM json_each(?2)) GROUP BY message_id`,
+	}, c.o.Scope, ids)
+	if err != nil {
+		return fmt.Errorf("verify: ledger of expired messages: %w", err)
+	}
+	defer lr.Close()
+	for lr.Next() {
+		var acct, amount int64
+		if err := lr.Scan(&acct, &amount); err != nil {
+			return fmt.Errorf("verify: ledger of expired messages: %w", err)
+		}
+		c.want[acct] += amount
+	}
+	if err := lr.Err(); err != nil {
+		return fmt.Errorf("verify: ledger of expired messages: %w", err)
 	}
 	return nil
 }

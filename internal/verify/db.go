@@ -50,8 +50,12 @@ type sqliteDB struct{ db *sql.DB }
 func sqliteArgs(args []any) []any {
 	out := make([]any, len(args))
 	for i, a := range args {
-		if ss, ok := a.([]string); ok {
-			b, _ := json.Marshal(ss) // strings always marshal
+		switch v := a.(type) {
+		case []string:
+			b, _ := json.Marshal(v) // strings always marshal
+			a = string(b)
+		case []int64:
+			b, _ := json.Marshal(v) // numbers always marshal
 			a = string(b)
 		}
 		out[i] = a

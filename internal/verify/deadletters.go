@@ -46,13 +46,14 @@ type deadLetters struct {
 	// looked: answers for pending dead letters asked about before their
 	// chunk was walked.
 	looked map[deadKey]bool
-	// expired: the sequences with an expired record counted.
-	expired map[uint64]bool
+	// expired: the sequences with an expired record counted, and the
+	// deliveries the record names.
+	expired map[uint64]string
 }
 
 func newDeadLetters(ctx context.Context, js jetstream.JetStream, stream, scope string, rg Range) *deadLetters {
 	return &deadLetters{ctx: ctx, js: js, stream: stream, scope: scope, rg: rg, pending: map[uint64][]deadEntry{},
-		ok: map[deadKey]bool{}, unchecked: map[deadKey]bool{}, looked: map[deadKey]bool{}, expired: map[uint64]bool{}}
+		ok: map[deadKey]bool{}, unchecked: map[deadKey]bool{}, looked: map[deadKey]bool{}, expired: map[uint64]string{}}
 }
 
 // foreign says why m, a message of the dead-letter stream, is not a record
@@ -119,7 +120,7 @@ func (d *deadLetters) add(r *Report, m Message) {
 // sequences. A record for a message the stream still holds is false, and
 // foreign.
 func (d *deadLetters) addExpired(r *Report, m Message, seq uint64) {
-	if seq < d.rg.FromSeq || (d.rg.ToSeq > 0 && seq > d.rg.ToSeq) || d.expired[seq] {
+	if _, seen := d.expired[seq]; seen || seq < d.rg.FromSeq || (d.rg.ToSeq > 0 && seq > d.rg.ToSeq) {
 		return
 	}
 	s, err := d.js.Stream(d.ctx, d.stream)
@@ -131,10 +132,8 @@ func (d *deadLetters) addExpired(r *Report, m Message, seq uint64) {
 		r.example("foreign: message %d of %s says stream seq %d expired, but the stream holds it (or could not say: %v)", m.Seq, jsinbox.DeadLetterStream(d.stream), seq, err)
 		return
 	}
-	d.expired[seq] = true
+	d.expired[seq] = m.Header[jsinbox.HeaderDelivered]
 	r.ExpiredBeforeRescue++
-	r.example("expired before rescue: stream seq %d was given up on after %s deliveries and aged out of %s before a consumer rescued it; whether it was applied is unknown",
-		seq, m.Header[jsinbox.HeaderDelivered], d.stream)
 }
 
 // visit settles the dead letters of a chunk's sequences, counting in r

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"slices"
 	"text/tabwriter"
+	"time"
 )
 
 // Report is what verify found. Duplicate deliveries are expected and not
@@ -54,6 +55,19 @@ type Report struct {
 	// them, as the expired records the rescue leaves in the dead-letter
 	// stream say. Their fate is unknown: a violation.
 	ExpiredBeforeRescue int `json:"expired_before_rescue"`
+	// ExpiredApplied: expired records whose stream sequence made an
+	// applied inbox row (applied, then its ack was lost, then given up on
+	// and aged out): settled, not a violation. Their rows and effects
+	// count as judged, and their ledger entries stand for the payload
+	// the stream no longer holds.
+	ExpiredApplied int `json:"expired_applied,omitempty"`
+	// AwaitingRescue: stream messages neither applied nor dead-lettered
+	// that the server gave up on and whose max-deliveries advisory the
+	// rescue durable has not settled yet (above its ack floor). Not a
+	// violation, nor lost: the rescue will apply or dead-letter them.
+	// AwaitingRescueSince is when the server gave up on the oldest.
+	AwaitingRescue      int       `json:"awaiting_rescue"`
+	AwaitingRescueSince time.Time `json:"awaiting_rescue_since,omitzero"`
 	// BalanceMismatches: accounts whose balance differs from the sum of
 	// the applied intents.
 	BalanceMismatches int `json:"balance_mismatches"`
@@ -176,6 +190,12 @@ func (r *Report) WriteTable(w io.Writer) {
 	row("row without effect", r.RowWithoutEffect, Mark(r.RowWithoutEffect == 0))
 	row("balance mismatches", r.BalanceMismatches, Mark(r.BalanceMismatches == 0))
 	row("expired before rescue", r.ExpiredBeforeRescue, Mark(r.ExpiredBeforeRescue == 0))
+	if r.ExpiredApplied > 0 {
+		row("expired, found applied", r.ExpiredApplied, "(settled)")
+	}
+	if r.AwaitingRescue > 0 {
+		row("awaiting rescue", r.AwaitingRescue, "(given up on, rescue pending: not lost)")
+	}
 	row("rejected (inbox)", r.Rejected, "")
 	row("conflicts", r.Conflicts, "")
 	row("dead-lettered", r.DeadLettered, "")

@@ -74,6 +74,15 @@ func RunOn(ctx context.Context, js jetstream.JetStream, db DB, o Options) (*Repo
 		return nil, err
 	}
 	partial := o.Range.partial()
+	// The rescues under way, read before the dead letters and the stream:
+	// a rescue that ends meanwhile has dead-lettered its message after
+	// the dead-letter stream was read, or applied it by the time the
+	// chunk with it reads the inbox, and its message counts as awaiting,
+	// not lost.
+	aw, err := readAwaiting(ctx, js, o.Stream, o.Durable)
+	if err != nil {
+		return nil, err
+	}
 	dead, err := ReadStream(ctx, js, jsinbox.DeadLetterStream(o.Stream))
 	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, err
@@ -81,11 +90,14 @@ func RunOn(ctx context.Context, js jetstream.JetStream, db DB, o Options) (*Repo
 	r := &Report{DeadByStatus: map[string]int{}, RejectedByReason: map[string]int{}, Partial: partial}
 	c := &checker{ctx: ctx, js: js, db: db, o: o, r: r, partial: partial,
 		dl: newDeadLetters(ctx, js, o.Stream, o.Scope, o.Range), carried: map[string]bool{}, deferred: map[string]map[[32]byte][]byte{},
-		unmatched: map[string]row{}, want: map[int64]int64{}, idAt: map[uint64]string{}}
+		unmatched: map[string]row{}, want: map[int64]int64{}, idAt: map[uint64]string{}, awaiting: aw}
 	for _, d := range dead {
 		c.dl.add(r, d)
 	}
 	dead = nil
+	if err := c.expiredApplied(); err != nil {
+		return nil, err
+	}
 	if err := db.queryRow(ctx, stmt{`SELECT count(*) FROM inbox_conflicts WHERE scope = $1`, `SELECT count(*) FROM inbox_conflicts WHERE scope = ?1`}, o.Scope).Scan(&r.Conflicts); err != nil {
 		return nil, fmt.Errorf("verify: conflicts: %w", err)
 	}
@@ -108,6 +120,7 @@ func RunOn(ctx context.Context, js jetstream.JetStream, db DB, o Options) (*Repo
 		}
 		r.Warnings = append(r.Warnings, NoRowsWarning(o.Scope, r.StreamMessages, scopes))
 	}
+	r.awaitingWarning(c.awaiting, o.Stream)
 	if r.DeadMismatched > 0 {
 		r.Warnings = append(r.Warnings, fmt.Sprintf("%d dead letters of stream %s and scope %q name a stream sequence whose message has another ID; they settle nothing", r.DeadMismatched, o.Stream, o.Scope))
 	}

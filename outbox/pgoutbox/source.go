@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/jetinbox/jetinbox/internal/pgwatch"
 	"github.com/jetinbox/jetinbox/outbox"
 )
 
@@ -96,7 +97,10 @@ func (t *pgTaken) Finish(ctx context.Context, sent []string, failed map[string]s
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
-	if err := t.tx.Commit(cctx); err != nil {
+	// A commit the synchronous standby never confirmed (its wait was
+	// cancelled) is not known to have marked anything: a failover may
+	// bring the rows back as pending.
+	if err := pgwatch.Commit(cctx, t.tx); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	return lags, nil
