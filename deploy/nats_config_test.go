@@ -71,10 +71,12 @@ var (
 		"$JS.API.DIRECT.GET.INTENTS", "$JS.API.DIRECT.GET.INTENTS_DLQ",
 		"$JS.API.STREAM.INFO.INTENTS_ADVISORIES", "$JS.API.DIRECT.GET.INTENTS_ADVISORIES",
 	}
-	// verify -shards: the partitioned stream and its dead letters.
+	// verify -shards: the partitioned stream and its dead letters, every
+	// partition's rescue durable and the advisories it has not settled.
 	verifyShardPublish = []string{
 		"$JS.API.STREAM.INFO.PINTENTS", "$JS.API.STREAM.INFO.PINTENTS_DLQ",
 		"$JS.API.DIRECT.GET.PINTENTS", "$JS.API.DIRECT.GET.PINTENTS_DLQ",
+		"$JS.API.STREAM.INFO.PINTENTS_ADVISORIES", "$JS.API.CONSUMER.INFO.PINTENTS_ADVISORIES.*", "$JS.API.DIRECT.GET.PINTENTS_ADVISORIES",
 	}
 	// jetinbox relay: the outbox's rows into NOTIFICATIONS, pinned there;
 	// the stream looked up at start, a duplicate's stored copy read back.

@@ -333,7 +333,8 @@ func TestShardsUnderShippedRoles(t *testing.T) {
 	// the advisory for the shard that owns the partition.
 	givenUp := "given-up"
 	gp := shard.PartitionOf(givenUp, e.m.Partitions)
-	if _, err := adminJS.Publish(ctx, shard.PublishSubject(e.m.Subject, givenUp, "ledger.2"), []byte(`{"account":2,"amount":7}`), jetstream.WithMsgID(givenUp)); err != nil {
+	givenUpAck, err := adminJS.Publish(ctx, shard.PublishSubject(e.m.Subject, givenUp, "ledger.2"), []byte(`{"account":2,"amount":7}`), jetstream.WithMsgID(givenUp))
+	if err != nil {
 		t.Fatal(err)
 	}
 	dur, err := adminJS.Consumer(ctx, d.stream.Name, e.m.Durable(gp))
@@ -495,6 +496,26 @@ func TestShardsUnderShippedRoles(t *testing.T) {
 	e.stopShards(t, ps)
 
 	t.Run("verify", func(t *testing.T) {
+		// A give-up whose rescue is pending (an advisory as the server
+		// publishes it, for the given-up intent, applied already; no shard
+		// runs to settle it): verify -shards looks up every partition's
+		// rescue durable and reads the advisories above its ack floor.
+		durable := e.m.Durable(gp)
+		planted := fmt.Sprintf(`{"type":"io.nats.jetstream.advisory.v1.max_deliver","id":"pending","timestamp":%q,"stream":%q,"consumer":%q,"stream_seq":%d,"deliveries":5}`,
+			time.Now().UTC().Format(time.RFC3339Nano), e.m.Stream, durable, givenUpAck.Sequence)
+		if err := admin.nc.Publish(maxDeliveriesSubject(e.m.Stream, durable), []byte(planted)); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, ctx, func() error {
+			rc, err := adminJS.Consumer(ctx, d.advisories.Name, durable)
+			if err != nil {
+				return err
+			}
+			if info, err := rc.Info(ctx); err != nil || info.NumPending == 0 {
+				return fmt.Errorf("rescue durable %+v (%v): the advisory is not pending", info, err)
+			}
+			return nil
+		})
 		rec := startRecording(t, admin.nc)
 		out := e.run(t, "verify", "jetinbox_verifier", "jetinbox", "verify", "-shards", e.mapFile, "-json")
 		rec.check(t, "verify", verifyShardPublish)
@@ -506,11 +527,12 @@ func TestShardsUnderShippedRoles(t *testing.T) {
 			Lost         int `json:"lost"`
 			Duplicated   int `json:"duplicated"`
 			Unexpected   int `json:"unexpected"`
+			Awaiting     int `json:"awaiting_rescue"`
 		}
 		if err := json.Unmarshal([]byte(out), &r); err != nil {
 			t.Fatalf("verify -json: %v\n%s", err, out)
 		}
-		if r.DistinctIDs != total || r.AppliedOnce != total-len(spoofed) || r.DeadLettered != len(spoofed) || r.Lost+r.Duplicated+r.Unexpected != 0 {
+		if r.DistinctIDs != total || r.AppliedOnce != total-len(spoofed) || r.DeadLettered != len(spoofed) || r.Lost+r.Duplicated+r.Unexpected+r.Awaiting != 0 {
 			t.Errorf("verify -shards: %+v; want %d IDs, %d applied once, the %d spoofs dead-lettered", r, total, total-len(spoofed), len(spoofed))
 		}
 		t.Logf("verify -shards: %s", out)

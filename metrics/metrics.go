@@ -127,6 +127,7 @@ var (
 	descRescued      = prometheus.NewDesc(ns+"_rescued_total", "Messages the server gave up on after MaxDeliver, settled from their stored advisory.", nil, nil)
 	descExpired      = prometheus.NewDesc(ns+"_rescue_expired_total", "Messages the server gave up on after MaxDeliver that aged out of the stream before their rescue: fate unknown, recorded in the dead-letter stream as expired (jetinbox verify counts them as violations).", nil, nil)
 	descForeignAdv   = prometheus.NewDesc(ns+"_rescue_foreign_advisories_total", "Messages in the advisory stream that were no max-deliveries advisory of this durable (a server answer routed there by a reply subject, garbage, or one naming a message the stream never held): terminated, nothing rescued.", nil, nil)
+	descStaleReads   = prometheus.NewDesc(ns+"_rescue_stale_reads_total", "Read-backs of a message the server gave up on that found nothing while the stream, as its leader reports it, still holds the message (a replica or mirror behind the leader answered): the advisory is left unsettled and tried again, the message never recorded as expired for it.", nil, nil)
 	descRescueBack   = prometheus.NewDesc(ns+"_rescue_backlog", "Max-deliveries advisories of the durable not yet settled (the rescue durable's pending and unacked): messages the server gave up on that wait for their rescue. Settled means applied or found applied, dead-lettered, recorded as expired, or refused as foreign. A rescue settles thousands a second; a backlog that stays above 0 means the rescue cannot settle (database down, dead-letter stream refusing).", nil, nil)
 	descLeft         = prometheus.NewDesc(ns+"_left_for_rescue_total", "Messages on their last delivery left unsettled because what kept them from being applied was not their fault (the database unavailable, read-only, unmigrated or without a grant; a partition moved away): the server gives up on each after AckWait and the rescue applies it from its advisory.", nil, nil)
 	descCopyFallback = prometheus.NewDesc(ns+"_copy_claim_fallbacks_total", "Batches whose COPY claim met an ID already claimed and were claimed again with conflict checks (a replay, or copies published after the stream's duplicate window).", nil, nil)
@@ -136,7 +137,7 @@ var (
 type consumerCollector Consumer
 
 func (c *consumerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descReceived, descApplied, descDuplicates, descConflicts, descRedeliveries, descDeadLetters, descBatches, descFailed, descInFlight, descPending, descAckPending, descCopyClaims, descCopyFallback, descHeld, descRepeats, descRescued, descExpired, descForeignAdv, descRescueBack, descLeft, descStreamFill} {
+	for _, d := range []*prometheus.Desc{descReceived, descApplied, descDuplicates, descConflicts, descRedeliveries, descDeadLetters, descBatches, descFailed, descInFlight, descPending, descAckPending, descCopyClaims, descCopyFallback, descHeld, descRepeats, descRescued, descExpired, descForeignAdv, descStaleReads, descRescueBack, descLeft, descStreamFill} {
 		ch <- d
 	}
 }
@@ -164,6 +165,7 @@ func (c *consumerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descExpired, s.RescueExpired)
 	counter(descForeignAdv, s.ForeignAdvisories)
 	counter(descLeft, s.LeftForRescue)
+	counter(descStaleReads, s.RescueStaleReads)
 	ch <- prometheus.MustNewConstMetric(descHeld, prometheus.GaugeValue, float64(s.DeadLettersHeld))
 	ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(s.InFlight))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

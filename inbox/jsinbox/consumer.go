@@ -192,6 +192,7 @@ type Consumer struct {
 	redeliveries, naks, deadLettered, batches, failedBatches atomic.Int64
 	inFlight, rescued, rejectedRepeats, deadLettersHeld      atomic.Int64
 	rescueExpired, foreignAdvisories, leftForRescue          atomic.Int64
+	rescueStaleReads                                         atomic.Int64
 
 	// batchOK is set by every batch that commits: a pause after it starts
 	// its waits afresh, one right after a pause goes on with the longer

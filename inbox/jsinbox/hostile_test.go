@@ -185,8 +185,12 @@ func TestLongSubjectDoesNotStopTheConsumer(t *testing.T) {
 	if err := e.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if n := streamMsgs(t, e.js, jsinbox.DefaultStream); n != 1 {
-		t.Fatalf("the stream holds %d messages, want the long-subject one", n)
+	// The server stores it after the flush's round trip, through the
+	// stream's own queue: wait for it.
+	for deadline := time.Now().Add(30 * time.Second); streamMsgs(t, e.js, jsinbox.DefaultStream) != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stream holds %d messages, want the long-subject one", streamMsgs(t, e.js, jsinbox.DefaultStream))
+		}
 	}
 	// At the inbox's limit: kept whole, rejected by the effect.
 	edge := "intents." + strings.Repeat("y", inbox.MaxSubjectLen-len("intents."))

@@ -57,6 +57,12 @@ type ConsumerStats struct {
 	// there by a reply subject, garbage, or one naming a message the
 	// stream never held), terminated without rescuing anything.
 	ForeignAdvisories int64
+	// RescueStaleReads: read-backs of a message the server gave up on
+	// that found nothing while the stream, as its leader reports it, still
+	// holds the message (a replica or mirror behind the leader answered the
+	// direct get). The advisory is left unsettled and tried again after a
+	// jittered backoff; the message is never recorded as expired for it.
+	RescueStaleReads int64
 	// RejectedRepeats: copies of an intent rejected before at another
 	// stream sequence (a re-publish of the rejected ID), terminated
 	// without a second dead letter.
@@ -84,7 +90,8 @@ func (c *Consumer) Stats() ConsumerStats {
 		Naks: c.naks.Load(), DeadLettered: c.deadLettered.Load(), Batches: c.batches.Load(), FailedBatches: c.failedBatches.Load(),
 		InFlight: c.inFlight.Load(), Rescued: c.rescued.Load(), RejectedRepeats: c.rejectedRepeats.Load(), DeadLettersHeld: c.deadLettersHeld.Load(),
 		RescueExpired: c.rescueExpired.Load(), ForeignAdvisories: c.foreignAdvisories.Load(), LeftForRescue: c.leftForRescue.Load(),
-		CopyClaims: ps.CopyClaims, CopyFallbacks: ps.CopyFallbacks,
+		RescueStaleReads: c.rescueStaleReads.Load(),
+		CopyClaims:       ps.CopyClaims, CopyFallbacks: ps.CopyFallbacks,
 	}
 }
 

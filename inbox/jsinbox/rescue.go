@@ -316,7 +316,9 @@ func (c *Consumer) retryRescue(adv jetstream.Msg, seq uint64, what string, err e
 // stream that fails now naks the advisories, to try again later. A message
 // that is not a genuine advisory is terminated and counted; one for a
 // message that aged out of the stream first is recorded in the dead-letter
-// stream (see [DeadLetterExpired]) before it is acked.
+// stream (see [DeadLetterExpired]) before it is acked, and one whose
+// read-back found nothing while the stream still holds it is tried again
+// (see [Consumer.rescueGone]).
 func (c *Consumer) rescueBatch(ctx context.Context, advs []jetstream.Msg, onCrash func(error)) {
 	ones := make([]rescueOne, 0, len(advs))
 	for _, adv := range advs {
@@ -482,20 +484,34 @@ func expiredSubject(filter string) string {
 	return DeadLetterPrefix + strings.Join(toks, ".")
 }
 
-// rescueGone settles an advisory whose message the stream no longer holds.
-// Up to the stream's last sequence, the message is gone (aged out, as the
-// stream denies deletes) before the rescue: the expired record is
-// published to the dead-letter stream (with an ID like a dead letter's, so
-// a retry stores it once) and counted, then the advisory is acked; a
-// failed publish naks the advisory to try again. Beyond it, the stream
-// never held the message: the advisory names no message of this stream,
-// and it is terminated like a forged one.
+// rescueGone settles an advisory whose message a read-back did not find,
+// judged by the stream's state as its leader answers it (info, fetched
+// after the read). Only below the stream's first sequence is the message
+// gone before the rescue (aged out: the stream denies deletes, purges,
+// rollups and per-subject discards, so it loses messages only from its
+// front): the expired record is published to the dead-letter stream (with
+// an ID like a dead letter's, so a retry stores it once) and counted, then
+// the advisory is acked; a failed publish naks the advisory to try again.
+// From the first sequence up to the last, the stream still holds the
+// message, and the read was answered by a replica or a mirror behind the
+// leader (a direct get goes to any of them): recording it expired would
+// drop an intent that is there to apply, so the advisory is left
+// unsettled, counted, and tried again after a jittered backoff. Beyond
+// the last sequence, the stream never held the message: the advisory
+// names no message of this stream, and it is terminated like a forged
+// one.
 func (c *Consumer) rescueGone(ctx context.Context, adv jetstream.Msg, info *jetstream.StreamInfo, a maxDeliverAdvisory) {
 	if a.StreamSeq > info.State.LastSeq {
 		c.foreignAdvisories.Add(1)
 		c.cfg.Logger.Error("jsinbox: a max-deliveries advisory names a message this stream never held; terminated, nothing rescued",
 			"stream", c.cfg.Stream, "stream_seq", a.StreamSeq, "first_seq", info.State.FirstSeq, "last_seq", info.State.LastSeq)
 		_ = adv.Term()
+		return
+	}
+	if a.StreamSeq >= info.State.FirstSeq {
+		c.rescueStaleReads.Add(1)
+		c.retryRescue(adv, a.StreamSeq, "read message", fmt.Errorf("%w, though %s holds sequences %d to %d: a replica or mirror behind the leader answered the read; not recorded as expired",
+			jetstream.ErrMsgNotFound, c.cfg.Stream, info.State.FirstSeq, info.State.LastSeq))
 		return
 	}
 	subject := DeadLetterPrefix + expiredToken

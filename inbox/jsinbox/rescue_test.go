@@ -18,7 +18,9 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/effects"
+	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/verify"
+	"github.com/jetinbox/jetinbox/jitter"
 )
 
 // giveUpUnattended makes the server give up on every message of the
@@ -408,4 +410,59 @@ func TestVerifyCountsAwaitingRescue(t *testing.T) {
 	})
 	check("after the rescue", 0)
 	e.assertClean(t, n)
+}
+
+// TestRescueWaitsOutAStaleRead: the rescue reads given-up messages back
+// with direct gets, which any server holding the stream may answer: a
+// replica, or a mirror that allows direct gets, behind the leader answers
+// "not found" for a message the stream holds. Here a mirror that keeps
+// only another subject, so it never holds the messages given up on,
+// answers a share of the rescue's reads. None of those messages may be
+// recorded as expired (its intent would never be applied): the rescue
+// leaves their advisories unsettled, counts the stale reads, tries again
+// after a backoff and applies every one once.
+func TestRescueWaitsOutAStaleRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, "", jsinbox.StreamConfig{})
+	// The mirror answers direct gets of the intents stream once it has
+	// caught up, which it does on the one message it keeps.
+	e.publish(t, pipeline.Generate(pipeline.Load{Count: 1, Accounts: accounts, Prefix: "marker", Subject: "intents.marker", Seed: 2}))
+	mirror, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: "INTENTS_STALE", Storage: jetstream.MemoryStorage,
+		Mirror: &jetstream.StreamSource{Name: jsinbox.DefaultStream, FilterSubject: "intents.marker.>"}, MirrorDirect: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		info, err := mirror.Info(ctx)
+		return err == nil && info.State.Msgs == 1
+	})
+	const n = 20
+	e.publish(t, load(n, "stale"))
+	giveUpUnattended(t, e, n+1)
+
+	// Short backoffs: a retried read goes to the mirror half the time.
+	r := e.startConsumer(t, nil, nil, jsinbox.ConsumerConfig{Nak: jitter.Policy{Kind: jitter.Decorrelated, Base: 20 * time.Millisecond, Cap: 200 * time.Millisecond}})
+	waitFor(t, time.Minute, func() bool {
+		s := r.c.Stats()
+		return s.Rescued+s.RescueExpired+s.ForeignAdvisories >= n+1
+	})
+	s := r.c.Stats()
+	if s.Rescued != n+1 || s.RescueExpired != 0 || s.ForeignAdvisories != 0 || s.DeadLettered != 0 {
+		t.Fatalf("stats %+v: want all %d rescued, none recorded expired (a stale read is no proof a message is gone)", s, n+1)
+	}
+	if s.RescueStaleReads == 0 {
+		t.Fatalf("stats %+v: no stale read counted; the mirror answered none of %d reads, so this test proved nothing", s, n+1)
+	}
+	t.Logf("%d stale reads waited out", s.RescueStaleReads)
+	if dead := deadLetters(t, e); len(dead) != 0 {
+		t.Fatalf("%d records in the dead-letter stream, want none: %+v", len(dead), dead[0])
+	}
+	// verify reads with direct gets too: without the mirror, it reads
+	// what the stream holds.
+	if err := e.js.DeleteStream(ctx, "INTENTS_STALE"); err != nil {
+		t.Fatal(err)
+	}
+	e.settle(t, 30*time.Second)
+	e.assertClean(t, n+1)
 }

@@ -20,14 +20,20 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/chaos"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
+	"github.com/jetinbox/jetinbox/internal/subproc"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 )
 
-func TestMain(m *testing.M) { testenv.MainNoLeaks(m) }
+func TestMain(m *testing.M) {
+	// The demo's HTTP hop starts this binary again as intake processes.
+	subproc.Dispatch(map[string]func([]string) int{subproc.RoleJetinbox: chaos.ConsumerRole})
+	testenv.MainNoLeaks(m)
+}
 
 func mapEnv(m map[string]string) cli.Env { return func(k string) string { return m[k] } }
 
@@ -40,7 +46,8 @@ func TestDemo(t *testing.T) {
 	if err != nil {
 		t.Fatalf("demo: %v\n%s\n%s", err, out.String(), errOut.String())
 	}
-	for _, want := range []string{`applied once +1500 `, `duplicated +0 +ok`, `lost +0 +ok`, `unexpected +0 +ok`, `dead-lettered +8 `, `consumer crashes +1 `} {
+	for _, want := range []string{`applied once +1500 `, `duplicated +0 +ok`, `lost +0 +ok`, `unexpected +0 +ok`, `dead-lettered +8 `, `consumer crashes +1 `,
+		`retry-same-key +100 +0 +100 +0 .* ok`, `concurrent-same-key +100 +0 +100 +0 .* ok`} {
 		if !regexp.MustCompile(`(?m)^ *` + want).MatchString(out.String()) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())
 		}

@@ -48,6 +48,7 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 		verbose    = fs.Bool("v", false, "log what the consumers do (dead letters, crashes, retries)")
 		syncAlways = fs.Bool("sync-always", true, "embedded server fsyncs every JetStream write, as production must (sync_interval: always)")
 		cluster    = fs.Bool("cluster", false, "run on three embedded nats-servers with R3 streams and consumers, and kill the stream leader halfway through publishing")
+		httpHop    = fs.Bool("http", demoHTTPDefault(), "then run the first hop over HTTP: clients POST intents with an Idempotency-Key through a lossy proxy to jetinbox intake processes (needs the PostgreSQL server binaries; on by default where they are)")
 		scope      = cli.ScopeFlag(fs, env)
 		durable    = cli.DurableFlag(fs, env)
 		storeFlag  = fs.String("store", "", "where the inbox lives: sqlite (a file in a temporary directory), postgres (a throwaway server), or a database URL "+
@@ -260,6 +261,12 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	tw.Flush()
 	for _, e := range rep.Examples {
 		fmt.Fprintln(stdout, "  ", e)
+	}
+	if *httpHop && !*cluster {
+		if err := demoHTTP(ctx, stdout, io.Discard); err != nil {
+			fmt.Fprintf(stdout, "\nfinished in %.1fs\n", time.Since(start).Seconds())
+			return err
+		}
 	}
 	fmt.Fprintf(stdout, "\nfinished in %.1fs\n", time.Since(start).Seconds())
 	if !rep.Clean() || rep.AppliedOnce != len(intents) {

@@ -18,7 +18,7 @@ func TestDemoOnGivenServers(t *testing.T) {
 	srv := testenv.NewNATS(t, testenv.NATSOptions{})
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": testenv.NewDatabase(t)})
 	var out, errOut bytes.Buffer
-	if err := Demo(context.Background(), []string{"-intents", "600"}, env, nil, &out, &errOut); err != nil {
+	if err := Demo(context.Background(), []string{"-intents", "600", "-http=false"}, env, nil, &out, &errOut); err != nil {
 		t.Fatalf("demo: %v\n%s\n%s", err, out.String(), errOut.String())
 	}
 	for _, want := range []string{`applied once +600 `, `duplicated +0 +ok`, `lost +0 +ok`} {
@@ -40,7 +40,7 @@ func TestDemoWithoutPostgres(t *testing.T) {
 		t.Fatalf("the PostgreSQL binaries are still found, in %s", dir)
 	}
 	var out, errOut bytes.Buffer
-	if err := Demo(context.Background(), []string{"-intents", "1000"}, mapEnv(map[string]string{}), nil, &out, &errOut); err != nil {
+	if err := Demo(context.Background(), []string{"-intents", "1000", "-http=false"}, mapEnv(map[string]string{}), nil, &out, &errOut); err != nil {
 		t.Fatalf("demo: %v\n%s\n%s", err, out.String(), errOut.String())
 	}
 	first, _, _ := strings.Cut(errOut.String(), "\n")

@@ -33,6 +33,7 @@ func TestExitCodeConvention(t *testing.T) {
 		"chaos":      {"-intents", "x"},
 		"jitter":     {"-clients", "x"},
 		"partitions": {"list", "-replicas", "x"},
+		"intake":     {"-wait", "soon"},
 	}
 	for name := range commands() {
 		bad, ok := badValue[name]
@@ -64,6 +65,8 @@ func TestExitCodeConvention(t *testing.T) {
 		{"chaos", "-intents", "0"}, {"chaos", "-give-ups", "-1"}, {"chaos", "-producers", "sometimes"},
 		{"relay", "-batch", "0"}, {"relay", "-publish-batch", "5000"},
 		{"jitter", "-clients", "-3"}, {"jitter", "-cap", "1ms", "-base", "1s"}, {"jitter", "extra"},
+		{"intake", "-wait", "0s"}, {"intake", "-retention", "-1h"}, {"intake", "-tls-cert", "c.pem"},
+		{"chaos", "-http", "-drop-request", "2"}, {"bench", "-http", "-requests", "1"},
 	} {
 		err := Jetinbox(context.Background(), args, mapEnv(nil), nil, io.Discard, io.Discard)
 		if got := cli.ExitCode(err); got != 2 || !strings.Contains(err.Error(), "-"+strings.TrimPrefix(args[1], "-")) && args[1] != "extra" {

@@ -28,6 +28,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/chaos"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/effects"
+	"github.com/jetinbox/jetinbox/internal/intake"
 	"github.com/jetinbox/jetinbox/internal/jittersim"
 	"github.com/jetinbox/jetinbox/internal/jscheck"
 	"github.com/jetinbox/jetinbox/internal/verify"
@@ -46,6 +47,7 @@ func commands() map[string]command {
 		"migrate":  {"apply the inbox, ledger and outbox schemas (-print shows the SQL instead)", Migrate},
 		"relay":    {"publish the outbox's pending rows (follow-ups, services' own intents) with their IDs and mark them sent", Relay},
 		"verify":   {"check a stream against one scope's inbox and ledger: lost, duplicated, unexpected", Verify},
+		"intake":   {intake.Summary, intake.Main},
 		"consumer": {"the consumer (same as the consumer binary), for one-binary deployments and jetinbox bench", func(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
 			return cli.Consumer(ctx, args, env, stdout, stderr)
 		}},
@@ -100,7 +102,7 @@ func Jetinbox(ctx context.Context, args []string, env cli.Env, stdin io.Reader, 
 
 // ownUsage names the commands whose usage text (cli.NewFlagSet) already
 // ends with the exit-code convention; the dispatcher adds it to the others'.
-var ownUsage = map[string]bool{"demo": true, "accounts": true, "dlq": true, "migrate": true, "verify": true, "consumer": true, "replay": true, "prune": true, "relay": true, "partitions": true}
+var ownUsage = map[string]bool{"demo": true, "accounts": true, "dlq": true, "migrate": true, "verify": true, "consumer": true, "replay": true, "prune": true, "relay": true, "partitions": true, "intake": true}
 
 // Migrate applies the schemas, or prints them.
 func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {

@@ -405,7 +405,7 @@ func verifyShards(ctx context.Context, sf cli.ShardFlags, nf *cli.NATSFlags, env
 		return cli.UsageError{Err: err}
 	}
 	defer nc.Close()
-	r, err := verify.Shards(ctx, js, m.Stream, m.Scope, dbs)
+	r, err := verify.Shards(ctx, js, m.Stream, m.Scope, dbs, m.Durables()...)
 	if err != nil {
 		return cli.UsageError{Err: streamMissing("verify", m.Stream, err)}
 	}

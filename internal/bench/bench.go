@@ -69,6 +69,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// -cluster switches to the three-node run, which has flags of its own
 	// (cluster.go).
 	for i, a := range args {
+		if a == "-http" || a == "--http" {
+			return HTTPMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
+		}
 		if a == "-cluster" || a == "--cluster" {
 			return ClusterMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
 		}

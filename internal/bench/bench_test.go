@@ -70,3 +70,19 @@ func TestBenchCommandSmoke(t *testing.T) {
 		t.Error("bench -store mysql was accepted")
 	}
 }
+
+// BenchmarkHTTPIntake is `jetinbox bench -http`, small: the intake with
+// keys against the same endpoint without the key store, on both stores.
+func BenchmarkHTTPIntake(b *testing.B) {
+	for range b.N {
+		for _, s := range []string{"postgres", "sqlite"} {
+			rows, err := BenchHTTP(context.Background(), s, 200, 8)
+			if err != nil {
+				b.Fatal(err)
+			}
+			var buf bytes.Buffer
+			WriteHTTP(&buf, rows)
+			b.Logf("\n%s", buf.String())
+		}
+	}
+}

@@ -489,7 +489,7 @@ func (b *shardsBench) row(ctx context.Context, exe string, round, k int) (Shards
 		}
 		dbs[i] = verify.ShardDB{Name: s.s.Name, DB: s.store.PG}
 	}
-	rep, err := verify.Shards(ctx, b.js, m.Stream, m.Scope, dbs)
+	rep, err := verify.Shards(ctx, b.js, m.Stream, m.Scope, dbs, m.Durables()...)
 	if err != nil {
 		return ShardsRound{}, err
 	}

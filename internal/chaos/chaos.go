@@ -82,6 +82,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if a == "-pg-failover" || a == "--pg-failover" {
 			return PGFailoverMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
 		}
+		if a == "-http" || a == "--http" {
+			return HTTPMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
+		}
 		if a == "-power-loss" || a == "--power-loss" {
 			return PowerLossMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
 		}
@@ -114,7 +117,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			"jetinbox chaos -shards N [flags]: one partitioned stream over N shards, each on its own PostgreSQL, with a\n"+
 			"shard's PostgreSQL killed and a partition moved mid-run (see jetinbox chaos -shards 3 -h).\n"+
 			"jetinbox chaos -power-loss [flags]: the jetinbox row while the power goes out, every store on a filesystem\n"+
-			"that forgets unsynced writes; shipped and unsafe settings side by side (see jetinbox chaos -power-loss -h).")
+			"that forgets unsynced writes; shipped and unsafe settings side by side (see jetinbox chaos -power-loss -h).\n"+
+			"jetinbox chaos -http [flags]: clients POST intents through a lossy proxy to jetinbox intake processes, never\n"+
+			"retrying, retrying without a key, with the same key, and in concurrent bursts (see jetinbox chaos -http -h).")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

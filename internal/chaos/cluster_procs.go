@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/intake"
 	"github.com/jetinbox/jetinbox/internal/subproc"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
@@ -33,11 +34,18 @@ const (
 )
 
 // ConsumerRole runs `consumer ARGS` (the consumer command of
-// internal/cli) as the [subproc.RoleJetinbox] role of a test binary, which
+// internal/cli), or `intake ARGS` (jetinbox intake), as the [subproc.RoleJetinbox] role of a test binary, which
 // cannot link internal/app (it imports this package): chaos runs started
 // from tests start their consumer processes with it. SIGTERM and SIGINT
 // drain the consumer; the exit code is the CLI's.
 func ConsumerRole(args []string) int {
+	if len(args) > 0 && args[0] == "intake" {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err := intake.Main(ctx, args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
+		stop()
+		cli.ReportError(os.Stderr, "intake", args[1:], os.Getenv, "json", err)
+		return cli.ExitCode(err)
+	}
 	if len(args) == 0 || args[0] != "consumer" {
 		fmt.Fprintf(os.Stderr, "this binary runs only `consumer` as a jetinbox child, not %q\n", args)
 		return 2

@@ -435,16 +435,8 @@ func (r *pgRun) fault(ctx context.Context, kind string) (string, error) {
 			return "", err
 		}
 		time.Sleep(time.Second)
-		r.f.KillNode(p)
-		release(true) // what was on the wire to the standby dies with the primary
-		if err := r.waitPrimary(ctx, 1-p); err != nil {
-			return "", err
-		}
-		promoted := time.Since(t0)
-		if err := r.f.StartNode(p); err != nil {
-			return "", err
-		}
-		if err := r.f.WaitStates(ctx, 2*time.Minute, "primary", "secondary"); err != nil {
+		promoted, err := r.killStalledPrimary(ctx, p, release, t0)
+		if err != nil {
 			return "", err
 		}
 		return fmt.Sprintf("%s's WAL receiver stalled 1s, %s killed with it, %s promoted after %.1fs, %s rejoined as secondary", r.f.Name(1-p), r.f.Name(p), r.f.Name(1-p), promoted.Seconds(), r.f.Name(p)), nil
@@ -482,16 +474,8 @@ func (r *pgRun) fault(ctx context.Context, kind string) (string, error) {
 			release(false)
 			return "", err
 		}
-		r.f.KillNode(p)
-		release(true) // what was on the wire to the standby dies with the primary
-		if err := r.waitPrimary(ctx, 1-p); err != nil {
-			return "", err
-		}
-		promoted := time.Since(t0)
-		if err := r.f.StartNode(p); err != nil {
-			return "", err
-		}
-		if err := r.f.WaitStates(ctx, 2*time.Minute, "primary", "secondary"); err != nil {
+		promoted, err := r.killStalledPrimary(ctx, p, release, t0)
+		if err != nil {
 			return "", err
 		}
 		return fmt.Sprintf("%s's WAL receiver stalled 3s, %d waiting commits cancelled, %s killed, %s promoted after %.1fs, %s rejoined as secondary",
@@ -604,4 +588,24 @@ func pgSchedule(o PGFailoverOptions) []string {
 		schedule = append(schedule, kinds[:min(len(kinds), o.Faults-len(schedule))]...)
 	}
 	return schedule
+}
+
+// killStalledPrimary kills primary p while its standby's WAL receiver is
+// stalled (release(true) drops what was on the wire, dying with the
+// primary), waits for the standby's promotion, and restarts p as the new
+// secondary. It returns how long after t0 the promotion came.
+func (r *pgRun) killStalledPrimary(ctx context.Context, p int, release func(drop bool), t0 time.Time) (time.Duration, error) {
+	r.f.KillNode(p)
+	release(true)
+	if err := r.waitPrimary(ctx, 1-p); err != nil {
+		return 0, err
+	}
+	promoted := time.Since(t0)
+	if err := r.f.StartNode(p); err != nil {
+		return 0, err
+	}
+	if err := r.f.WaitStates(ctx, 2*time.Minute, "primary", "secondary"); err != nil {
+		return 0, err
+	}
+	return promoted, nil
 }

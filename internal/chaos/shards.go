@@ -70,8 +70,14 @@ type ShardsOptions struct {
 	// OnePostgres puts every shard's database on one PostgreSQL (tests:
 	// cheaper to start); the killed one then takes all shards down.
 	OnePostgres bool
-	Seed        uint64
-	Progress    io.Writer
+	// Intake sends the intents through the HTTP first hop instead of
+	// publishing them: an intake on a database of its own (partitioned
+	// subjects), its relay, and a client that retries with the same key
+	// when an answer is lost (at the LosePubAck rate), while the partition
+	// moves.
+	Intake   bool
+	Seed     uint64
+	Progress io.Writer
 
 	// Mutations, for the tests that show the checks go red.
 	noBinding, noCopy bool
@@ -155,6 +161,7 @@ func ShardsMain(ctx context.Context, n string, args []string, stdout, stderr io.
 	fs.BoolVar(&o.Move, "move", true, "move a partition from the first shard to the last mid-run")
 	fs.BoolVar(&o.RaceMoves, "race-moves", true, "with -move: two moves of the partition to two targets at once, a rerun to the other, and a replay -apply of the source through the move (3 shards or more)")
 	beside := fs.Bool("beside-unsafe", false, "run again with the unsafe move check and replay (any given-away row; no fence in the replay) and print both")
+	fs.BoolVar(&o.Intake, "intake", false, "post the intents through an HTTP intake (its own database, partitioned subjects, lost answers retried with the same key) instead of publishing them")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed for the fault dice")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage of jetinbox chaos -shards N: one stream partitioned by its subject transform, N shards each on its own\n"+
@@ -419,10 +426,30 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 			r.progress("%s", moved)
 		})
 	}
+	var si *shardIntake
+	keys := make([]string, len(intents))
+	if o.Intake {
+		if si, err = r.startIntake(ctx); err != nil {
+			return nil, err
+		}
+		defer si.stop()
+		for i := range intents {
+			keys[i] = intents[i].ID
+			intents[i].ID = shardIntakeID(keys[i])
+		}
+	}
 	killed := 1 % o.Shards
 	for i := range intents {
 		switch {
 		case o.Move && i == len(intents)/3:
+			if si != nil {
+				// What was posted so far is in the stream (and, below,
+				// applied) before the partition moves, so the move has
+				// rows to carry and the retries after it meet them.
+				if err := si.drained(ctx); err != nil {
+					return nil, err
+				}
+			}
 			doMove()
 		case o.KillPostgres && i == 2*len(intents)/3:
 			pg := r.pgs[min(killed, len(r.pgs)-1)]
@@ -438,7 +465,35 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 			}
 			r.fault("PostgreSQL kills", 1)
 		}
+		if si != nil {
+			if err := si.post(ctx, keys[i], r.m.Subject+"."+kinds[i], intents[i].Payload); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if err := r.publish(ctx, intents[i].ID, r.publishSubject(intents[i].ID, kinds[i]), intents[i].Payload, true); err != nil {
+			return nil, err
+		}
+	}
+	if si != nil && o.Move {
+		// The clients of the moved partition's intents retry after the
+		// move with their keys: the intake, whose keys did not move,
+		// answers them again and adds nothing.
+		for i := range intents[:len(intents)/3] {
+			if shard.PartitionOf(intents[i].ID, r.m.Partitions) != moveP {
+				continue
+			}
+			if err := si.post(ctx, keys[i], r.m.Subject+"."+kinds[i], intents[i].Payload); err != nil {
+				return nil, err
+			}
+			r.fault("re-posts after the move", 1)
+		}
+	}
+	if si != nil {
+		dctx, cancel := context.WithTimeout(ctx, time.Minute)
+		err := si.drained(dctx)
+		cancel()
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -483,7 +538,7 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 	for i, s := range r.m.Shards {
 		dbs[i] = verify.ShardDB{Name: s.Name, DB: r.pools[i]}
 	}
-	if res.Verify, err = verify.Shards(ctx, r.js, r.m.Stream, r.m.Scope, dbs); err != nil {
+	if res.Verify, err = verify.Shards(ctx, r.js, r.m.Stream, r.m.Scope, dbs, r.m.Durables()...); err != nil {
 		return nil, err
 	}
 	for _, fp := range r.fps {
@@ -491,7 +546,7 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 		r.fault("crashes after commit", fp.Hits(failpoint.AfterCommit))
 	}
 	for _, f := range []string{"lost PubAcks", "retries on another subject", "poison intents", "crashes after commit", "lost acks", "PostgreSQL kills", "partition moves",
-		"replays after the window", "keys from the account", "re-drives on the stored subject", "re-drives on the publish subject", "copies on another kind", "replays of the moved partition", "raced moves", "replays during the move"} {
+		"replays after the window", "keys from the account", "re-drives on the stored subject", "re-drives on the publish subject", "copies on another kind", "replays of the moved partition", "raced moves", "replays during the move", "lost intake answers", "re-posts after the move"} {
 		res.Faults = append(res.Faults, fmt.Sprintf("%d %s", r.faults[f], f))
 	}
 	res.Elapsed = time.Since(start)

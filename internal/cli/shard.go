@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -197,22 +200,13 @@ func consumeShard(ctx context.Context, sf ShardFlags, env Env, nf *NATSFlags, w 
 }
 
 // serveShardHTTP serves /metrics and /healthz as the consumer does, and
-// /readyz: every partition the shard runs is consuming.
+// /readyz (see shardHTTPHandler).
 func serveShardHTTP(addr string, r *shard.Runner, nc *nats.Conn, reg *prometheus.Registry, log *slog.Logger) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("http: %w", err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/", httpHandler(nil, nc, reg))
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !r.Ready() {
-			http.Error(w, "not ready: a partition is not consuming, or NATS or PostgreSQL unreachable", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ready")
-	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: shardHTTPHandler(r, nc, reg), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("http", "err", err)
@@ -220,4 +214,32 @@ func serveShardHTTP(addr string, r *shard.Runner, nc *nats.Conn, reg *prometheus
 	}()
 	log.Info("http: serving", "addr", ln.Addr().String())
 	return srv, nil
+}
+
+// shardHTTPHandler is what serveShardHTTP serves: /readyz says whether
+// every partition the shard runs is consuming and, as the consumer's does,
+// the rescue backlog (max-deliveries advisories not yet settled), summed
+// over the partitions, with the partitions that have one. A backlog does
+// not make the shard unready: it is the one that rescues them.
+func shardHTTPHandler(r *shard.Runner, nc *nats.Conn, reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", httpHandler(nil, nc, reg))
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, req *http.Request) {
+		ctx, cancel := context.WithTimeout(req.Context(), time.Second)
+		defer cancel()
+		backlog := ""
+		if by, n, _ := r.RescueBacklog(ctx); n > 0 {
+			parts := make([]string, 0, len(by))
+			for _, p := range slices.Sorted(maps.Keys(by)) {
+				parts = append(parts, fmt.Sprintf("%d: %d", p, by[p]))
+			}
+			backlog = fmt.Sprintf("\nrescue backlog: %d max-deliveries advisories not yet settled (jetinbox_rescue_backlog), by partition %s", n, strings.Join(parts, ", "))
+		}
+		if !r.Ready() {
+			http.Error(w, "not ready: a partition is not consuming, or NATS or PostgreSQL unreachable"+backlog, http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready"+backlog)
+	})
+	return mux
 }

@@ -238,14 +238,21 @@ func (s *Store) Ping(ctx context.Context) error {
 }
 
 // CheckSchema reports [inbox.ErrNotMigrated] unless the inbox schema is
-// up to date; on PostgreSQL it also checks that the pool sees commits the
-// synchronous standby never confirmed ([pginbox.Store.CheckCommitWatch]).
+// up to date; on PostgreSQL it also checks that the session can write and
+// hold a transaction ([pginbox.Store.CheckSession]) and that the pool sees
+// commits the synchronous standby never confirmed
+// ([pginbox.Store.CheckCommitWatch]).
 func (s *Store) CheckSchema(ctx context.Context) error {
 	if s.SQLite != nil {
 		return sqliteinbox.New(s.SQLite).CheckSchema(ctx)
 	}
 	st := pginbox.New(s.PG)
 	if err := st.CheckSchema(ctx); err != nil {
+		return err
+	}
+	// The watch's probe runs in a transaction: a session that cannot
+	// hold one (a statement pooler) is refused first, saying so.
+	if err := st.CheckSession(ctx); err != nil {
 		return err
 	}
 	return st.CheckCommitWatch(ctx)

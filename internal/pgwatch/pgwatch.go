@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -40,21 +41,31 @@ const key = "jetinbox.pgwatch"
 // handler at work.
 const probeMessage = "jetinbox: commit watch probe"
 
-// watch is one connection's state. A connection runs one statement at a
-// time and its notice handler runs on the goroutine reading the result, so
-// it needs no lock.
+// watch is one connection's state. Its notice handler runs on the
+// goroutine reading a result, but a pool's transaction gives its
+// connection back inside Commit, before [Commit] looks at what the COMMIT
+// said: the next holder may already use the connection. So each COMMIT
+// brings a record of its own, the handler writes into whichever record is
+// current, and all of it is under a lock.
 type watch struct {
-	committing bool
-	warning    *pgconn.Notice // the first warning seen while committing
-	probed     bool
+	mu     sync.Mutex
+	commit *commitRecord // the COMMIT in progress, or nil
+	probed bool
+}
+
+// commitRecord is what one COMMIT was told.
+type commitRecord struct {
+	warning *pgconn.Notice // the first warning seen
 }
 
 func (w *watch) notice(n *pgconn.Notice) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	switch {
 	case n.Message == probeMessage:
 		w.probed = true
-	case w.committing && w.warning == nil && isWarning(n):
-		w.warning = n
+	case w.commit != nil && w.commit.warning == nil && isWarning(n):
+		w.commit.warning = n
 	}
 }
 
@@ -124,10 +135,22 @@ func Commit(ctx context.Context, tx pgx.Tx) error {
 	if !ok {
 		return tx.Commit(ctx)
 	}
-	w.committing, w.warning = true, nil
+	rec := &commitRecord{}
+	w.mu.Lock()
+	w.commit = rec
+	w.mu.Unlock()
 	err := tx.Commit(ctx)
-	warning := w.warning
-	w.committing, w.warning = false, nil
+	// Every notice of this COMMIT came before tx.Commit returned. A
+	// transaction of a pool has given the connection back by now, so
+	// another holder may have begun its own COMMIT (then w.commit is
+	// its record, left alone) or a statement whose warning landed in rec
+	// meanwhile: that makes this outcome unknown, the safe side.
+	w.mu.Lock()
+	if w.commit == rec {
+		w.commit = nil
+	}
+	warning := rec.warning
+	w.mu.Unlock()
 	if err != nil {
 		return err
 	}
@@ -157,12 +180,17 @@ func Check(ctx context.Context, db DB) error {
 	if !ok {
 		return ErrUnwatched
 	}
+	w.mu.Lock()
 	w.probed = false
+	w.mu.Unlock()
 	// The simple protocol: no prepared statement, behind a pooler too.
 	if _, err := tx.Exec(ctx, `DO $$BEGIN RAISE WARNING '`+probeMessage+`'; END$$`, pgx.QueryExecModeSimpleProtocol); err != nil {
 		return fmt.Errorf("commit watch: probe: %w", err)
 	}
-	if !w.probed {
+	w.mu.Lock()
+	probed := w.probed
+	w.mu.Unlock()
+	if !probed {
 		return fmt.Errorf("%w (a notice handler set after the watch dropped it)", ErrUnwatched)
 	}
 	return nil

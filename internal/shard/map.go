@@ -275,6 +275,15 @@ func (m *Map) Owner(p int) string {
 // runs it.
 func (m *Map) Durable(p int) string { return fmt.Sprintf("%s_p%02d", m.DurablePrefix, p) }
 
+// Durables returns every partition's durable, in partition order.
+func (m *Map) Durables() []string {
+	ds := make([]string, m.Partitions)
+	for p := range ds {
+		ds[p] = m.Durable(p)
+	}
+	return ds
+}
+
 // Filter is partition p's filter subject on the stored subjects.
 func (m *Map) Filter(p int) string { return m.Subject + "." + strconv.Itoa(p) + ".>" }
 

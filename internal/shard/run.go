@@ -96,7 +96,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.Logger == nil {
 		r.Logger = slog.Default()
 	}
+	r.mu.Lock() // /readyz may ask Ready or Running already
 	r.running = map[int]*partitionRun{}
+	r.mu.Unlock()
 	owned, err := Owned(ctx, r.Pool, r.Map.Scope)
 	if err != nil {
 		return fmt.Errorf("%w (run jetinbox migrate -shards FILE -shard NAME first)", err)

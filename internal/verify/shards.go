@@ -5,8 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
+	"strconv"
 	"text/tabwriter"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -38,6 +42,23 @@ type ShardsReport struct {
 	// Unexpected: entries of IDs the stream never held.
 	Unexpected   int `json:"unexpected"`
 	DeadLettered int `json:"dead_lettered"`
+	// ExpiredBeforeRescue: expired records (the rescue of a partition
+	// durable found the message it was to rescue aged out of the stream)
+	// whose stream sequence no shard's inbox row names: the intent's fate
+	// is unknown, a violation.
+	ExpiredBeforeRescue int `json:"expired_before_rescue"`
+	// ExpiredApplied: expired records whose stream sequence made an
+	// applied inbox row in a shard (applied, its ack lost, given up on,
+	// aged out): settled, not a violation. Their IDs are judged with the
+	// stream's (their entries are not unexpected).
+	ExpiredApplied int `json:"expired_applied,omitempty"`
+	// AwaitingRescue: IDs with no entry in any shard and no dead letter
+	// whose message the server gave up on and whose max-deliveries
+	// advisory the rescue durable of its partition has not settled yet.
+	// Not lost: the shard owning the partition will apply or dead-letter
+	// it. AwaitingRescueSince is when the server gave up on the oldest.
+	AwaitingRescue      int       `json:"awaiting_rescue"`
+	AwaitingRescueSince time.Time `json:"awaiting_rescue_since,omitzero"`
 	// BalanceMismatches: accounts whose balance summed over the shards
 	// differs from their entries summed over the shards.
 	BalanceMismatches int `json:"balance_mismatches"`
@@ -45,12 +66,14 @@ type ShardsReport struct {
 	AppliedIn map[string]int `json:"applied_in"`
 	// Examples name a few violations.
 	Examples []string `json:"examples,omitempty"`
+	// Warnings say what is not a violation but needs a look.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
-// Clean reports whether nothing was lost, duplicated, unexpected or off
-// balance.
+// Clean reports whether nothing was lost, duplicated, unexpected, off
+// balance or expired before its rescue.
 func (r *ShardsReport) Clean() bool {
-	return r.Lost == 0 && r.Duplicated == 0 && r.Unexpected == 0 && r.BalanceMismatches == 0
+	return r.Lost == 0 && r.Duplicated == 0 && r.Unexpected == 0 && r.BalanceMismatches == 0 && r.ExpiredBeforeRescue == 0
 }
 
 func (r *ShardsReport) example(format string, args ...any) {
@@ -65,7 +88,21 @@ func (r *ShardsReport) example(format string, args ...any) {
 // an entry the stream never held, and the partial balances summed over the
 // shards match the entries. It reads the stream with direct gets and keeps
 // its IDs in memory.
-func Shards(ctx context.Context, js jetstream.JetStream, stream, scope string, shards []ShardDB) (*ShardsReport, error) {
+//
+// durables are the partition durables (see the shard map): the messages
+// the server gave up on whose advisory their rescue durable has not
+// settled are counted awaiting rescue, not lost, as [Run] counts them.
+// Expired records in the dead-letter stream are judged as Run judges
+// them: a violation, unless a shard's inbox row names the sequence as
+// applied.
+func Shards(ctx context.Context, js jetstream.JetStream, stream, scope string, shards []ShardDB, durables ...string) (*ShardsReport, error) {
+	// The rescues under way first, as Run reads them: a rescue that ends
+	// meanwhile has dead-lettered or applied its message by the time the
+	// dead letters and the shards are read.
+	aw, err := readAwaitingOf(ctx, js, stream, durables)
+	if err != nil {
+		return nil, err
+	}
 	msgs, err := ReadStream(ctx, js, stream)
 	if err != nil {
 		return nil, err
@@ -75,15 +112,48 @@ func Shards(ctx context.Context, js jetstream.JetStream, stream, scope string, s
 		return nil, err
 	}
 	r := &ShardsReport{StreamMessages: len(msgs), AppliedIn: map[string]int{}}
+	held := make(map[uint64]bool, len(msgs))
+	for _, m := range msgs {
+		held[m.Seq] = true
+	}
 	deadIDs := map[string]bool{}
+	// expired: the sequences of genuine expired records, with their
+	// delivery counts.
+	expired := map[uint64]string{}
+	judge := &deadLetters{stream: stream}
 	for _, d := range dead {
-		if d.Header[jsinbox.HeaderScope] == scope && d.Header[jsinbox.HeaderStream] == stream {
-			deadIDs[d.Header[jsinbox.HeaderMessageID]] = true
+		if d.Header[jsinbox.HeaderScope] != scope || d.Header[jsinbox.HeaderStream] != stream {
+			continue
 		}
+		if d.Header[jsinbox.HeaderStatus] != jsinbox.DeadLetterExpired {
+			deadIDs[d.Header[jsinbox.HeaderMessageID]] = true
+			continue
+		}
+		if why := judge.foreign(d); why != "" {
+			r.example("foreign: message %d of %s %s: it settles nothing", d.Seq, jsinbox.DeadLetterStream(stream), why)
+			continue
+		}
+		seq, _ := strconv.ParseUint(d.Header[jsinbox.HeaderStreamSeq], 10, 64)
+		if held[seq] {
+			r.example("foreign: message %d of %s says stream seq %d expired, but the stream holds it", d.Seq, jsinbox.DeadLetterStream(stream), seq)
+			continue
+		}
+		expired[seq] = d.Header[jsinbox.HeaderDelivered]
 	}
 	ids := map[string]bool{}
+	// awaitingSince: the IDs with a message awaiting its rescue, and when
+	// the server gave up on the first.
+	awaitingSince := map[string]time.Time{}
 	for _, m := range msgs {
 		ids[m.ID] = true
+		if since, ok := aw.seqs[m.Seq]; ok {
+			if t, seen := awaitingSince[m.ID]; !seen || since.Before(t) {
+				awaitingSince[m.ID] = since
+			}
+		}
+	}
+	if err := shardsExpired(ctx, r, stream, scope, shards, expired, ids); err != nil {
+		return nil, err
 	}
 	r.DistinctIDs = len(ids)
 	// entries[id][shard] = entries of id in that shard.
@@ -131,6 +201,11 @@ func Shards(ctx context.Context, js jetstream.JetStream, stream, scope string, s
 			}
 		case total == 0 && deadIDs[id]:
 			r.DeadLettered++
+		case total == 0 && !awaitingSince[id].IsZero():
+			r.AwaitingRescue++
+			if since := awaitingSince[id]; r.AwaitingRescueSince.IsZero() || since.Before(r.AwaitingRescueSince) {
+				r.AwaitingRescueSince = since
+			}
 		case total == 0:
 			r.Lost++
 			r.example("lost: %s has no entry in any shard and no dead letter", id)
@@ -165,7 +240,48 @@ func Shards(ctx context.Context, js jetstream.JetStream, stream, scope string, s
 			r.example("balance: account %d is %d summed over the shards, its entries sum to %d", acct, b, entrySum[acct])
 		}
 	}
+	r.Warnings = awaitingWarnings(aw, r.AwaitingRescue, r.AwaitingRescueSince, stream)
+	sort.Strings(r.Examples)
 	return r, nil
+}
+
+// shardsExpired judges the expired records: a sequence that made an
+// applied inbox row in some shard was applied before it aged out (its ack
+// lost), and its ID joins ids to be judged with the stream's; any other is
+// a violation, expired before its rescue.
+func shardsExpired(ctx context.Context, r *ShardsReport, stream, scope string, shards []ShardDB, expired map[uint64]string, ids map[string]bool) error {
+	if len(expired) == 0 {
+		return nil
+	}
+	seqs := slices.Sorted(maps.Keys(expired))
+	args := make([]int64, len(seqs))
+	for i, s := range seqs {
+		args[i] = int64(s)
+	}
+	applied := map[uint64]string{}
+	for _, s := range shards {
+		rows, err := s.DB.Query(ctx, `SELECT message_id, stream_seq FROM inbox WHERE scope = $1 AND status = 'applied' AND stream_seq = ANY($2)`, scope, args)
+		if err != nil {
+			return fmt.Errorf("verify: shard %s: inbox rows of expired messages: %w", s.Name, err)
+		}
+		var id string
+		var seq int64
+		if _, err := pgx.ForEachRow(rows, []any{&id, &seq}, func() error { applied[uint64(seq)] = id; return nil }); err != nil {
+			return fmt.Errorf("verify: shard %s: inbox rows of expired messages: %w", s.Name, err)
+		}
+	}
+	for _, seq := range seqs {
+		id, ok := applied[seq]
+		if !ok {
+			r.ExpiredBeforeRescue++
+			r.example("expired before rescue: stream seq %d was given up on after %s deliveries and aged out of %s before a shard rescued it; no shard's inbox row names it, so whether it was applied is unknown",
+				seq, expired[seq], stream)
+			continue
+		}
+		r.ExpiredApplied++
+		ids[id] = true
+	}
+	return nil
 }
 
 // WriteTable prints the report.
@@ -180,6 +296,13 @@ func (r *ShardsReport) WriteTable(w io.Writer) {
 	row("lost", r.Lost, Mark(r.Lost == 0))
 	row("unexpected", r.Unexpected, Mark(r.Unexpected == 0))
 	row("dead-lettered", r.DeadLettered, "")
+	row("expired before rescue", r.ExpiredBeforeRescue, Mark(r.ExpiredBeforeRescue == 0))
+	if r.ExpiredApplied > 0 {
+		row("expired, found applied", r.ExpiredApplied, "(settled)")
+	}
+	if r.AwaitingRescue > 0 {
+		row("awaiting rescue", r.AwaitingRescue, "(given up on, rescue pending: not lost)")
+	}
 	row("balance mismatches", r.BalanceMismatches, Mark(r.BalanceMismatches == 0))
 	names := make([]string, 0, len(r.AppliedIn))
 	for n := range r.AppliedIn {
@@ -192,5 +315,8 @@ func (r *ShardsReport) WriteTable(w io.Writer) {
 	tw.Flush()
 	for _, e := range r.Examples {
 		fmt.Fprintln(w, "  "+e)
+	}
+	for _, e := range r.Warnings {
+		fmt.Fprintln(w, "  warning: "+e)
 	}
 }

@@ -1,0 +1,104 @@
+package intake_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jetinbox/jetinbox/idempotency"
+	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/intake"
+	"github.com/jetinbox/jetinbox/jitter"
+)
+
+// selfSigned writes a certificate for 127.0.0.1 and its key.
+func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "intake"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, _ := x509.MarshalECPrivateKey(key)
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600)
+	cert, _ := x509.ParseCertificate(der)
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
+}
+
+// TestIntakeTLS: with -tls-cert and -tls-key the intake serves TLS only.
+func TestIntakeTLS(t *testing.T) {
+	dir := t.TempDir()
+	dbURL := "sqlite://" + filepath.Join(dir, "intake.db")
+	tf := filepath.Join(dir, "tenants.json")
+	b, _ := json.Marshal(intake.TenantsFile{Tenants: tenants})
+	os.WriteFile(tf, b, 0o600)
+	certFile, keyFile, roots := selfSigned(t, dir)
+	env := cli.Env(func(string) string { return "" })
+	ctx := context.Background()
+	if err := intake.Main(ctx, []string{"-database-url", dbURL, "-migrate"}, env, nil, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- intake.Main(cctx, []string{"-database-url", dbURL, "-tenants", tf, "-listen", addr, "-http", "", "-drain-delay", "0s",
+			"-tls-cert", certFile, "-tls-key", keyFile, "-log-format", "text"}, env, nil, io.Discard, io.Discard)
+	}()
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	defer hc.CloseIdleConnections()
+	for i := 0; ; i++ {
+		resp, err := hc.Get("https://" + addr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if i > 200 {
+			t.Fatalf("no TLS intake: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c := &idempotency.Client{HTTP: hc, Policy: jitter.Policy{Base: time.Millisecond, MaxAttempts: 1}}
+	res, err := c.Do(ctx, idempotency.Request{URL: "https://" + addr + intake.Route, Key: "tls-1", Body: []byte(`{"subject":"intents.x"}`),
+		Header: http.Header{"Authorization": {"Bearer acme-token"}}})
+	if err != nil || res.Status != http.StatusAccepted {
+		t.Fatalf("post over TLS: %+v %v", res, err)
+	}
+	// Plain HTTP to the TLS port gets no intake answer.
+	if resp, err := http.Get("http://" + addr + "/healthz"); err == nil {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK && strings.Contains(string(body), "ok") {
+			t.Fatal("the TLS intake answered plain HTTP")
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
