@@ -51,7 +51,7 @@ func TestProducerConflict(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), "1 intents not published (1 reused an ID") || ExitCode(err) != 1 {
 				t.Fatalf("err = %v (exit %d), want 1 conflict and exit 1\nstdout: %s\nstderr:\n%s", err, ExitCode(err), out.String(), errOut.String())
 			}
-			if !strings.Contains(errOut.String(), "line 4: conflict: id c-2 ") || !strings.Contains(errOut.String(), "different payload") {
+			if !strings.Contains(errOut.String(), "line 4: conflict: id c-2 ") || !strings.Contains(errOut.String(), "different subject or payload") {
 				t.Errorf("stderr does not report line 4 as a conflict:\n%s", errOut.String())
 			}
 			if !strings.Contains(out.String(), "published 4 ") || !strings.Contains(out.String(), "server-side duplicates 1  conflicts 1 ") {
