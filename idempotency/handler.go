@@ -219,6 +219,20 @@ func (h *Handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 					fmt.Sprintf("this Idempotency-Key was used with another request; what differs: %s", strings.Join(d, ", ")))
 				return
 			}
+			// The answer rests on an earlier commit: replay it only once
+			// a commit of this transaction has waited for it to be as
+			// durable as a fresh one (a synchronous standby confirmed).
+			err := h.st.ReadPriorCommits(ctx, tx)
+			if err == nil {
+				done = true
+				err = h.st.Commit(ctx, tx)
+			}
+			if err != nil {
+				h.observe(OutcomeTransient)
+				h.log.Error("idempotency: confirm the stored answer", "route", h.route.Name, "err", err)
+				h.retryLater(w, http.StatusServiceUnavailable, "outcome-unknown", "the stored answer could not be confirmed durable; retry with the same Idempotency-Key")
+				return
+			}
 			h.observe(OutcomeReplayed)
 			replay(w, stored.Answer)
 			return

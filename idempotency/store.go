@@ -63,7 +63,17 @@ type Store[Tx any] interface {
 	Claim(ctx context.Context, tx Tx, s Scope, fp Fingerprint, wait time.Duration) (*Stored, error)
 	// Complete stores the answer of the key tx claimed, in tx.
 	Complete(ctx context.Context, tx Tx, s Scope, a Answer) error
-	// Commit and Rollback end tx.
+	// ReadPriorCommits makes tx's commit wait, as a writing one does,
+	// until what committed before it is as durable as a fresh commit
+	// would be: a replayed answer rests on an earlier commit, perhaps one
+	// whose wait for PostgreSQL's synchronous standby was cancelled
+	// (committed on the primary only). A store with no standby to wait
+	// for does nothing.
+	ReadPriorCommits(ctx context.Context, tx Tx) error
+	// Commit and Rollback end tx. A Commit that cannot say the
+	// transaction is durable (on PostgreSQL, success with the warning of
+	// a cancelled wait for the synchronous standby) returns an error: the
+	// outcome is unknown.
 	Commit(ctx context.Context, tx Tx) error
 	Rollback(ctx context.Context, tx Tx) error
 	// Lookup reads what is stored under s, outside any request: nil when

@@ -27,6 +27,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/migrate"
 	"github.com/jetinbox/jetinbox/internal/pgmigrate"
+	"github.com/jetinbox/jetinbox/internal/pgwatch"
 )
 
 //go:embed migrations/*.sql
@@ -185,8 +186,25 @@ func (s *Store) Complete(ctx context.Context, tx pgx.Tx, sc idempotency.Scope, a
 	return nil
 }
 
-// Commit commits tx.
-func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }
+// Commit commits tx. A COMMIT answered with success and the warning that
+// its wait for the synchronous standby was cancelled (committed on the
+// primary only; a failover would lose it) returns an error wrapping
+// pginbox.ErrCommitNotReplicated: the handler answers 503, outcome
+// unknown, and the client's retry with the key replays or runs it. The
+// store sees that warning only on a pool made with pginbox.NewPool (or
+// pginbox.WatchCommits on its configuration).
+func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error { return pgwatch.Commit(ctx, tx) }
+
+// ReadPriorCommits writes an empty transactional logical-decoding message
+// in tx, so that its COMMIT flushes and waits for the synchronous standby
+// to confirm all WAL before it, the answer to be replayed included. A
+// transaction that wrote nothing would commit without waiting.
+func (s *Store) ReadPriorCommits(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, 'jetinbox.durable', '')`); err != nil {
+		return fmt.Errorf("idempotency: confirm the stored answer: %w", err)
+	}
+	return nil
+}
 
 // Rollback rolls tx back; after Commit it does nothing.
 func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error {

@@ -171,6 +171,10 @@ func (s *Store) Complete(ctx context.Context, tx *sql.Tx, sc idempotency.Scope, 
 	return nil
 }
 
+// ReadPriorCommits does nothing: SQLite has no standby, and a commit with
+// synchronous=FULL is durable before it returns.
+func (s *Store) ReadPriorCommits(context.Context, *sql.Tx) error { return nil }
+
 // Commit commits tx and gives its connection back.
 func (s *Store) Commit(_ context.Context, tx *sql.Tx) error {
 	defer s.release(tx)
