@@ -26,7 +26,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // Options of one bench run.
@@ -201,7 +201,7 @@ func (r ratio) String() string {
 // Run runs the benchmark.
 func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	say := func(format string, a ...any) { fmt.Fprintf(stderr, format+"\n", a...) }
-	srv, err := testenv.StartNATS(testenv.NATSOptions{SyncAlways: o.SyncAlways})
+	srv, err := natsenv.StartNATS(natsenv.NATSOptions{SyncAlways: o.SyncAlways})
 	if err != nil {
 		return err
 	}

@@ -18,7 +18,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // callersMode is one way of publishing, measured with concurrent callers
@@ -55,7 +55,7 @@ func callersPhase(ctx context.Context, o Options, say func(string, ...any)) (*ca
 }
 
 func (m *callersMode) run(ctx context.Context, o Options, n int) error {
-	srv, err := testenv.StartNATS(testenv.NATSOptions{SyncAlways: true})
+	srv, err := natsenv.StartNATS(natsenv.NATSOptions{SyncAlways: true})
 	if err != nil {
 		return err
 	}

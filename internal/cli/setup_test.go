@@ -13,6 +13,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestConsumerSaysWhatToCreate: a server without the stream, and a durable
@@ -21,7 +22,7 @@ import (
 func TestConsumerSaysWhatToCreate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	dbURL := testenv.NewDatabase(t)
 	if err := migrate(ctx, dbURL); err != nil {
 		t.Fatal(err)

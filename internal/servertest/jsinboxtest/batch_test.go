@@ -1,4 +1,4 @@
-package jsinbox_test
+package jsinboxtest
 
 import (
 	"context"
@@ -11,14 +11,14 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // batchEnv is an embedded server and a stream, with or without atomic
 // publishing allowed.
 func batchEnv(t *testing.T, atomicAllowed bool) jetstream.JetStream {
 	t.Helper()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		t.Fatal(err)

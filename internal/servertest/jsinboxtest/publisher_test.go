@@ -1,4 +1,4 @@
-package jsinbox_test
+package jsinboxtest
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
@@ -197,7 +197,7 @@ func TestReusedIDWithDifferentPayloadInBatch(t *testing.T) {
 // its retry budget rather than pass unchecked.
 func TestDuplicateThatCannotBeReadBackFails(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{Configure: func(o *server.Options) {
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{Configure: func(o *server.Options) {
 		o.Users = []*server.User{
 			{Username: "admin", Password: "admin"},
 			{Username: "producer", Password: "producer", Permissions: &server.Permissions{
@@ -301,24 +301,6 @@ func TestPublisherStreamOption(t *testing.T) {
 	}
 }
 
-func TestAPIPrefix(t *testing.T) {
-	t.Parallel()
-	for _, c := range []struct {
-		o    jetstream.JetStreamOptions
-		want string
-	}{
-		{jetstream.JetStreamOptions{}, "$JS.API."},
-		{jetstream.JetStreamOptions{Domain: "hub"}, "$JS.hub.API."},
-		{jetstream.JetStreamOptions{APIPrefix: "JS.acc"}, "JS.acc."},
-		{jetstream.JetStreamOptions{APIPrefix: "JS.acc."}, "JS.acc."},
-	} {
-		o, want := c.o, c.want
-		if got := jsinbox.APIPrefix(o); got != want {
-			t.Errorf("apiPrefix(%+v) = %q, want %q", o, got, want)
-		}
-	}
-}
-
 // TestPublisherRefusesWhatEveryInboxRejects: an intent without an ID or
 // subject, or with one longer than the inbox takes, is refused with
 // ErrBadIntent before anything is sent.
@@ -380,7 +362,7 @@ func TestPublisherRefusesWhatTheOutboxRefuses(t *testing.T) {
 // ways of publishing, with and without group commit.
 func TestPublishWithoutStreamFailsAtOnce(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package outbox_test
+package outboxtest
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/outbox"
 	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 )
@@ -29,7 +30,7 @@ func Example_producer() {
 		}
 	}
 	// The example's own servers; a service connects to its own.
-	srv, err := testenv.StartNATS(testenv.NATSOptions{})
+	srv, err := natsenv.StartNATS(natsenv.NATSOptions{})
 	must(err)
 	defer srv.Close()
 	nc, err := nats.Connect(srv.URL())

@@ -1,4 +1,4 @@
-package jsinbox_test
+package jsinboxtest
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
@@ -296,7 +297,7 @@ func TestNotReadyWithoutNATS(t *testing.T) {
 func TestEnsureStreamAllOrNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{Configure: func(o *server.Options) { o.JetStreamMaxStore = 6 << 30 }})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{Configure: func(o *server.Options) { o.JetStreamMaxStore = 6 << 30 }})
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		t.Fatal(err)

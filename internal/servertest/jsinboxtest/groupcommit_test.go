@@ -1,4 +1,4 @@
-package jsinbox_test
+package jsinboxtest
 
 import (
 	"context"
@@ -15,15 +15,15 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
 // groupEnv is an embedded server, a connection that reconnects at once and
 // the intents stream (atomic publishing allowed or not).
-func groupEnv(t *testing.T, opts testenv.NATSOptions, atomicAllowed bool) (*testenv.NATS, jetstream.JetStream) {
+func groupEnv(t *testing.T, opts natsenv.NATSOptions, atomicAllowed bool) (*natsenv.NATS, jetstream.JetStream) {
 	t.Helper()
-	srv := testenv.NewNATS(t, opts)
+	srv := natsenv.NewNATS(t, opts)
 	nc, err := nats.Connect(srv.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectJitter(50*time.Millisecond, 0),
 		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 	if err != nil {
@@ -117,7 +117,7 @@ func wantOwnAcks(t *testing.T, js jetstream.JetStream, outs []outcome, duplicate
 // own intent: the sequence that holds it.
 func TestGroupCommitCallers(t *testing.T) {
 	t.Parallel()
-	_, js := groupEnv(t, testenv.NATSOptions{SyncAlways: true}, true)
+	_, js := groupEnv(t, natsenv.NATSOptions{SyncAlways: true}, true)
 	p, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +142,7 @@ func TestGroupCommitCallers(t *testing.T) {
 // intent is stored once, and each caller gets its own intent's PubAck.
 func TestGroupCommitStoredIDs(t *testing.T) {
 	t.Parallel()
-	_, js := groupEnv(t, testenv.NATSOptions{}, true)
+	_, js := groupEnv(t, natsenv.NATSOptions{}, true)
 	intents := load(2000, "gs")
 	stored := func(i int) bool { return i%10 == 3 }
 	var first []inbox.Intent
@@ -173,7 +173,7 @@ func TestGroupCommitStoredIDs(t *testing.T) {
 // only for that one.
 func TestGroupCommitConflict(t *testing.T) {
 	t.Parallel()
-	_, js := groupEnv(t, testenv.NATSOptions{}, true)
+	_, js := groupEnv(t, natsenv.NATSOptions{}, true)
 	intents := load(1000, "gx")
 	publishAll(t, context.Background(), js, jsinbox.PublisherConfig{Batch: 1}, intents[:100])
 	again := reuse(intents, 17, 640) // 17 is stored: a conflict; 640 is new
@@ -211,7 +211,7 @@ func TestGroupCommitConflict(t *testing.T) {
 // and so is every other: the callers publish theirs again with the same ID.
 func TestGroupCommitServerRestart(t *testing.T) {
 	t.Parallel()
-	srv, js := groupEnv(t, testenv.NATSOptions{SyncAlways: true}, true)
+	srv, js := groupEnv(t, natsenv.NATSOptions{SyncAlways: true}, true)
 	p, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{AckTimeout: time.Second,
 		Retry: jitter.Policy{Kind: jitter.Full, Base: 20 * time.Millisecond, Cap: 200 * time.Millisecond, MaxAttempts: 50, MaxElapsed: time.Minute}})
 	if err != nil {
@@ -278,7 +278,7 @@ func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
 // the first refused batch, which the log says once.
 func TestGroupCommitWithoutAtomicStream(t *testing.T) {
 	t.Parallel()
-	_, js := groupEnv(t, testenv.NATSOptions{}, false)
+	_, js := groupEnv(t, natsenv.NATSOptions{}, false)
 	h := &countingHandler{}
 	p, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{Logger: slog.New(h)})
 	if err != nil {
@@ -304,7 +304,7 @@ func TestGroupCommitWithoutAtomicStream(t *testing.T) {
 // package's leak check then finds no goroutine of the publisher left.
 func TestPublishContextAndClose(t *testing.T) {
 	t.Parallel()
-	_, js := groupEnv(t, testenv.NATSOptions{}, true)
+	_, js := groupEnv(t, natsenv.NATSOptions{}, true)
 	p, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{AckTimeout: 200 * time.Millisecond,
 		Retry: jitter.Policy{Kind: jitter.Full, Base: 10 * time.Millisecond, Cap: 50 * time.Millisecond, MaxAttempts: 1000}})
 	if err != nil {

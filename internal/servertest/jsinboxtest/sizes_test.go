@@ -1,4 +1,4 @@
-package jsinbox_test
+package jsinboxtest
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestStreamSizeLimits: the streams EnsureStream creates cap message sizes
@@ -25,7 +25,7 @@ func TestStreamSizeLimits(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	connect := func() jetstream.JetStream {
-		srv := testenv.NewNATS(t, testenv.NATSOptions{})
+		srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 		nc, err := nats.Connect(srv.URL())
 		if err != nil {
 			t.Fatal(err)

@@ -1,4 +1,4 @@
-package pgoutbox_test
+package pgoutboxtest
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
 	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
@@ -34,7 +35,7 @@ type env struct {
 	pool *pgxpool.Pool
 	st   *pgoutbox.Store
 	js   jetstream.JetStream
-	srv  *testenv.NATS
+	srv  *natsenv.NATS
 }
 
 // newEnv starts a nats-server with the NOTIFICATIONS stream (subjects
@@ -42,7 +43,7 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	ctx := context.Background()
-	e := &env{srv: testenv.NewNATS(t, testenv.NATSOptions{})}
+	e := &env{srv: natsenv.NewNATS(t, natsenv.NATSOptions{})}
 	pool, err := pgxpool.New(ctx, testenv.NewDatabase(t))
 	if err != nil {
 		t.Fatal(err)

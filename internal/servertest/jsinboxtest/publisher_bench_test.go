@@ -1,4 +1,4 @@
-package jsinbox_test
+package jsinboxtest
 
 import (
 	"context"
@@ -13,14 +13,14 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // benchStream is a server that fsyncs every write (sync_interval: always,
 // as deployed) and the intents stream on it.
 func benchStream(b *testing.B) jetstream.JetStream {
 	b.Helper()
-	srv := testenv.NewNATS(b, testenv.NATSOptions{SyncAlways: true})
+	srv := natsenv.NewNATS(b, natsenv.NATSOptions{SyncAlways: true})
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		b.Fatal(err)

@@ -1,4 +1,4 @@
-package jsinbox_test
+package jsinboxtest
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // A service that embeds jetinbox publishes intents with IDs chosen when
@@ -32,7 +33,7 @@ func ExampleConsumer() {
 
 	// The example's own servers: an embedded nats-server and a database on
 	// the test binary's throwaway PostgreSQL. A service connects to its own.
-	srv, err := testenv.StartNATS(testenv.NATSOptions{})
+	srv, err := natsenv.StartNATS(natsenv.NATSOptions{})
 	must(err)
 	defer srv.Close()
 	nc, err := nats.Connect(srv.URL())

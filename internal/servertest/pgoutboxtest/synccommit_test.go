@@ -1,4 +1,4 @@
-package pgoutbox_test
+package pgoutboxtest
 
 import (
 	"context"

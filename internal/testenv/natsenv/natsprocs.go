@@ -1,4 +1,4 @@
-package testenv
+package natsenv
 
 import (
 	"context"
@@ -23,6 +23,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/internal/faultconn"
 	"github.com/jetinbox/jetinbox/internal/subproc"
+	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
 // NATSProcsOptions configures nats-servers that run as child processes.
@@ -77,7 +78,7 @@ type procNode struct {
 	name                        string
 	clientPort, routePort, http int
 	storeDir, conf              string
-	log                         *LogTail
+	log                         *testenv.LogTail
 
 	cmd         *exec.Cmd
 	done        chan struct{} // closed when cmd exited
@@ -164,7 +165,7 @@ func (c *NATSProcs) addNode(store string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	i := len(c.nodes)
-	n := &procNode{name: fmt.Sprintf("n%d", i+1), clientPort: ports[0], routePort: ports[1], http: ports[2], storeDir: store, log: NewLogTail(200)}
+	n := &procNode{name: fmt.Sprintf("n%d", i+1), clientPort: ports[0], routePort: ports[1], http: ports[2], storeDir: store, log: testenv.NewLogTail(200)}
 	if n.storeDir == "" {
 		n.storeDir = filepath.Join(c.dir, n.name)
 	}

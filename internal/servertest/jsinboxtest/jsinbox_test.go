@@ -1,4 +1,4 @@
-package jsinbox_test
+package jsinboxtest
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
@@ -27,7 +28,7 @@ func TestMain(m *testing.M) { testenv.MainNoLeaks(m) }
 const accounts = 64
 
 type env struct {
-	nats *testenv.NATS
+	nats *natsenv.NATS
 	nc   *nats.Conn
 	js   jetstream.JetStream
 	pool *pgxpool.Pool
@@ -39,7 +40,7 @@ type env struct {
 func newEnv(t *testing.T, dbURL string, stream jsinbox.StreamConfig) *env {
 	t.Helper()
 	ctx := context.Background()
-	e := &env{nats: testenv.NewNATS(t, testenv.NATSOptions{})}
+	e := &env{nats: natsenv.NewNATS(t, natsenv.NATSOptions{})}
 	var err error
 	e.nc, err = nats.Connect(e.nats.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectJitter(50*time.Millisecond, 0))
 	if err != nil {

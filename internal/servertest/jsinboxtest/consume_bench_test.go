@@ -1,4 +1,4 @@
-package jsinbox_test
+package jsinboxtest
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // BenchmarkConsume measures the consume path per message, as jetinbox bench
@@ -35,7 +36,7 @@ func BenchmarkConsume(b *testing.B) {
 	for _, name := range []string{"raw", "jetinbox"} {
 		b.Run(name, func(b *testing.B) {
 			ctx := context.Background()
-			srv := testenv.NewNATS(b, testenv.NATSOptions{})
+			srv := natsenv.NewNATS(b, natsenv.NATSOptions{})
 			nc, err := nats.Connect(srv.URL())
 			if err != nil {
 				b.Fatal(err)

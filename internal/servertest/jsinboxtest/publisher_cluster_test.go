@@ -1,4 +1,4 @@
-package jsinbox_test
+package jsinboxtest
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
@@ -33,7 +33,7 @@ func TestPublisherAcrossLeaderElections(t *testing.T) {
 
 func publishThroughElections(t *testing.T, batch int) {
 	const n = 1200
-	cl := testenv.NewCluster(t, testenv.ClusterOptions{})
+	cl := natsenv.NewCluster(t, natsenv.ClusterOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	nc, err := nats.Connect(cl.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
@@ -43,7 +43,7 @@ func publishThroughElections(t *testing.T, batch int) {
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
 	cfg := jsinbox.StreamConfig{Replicas: 3}.WithDefaults()
-	if _, err := testenv.CreateStream(ctx, js, cfg.Config()); err != nil {
+	if _, err := natsenv.CreateStream(ctx, js, cfg.Config()); err != nil {
 		t.Fatal(err)
 	}
 	p, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{Batch: batch, AckTimeout: time.Second, MaxInFlight: 128,
@@ -94,7 +94,7 @@ func publishThroughElections(t *testing.T, batch int) {
 	whole()
 	// Half-way: the leader hands over on request.
 	<-at
-	if err := testenv.StepDownStream(ctx, nc, jsinbox.DefaultStream); err != nil {
+	if err := natsenv.StepDownStream(ctx, nc, jsinbox.DefaultStream); err != nil {
 		t.Fatal(err)
 	}
 	// Three quarters: the producer's own server is killed.

@@ -1,4 +1,4 @@
-package testenv
+package natsenv
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package jsinbox_test
+package jsinboxtest
 
 import (
 	"context"
