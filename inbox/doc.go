@@ -14,8 +14,9 @@
 //	err = consumer.Run(ctx)
 //
 // Runnable examples: the README's worker (examples/worker in the module's
-// repository, a whole program), ExampleConsumer in package
-// [github.com/jetinbox/jetinbox/inbox/jsinbox] (a worker end to end),
+// repository, a whole program), ExampleConsumer in
+// internal/servertest/jsinboxtest (a worker end to end, among the tests that
+// need a nats-server, kept there out of an embedder's go.sum),
 // package [github.com/jetinbox/jetinbox/inbox/pginbox]'s (a batch, a claim
 // inside a transaction of your own), and package
 // [github.com/jetinbox/jetinbox/inboxtest]'s, which unit-tests a handler

@@ -13,9 +13,11 @@
 //	pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
 //	_, err = pub.Publish(ctx, inbox.Intent{ID: "ship-42", Subject: "intents.shipping", Payload: body})
 //
-// Runnable examples: [ExampleConsumer], and the README's worker, a whole
-// program (examples/worker in the module's repository) run against a real
-// nats-server and PostgreSQL.
+// Runnable examples, in the module's repository: the README's worker, a
+// whole program (examples/worker), and ExampleConsumer
+// (internal/servertest/jsinboxtest, with this package's other tests that
+// need a nats-server, kept there so that an embedder's go.sum has none), run
+// against a real nats-server and PostgreSQL.
 //
 // # Producing
 //
