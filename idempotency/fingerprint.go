@@ -13,10 +13,10 @@ import (
 // names), so that a mismatch can say which part differs.
 type Fingerprint map[string]string
 
-// FingerprintRequest returns the fingerprint of a request: method, route, body
+// RequestFingerprint returns the fingerprint of a request: method, route, body
 // and the headers named (their values as sent, joined; an absent header
 // counts as empty).
-func FingerprintRequest(method, route string, h http.Header, headers []string, body []byte) Fingerprint {
+func RequestFingerprint(method, route string, h http.Header, headers []string, body []byte) Fingerprint {
 	fp := Fingerprint{"method": digest([]byte(method)), "route": digest([]byte(route)), "body": digest(body)}
 	for _, name := range headers {
 		name = http.CanonicalHeaderKey(name)

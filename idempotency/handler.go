@@ -178,7 +178,7 @@ func (h *Handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	ctx := r.Context()
 	s := Scope{Principal: principal, Method: r.Method, Route: h.route.Name, Key: key}
-	fp := FingerprintRequest(r.Method, h.route.Name, r.Header, h.route.FingerprintHeaders, body)
+	fp := RequestFingerprint(r.Method, h.route.Name, r.Header, h.route.FingerprintHeaders, body)
 
 	if key != "" {
 		sum := s.Hash()
