@@ -63,6 +63,13 @@ func TestRelayMarkWithCancelledSyncWaitIsNotSent(t *testing.T) {
 	if s := r.Stats(); s.Sent != 0 {
 		t.Fatalf("relay counted %d rows sent on a mark commit the standby never confirmed", s.Sent)
 	}
+	// The canceller counts a cancel once its query returned, which may be
+	// after the cancelled COMMIT came back here: wait for the count.
+	for deadline := time.Now().Add(30 * time.Second); canceller.Cancelled() == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no wait cancelled")
+		}
+	}
 	if c, err := canceller.Stop(); c == 0 || err != nil {
 		t.Fatalf("cancelled %d waits (%v)", c, err)
 	}
