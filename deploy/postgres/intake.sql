@@ -53,6 +53,8 @@ GRANT INSERT (id, subject, payload, fingerprint, parent_id) ON TABLE jetinbox.ou
 GRANT SELECT ON TABLE jetinbox.jetinbox_migrations TO jetinbox_intake;
 -- Retention: `jetinbox intake -prune` under the maintainer, on a schedule.
 GRANT SELECT, DELETE ON TABLE jetinbox.idempotency_keys TO jetinbox_maintainer;
+-- `jetinbox intake -prune` checks the schema's version first.
+GRANT SELECT ON TABLE jetinbox.jetinbox_migrations TO jetinbox_maintainer;
 -- The relay that publishes this outbox into INTENTS reads it and marks its
 -- rows, nothing else: the same rights grants.sql gives it on the consumer's
 -- database. The intake's own database has no inbox, so grants.sql does not
