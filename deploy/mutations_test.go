@@ -100,7 +100,7 @@ func TestMutationsAreRejected(t *testing.T) {
 		{"nats consumer publishes partitioned intents", "nats/auth.conf", `      "dlq.pintents.>"` + "\n", `      "dlq.pintents.>", "pintents.*.>"` + "\n", nats},
 		{"nats partitioned intents exported to every account", "nats/auth.conf", `{service: "pintents.*.>", accounts: [PRODUCER]}`, `{service: "pintents.*.>"}`, nats},
 		{"nats verifier's partitioned direct gets cut to one reply", "nats/auth.conf", `{service: "$JS.API.DIRECT.GET.PINTENTS", accounts: [VERIFY], response_type: stream}`, `{service: "$JS.API.DIRECT.GET.PINTENTS", accounts: [VERIFY]}`, nats},
-		{"nats verifier cannot read partitioned dead letters", "nats/auth.conf", `      "$JS.API.DIRECT.GET.PINTENTS_DLQ"` + "\n", "", nats},
+		{"nats verifier cannot read partitioned dead letters", "nats/auth.conf", `      "$JS.API.DIRECT.GET.PINTENTS_DLQ",` + "\n", "", nats},
 		{"nats producer's import renamed", "nats/auth.conf", `{service: {account: JETINBOX, subject: "intents.>"}}`, `{service: {account: JETINBOX, subject: "intents.>"}, to: "mine.>"}`, nats},
 		{"nats direct batch cut to one reply", "nats/auth.conf", `{service: "$JS.API.DIRECT.GET.INTENTS", accounts: [VERIFY], response_type: stream}`, `{service: "$JS.API.DIRECT.GET.INTENTS", accounts: [VERIFY]}`, nats},
 		{"nats producer account with jetstream", "nats/auth.conf", "  PRODUCER {\n", "  PRODUCER {\n    jetstream: enabled\n", nats},
