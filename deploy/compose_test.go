@@ -91,7 +91,7 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		check(err == nil, "%s %s does not exist", what, p)
 	}
 
-	want := []string{"accounts", "consumer", "db-grants", "migrate", "nats-1", "nats-2", "nats-3", "nats-setup", "postgres", "producer", "prometheus", "relay", "secrets-init", "verify"}
+	want := []string{"accounts", "consumer", "db-grants", "intake", "intake-db-setup", "intake-migrate", "intake-postgres", "intake-prune", "intake-relay", "migrate", "nats-1", "nats-2", "nats-3", "nats-setup", "postgres", "producer", "prometheus", "relay", "secrets-init", "verify"}
 	got := slices.Sorted(maps.Keys(p.Services))
 	check(slices.Equal(got, want), "services %v, want %v", got, want)
 
@@ -172,6 +172,10 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 				check(copied[m], "service %s: %s refers to %s, which secrets-init does not copy into its volume", name, k, m)
 			}
 		}
+		// And so does every argument naming one (the intake's certificate).
+		for _, m := range regexp.MustCompile(`/run/jetinbox/[A-Za-z0-9_.-]+`).FindAllString(strings.Join(s.Command, " "), -1) {
+			check(copied[m], "service %s: its command refers to %s, which secrets-init does not copy into its volume", name, m)
+		}
 		// secrets/ is the host user's alone (0600): a container that does
 		// not start as root cannot read a bind-mounted secret.
 		if s.User != "" && !strings.HasPrefix(s.User, "0") {
@@ -230,7 +234,7 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		}
 		return ""
 	}
-	for _, svc := range []string{"consumer", "producer", "migrate", "relay", "verify"} {
+	for _, svc := range []string{"consumer", "producer", "migrate", "relay", "verify", "intake", "intake-migrate", "intake-relay", "intake-prune"} {
 		s, ok := p.Services[svc]
 		if !ok {
 			continue
@@ -240,7 +244,7 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		check(s.ReadOnly, "%s must run with a read-only root filesystem", svc)
 		check(s.User != "" && !strings.HasPrefix(s.User, "0"), "%s must run as a non-root user", svc)
 	}
-	for _, svc := range []string{"consumer", "producer", "relay", "verify"} {
+	for _, svc := range []string{"consumer", "producer", "relay", "verify", "intake-relay"} {
 		for _, k := range []string{"NATS_URL", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY"} {
 			check(env(svc, k) != "", "%s: %s is not set", svc, k)
 		}
@@ -249,6 +253,8 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 			"%s: NATS_INBOX_PREFIX %q, want its NATS user's own %q: the user may subscribe to nothing else", svc, env(svc, "NATS_INBOX_PREFIX"), inboxPrefix[role])
 		if svc == "relay" {
 			check(env(svc, "JETINBOX_RELAY_STREAM") == js.notifications.Name, "relay: JETINBOX_RELAY_STREAM %q, the stream is %q", env(svc, "JETINBOX_RELAY_STREAM"), js.notifications.Name)
+		} else if svc == "intake-relay" {
+			check(env(svc, "JETINBOX_RELAY_STREAM") == js.intents.Name, "intake-relay: JETINBOX_RELAY_STREAM %q, the intake's intents go to %q", env(svc, "JETINBOX_RELAY_STREAM"), js.intents.Name)
 		} else {
 			check(env(svc, "JETINBOX_STREAM") == js.intents.Name, "%s: JETINBOX_STREAM %q, the stream is %q", svc, env(svc, "JETINBOX_STREAM"), js.intents.Name)
 		}
@@ -266,9 +272,10 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 	// reached says where it listens.
 	check(strings.HasPrefix(env("consumer", "JETINBOX_HTTP_ADDR"), "0.0.0.0:"), "consumer: JETINBOX_HTTP_ADDR %q, want an explicit 0.0.0.0:port", env("consumer", "JETINBOX_HTTP_ADDR"))
 	check(env("consumer", "JETINBOX_DURABLE") == js.ledger.Durable, "consumer: JETINBOX_DURABLE %q, the durable is %q", env("consumer", "JETINBOX_DURABLE"), js.ledger.Durable)
-	for _, svc := range []string{"consumer", "migrate", "relay", "verify"} {
+	for _, svc := range []string{"consumer", "migrate", "relay", "verify", "intake", "intake-migrate", "intake-relay", "intake-prune"} {
 		check(strings.Contains(env(svc, "DATABASE_URL"), "sslmode=verify-full"), "%s: DATABASE_URL must use sslmode=verify-full", svc)
 	}
+	checkIntakeCompose(p, env, check)
 	check(strings.Contains(env("relay", "DATABASE_URL"), "jetinbox_relay@"), "relay must connect as jetinbox_relay, the role that may only read and mark the outbox")
 	check(env("relay", "NATS_NKEY") == "/run/jetinbox/relay_nkey", "relay must connect as the relay NATS user, not %q", env("relay", "NATS_NKEY"))
 	if r, ok := p.Services["relay"]; ok {
@@ -321,5 +328,113 @@ func TestCompose(t *testing.T) {
 	fsys := loadFiles(t)
 	if err := validateCompose(fsys, fixture(t)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// checkIntakeCompose: the HTTP intake runs in a database of its own (its
+// own server: a relay takes every pending row of its outbox, and the
+// consumer's holds notifications for another stream), migrated by the
+// schema owner, under jetinbox_intake after postgres/intake.sql made it, on
+// TLS with its tenants file, pruned by the maintainer; its relay publishes
+// into INTENTS as jetinbox_relay with the producer's NATS user.
+func checkIntakeCompose(p *composetypes.Project, env func(svc, k string) string, check func(bool, string, ...any)) {
+	host := func(svc string) string {
+		u, err := url.Parse(env(svc, "DATABASE_URL"))
+		if err != nil {
+			return ""
+		}
+		return u.Hostname()
+	}
+	user := func(svc string) string {
+		u, err := url.Parse(env(svc, "DATABASE_URL"))
+		if err != nil || u.User == nil {
+			return ""
+		}
+		return u.User.Username()
+	}
+	for svc, role := range map[string]string{"intake": "jetinbox_intake", "intake-migrate": "jetinbox_migrator", "intake-relay": "jetinbox_relay", "intake-prune": "jetinbox_maintainer"} {
+		check(user(svc) == role, "%s connects as %q, want %s", svc, user(svc), role)
+		check(host(svc) == "intake-postgres", "%s connects to %q, want the intake's own server intake-postgres", svc, host(svc))
+		check(env(svc, "PGPASSFILE") != "", "%s: PGPASSFILE is not set", svc)
+	}
+	check(host("intake") != host("consumer"), "the intake shares the consumer's database server %q: its relay would take the consumer's notifications", host("consumer"))
+	if pg, ok := p.Services["intake-postgres"]; ok {
+		check(strings.HasPrefix(pg.Image, "postgres:15") && pg.Image == p.Services["postgres"].Image, "intake-postgres image %q, want the postgres service's %q", pg.Image, p.Services["postgres"].Image)
+		check(pg.HealthCheck != nil && !pg.HealthCheck.Disable, "intake-postgres has no healthcheck")
+		mounts := map[string]string{}
+		for _, v := range pg.Volumes {
+			mounts[v.Target] = v.Source
+		}
+		for _, f := range []string{"/etc/postgresql/pg_hba.conf", "/etc/postgresql/jetinbox.conf", "/docker-entrypoint-initdb.d/10-roles.sql", "/docker-entrypoint-initdb.d/20-jetinbox.sh"} {
+			check(mounts[f] != "" && mounts[f] == func() string {
+				for _, v := range p.Services["postgres"].Volumes {
+					if v.Target == f {
+						return v.Source
+					}
+				}
+				return ""
+			}(), "intake-postgres does not mount the postgres service's %s", f)
+		}
+		data := mounts["/var/lib/postgresql/data"]
+		for _, v := range p.Services["postgres"].Volumes {
+			check(v.Target != "/var/lib/postgresql/data" || v.Source != data, "intake-postgres keeps its data in the consumer's volume %s", data)
+		}
+	}
+	if m, ok := p.Services["intake-migrate"]; ok {
+		check(slices.Equal(m.Command, composetypes.ShellCommand{"intake", "-migrate"}), "intake-migrate command %v, want [intake -migrate]", m.Command)
+		check(m.DependsOn["intake-postgres"].Condition == composetypes.ServiceConditionHealthy, "intake-migrate must wait for a healthy intake-postgres")
+	}
+	if g, ok := p.Services["intake-db-setup"]; ok {
+		script := strings.Join(g.Command, "\n")
+		var sql string
+		for _, v := range g.Volumes {
+			if v.Target == "/intake.sql" {
+				sql = v.Source
+			}
+		}
+		check(strings.HasSuffix(sql, filepath.Join("postgres", "intake.sql")), "intake-db-setup does not mount postgres/intake.sql at /intake.sql")
+		check(strings.Contains(script, "-f /intake.sql") && strings.Contains(script, "host=intake-postgres") && strings.Contains(script, "sslmode=verify-full") && strings.Contains(script, "user=postgres"),
+			"intake-db-setup must run /intake.sql as the superuser on intake-postgres over verify-full TLS: %s", script)
+		check(strings.Contains(script, "ALTER ROLE jetinbox_intake PASSWORD"), "intake-db-setup does not set jetinbox_intake's password")
+		check(g.DependsOn["intake-migrate"].Condition == composetypes.ServiceConditionCompletedSuccessfully, "intake-db-setup must run after intake-migrate (intake.sql grants on its tables)")
+	}
+	if in, ok := p.Services["intake"]; ok {
+		cmd := strings.Join(in.Command, " ")
+		check(strings.HasPrefix(cmd, "intake ") && strings.Contains(cmd, "-listen 0.0.0.0:") && strings.Contains(cmd, "-http 0.0.0.0:"),
+			"intake command %v, want jetinbox intake with -listen and -http on every interface of the container (the defaults are loopback)", in.Command)
+		check(strings.Contains(cmd, "-tls-cert /run/jetinbox/") && strings.Contains(cmd, "-tls-key /run/jetinbox/"), "intake must serve TLS: bearer tokens cross the wire: %v", in.Command)
+		// jetinbox_intake may not delete keys: the maintainer prunes.
+		check(strings.Contains(cmd, "-prune-interval 0"), "intake must run with -prune-interval 0: its role may not delete keys (intake-prune does, as the maintainer): %v", in.Command)
+		check(!strings.Contains(cmd, "-unsafe-key-optional"), "intake runs with -unsafe-key-optional")
+		check(strings.HasPrefix(env("intake", "JETINBOX_INTAKE_TENANTS"), "/run/jetinbox/"), "intake: JETINBOX_INTAKE_TENANTS %q, want the tenants file secrets-init copies", env("intake", "JETINBOX_INTAKE_TENANTS"))
+		for _, k := range []string{"NATS_URL", "NATS_NKEY"} {
+			check(env("intake", k) == "", "intake: %s is set: the intake talks to no NATS server", k)
+		}
+		var drain time.Duration
+		for _, f := range []string{"-drain-delay", "-drain-timeout"} {
+			i := slices.Index(in.Command, f)
+			d, err := time.ParseDuration(func() string {
+				if i < 0 || i+1 >= len(in.Command) {
+					return ""
+				}
+				return in.Command[i+1]
+			}())
+			check(err == nil, "intake: %s is not set explicitly (stop_grace_period must outlast it): %v", f, err)
+			drain += d
+		}
+		check(in.StopGracePeriod != nil && time.Duration(*in.StopGracePeriod) > drain, "intake: stop_grace_period must exceed -drain-delay + -drain-timeout %v", drain)
+		check(in.DependsOn["intake-db-setup"].Condition == composetypes.ServiceConditionCompletedSuccessfully, "intake must wait for intake-db-setup (its role) to complete")
+		check(len(in.Ports) > 0 && in.Ports[0].HostIP == "127.0.0.1", "intake's ports must be published on the host's loopback only")
+	}
+	if r, ok := p.Services["intake-relay"]; ok {
+		cmd := strings.Join(r.Command, " ")
+		check(strings.HasPrefix(cmd, "relay ") && strings.Contains(cmd, "-http 0.0.0.0:"), "intake-relay command %v, want jetinbox relay serving -http on every interface", r.Command)
+		check(env("intake-relay", "NATS_NKEY") == "/run/jetinbox/producer_nkey", "intake-relay must publish as the producer NATS user (the intents' producer), not %q", env("intake-relay", "NATS_NKEY"))
+		check(r.DependsOn["nats-setup"].Condition == composetypes.ServiceConditionCompletedSuccessfully, "intake-relay must wait for nats-setup (INTENTS) to complete")
+		check(r.DependsOn["intake-db-setup"].Condition == composetypes.ServiceConditionCompletedSuccessfully, "intake-relay must wait for intake-db-setup (its grants) to complete")
+	}
+	if pr, ok := p.Services["intake-prune"]; ok {
+		check(slices.Equal(pr.Command, composetypes.ShellCommand{"intake", "-prune"}), "intake-prune command %v, want [intake -prune]", pr.Command)
+		check(len(pr.Profiles) > 0, "intake-prune runs at every `up`; give it a profile and run it on a schedule")
 	}
 }

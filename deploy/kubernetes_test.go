@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/url"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -45,28 +46,42 @@ func splitYAML(b []byte) [][]byte {
 }
 
 type k8sSet struct {
-	deploy  appsv1.Deployment
-	svc     corev1.Service
-	pdb     policyv1.PodDisruptionBudget
-	job     batchv1.Job
-	verify  appsv1.Deployment
-	vsvc    corev1.Service
-	relay   appsv1.Deployment
-	rsvc    corev1.Service
+	deploy appsv1.Deployment
+	svc    corev1.Service
+	pdb    policyv1.PodDisruptionBudget
+	job    batchv1.Job
+	verify appsv1.Deployment
+	vsvc   corev1.Service
+	relay  appsv1.Deployment
+	rsvc   corev1.Service
+	// The HTTP intake: its Deployment, Service, PDB and migrate Job, and
+	// the relay of its outbox with its Service.
+	intake  appsv1.Deployment
+	isvc    corev1.Service
+	ipdb    policyv1.PodDisruptionBudget
+	ijob    batchv1.Job
+	irelay  appsv1.Deployment
+	irsvc   corev1.Service
 	secrets map[string]corev1.Secret
 }
 
 func loadK8s(fsys files) (*k8sSet, error) {
 	var k k8sSet
 	for name, v := range map[string]any{
-		"kubernetes/consumer-deployment.yaml": &k.deploy,
-		"kubernetes/consumer-service.yaml":    &k.svc,
-		"kubernetes/consumer-pdb.yaml":        &k.pdb,
-		"kubernetes/migrate-job.yaml":         &k.job,
-		"kubernetes/verify-deployment.yaml":   &k.verify,
-		"kubernetes/verify-service.yaml":      &k.vsvc,
-		"kubernetes/relay-deployment.yaml":    &k.relay,
-		"kubernetes/relay-service.yaml":       &k.rsvc,
+		"kubernetes/consumer-deployment.yaml":     &k.deploy,
+		"kubernetes/consumer-service.yaml":        &k.svc,
+		"kubernetes/consumer-pdb.yaml":            &k.pdb,
+		"kubernetes/migrate-job.yaml":             &k.job,
+		"kubernetes/verify-deployment.yaml":       &k.verify,
+		"kubernetes/verify-service.yaml":          &k.vsvc,
+		"kubernetes/relay-deployment.yaml":        &k.relay,
+		"kubernetes/relay-service.yaml":           &k.rsvc,
+		"kubernetes/intake-deployment.yaml":       &k.intake,
+		"kubernetes/intake-service.yaml":          &k.isvc,
+		"kubernetes/intake-pdb.yaml":              &k.ipdb,
+		"kubernetes/intake-migrate-job.yaml":      &k.ijob,
+		"kubernetes/intake-relay-deployment.yaml": &k.irelay,
+		"kubernetes/intake-relay-service.yaml":    &k.irsvc,
 	} {
 		if err := decodeK8s(fsys, name, v); err != nil {
 			return nil, err
@@ -155,6 +170,15 @@ func validateK8s(fsys files) error {
 				if s, ok := mounted[m.Name]; ok {
 					paths[m.MountPath] = s
 					check(m.ReadOnly, "%s/%s: Secret mount %s must be read-only", what, c.Name, m.MountPath)
+				}
+			}
+			// An argument that is a file in a mounted Secret names a key of it
+			// (the intake's -tls-cert and -tls-key).
+			for _, a := range slices.Concat(c.Command, c.Args) {
+				for dir, s := range paths {
+					for _, m := range regexp.MustCompile(regexp.QuoteMeta(dir)+`/([A-Za-z0-9_.-]+)`).FindAllStringSubmatch(a, -1) {
+						check(secretKeys[s][m[1]], "%s/%s: argument %s refers to %s/%s, but Secret %s has no key %s", what, c.Name, a, dir, m[1], s, m[1])
+					}
 				}
 			}
 			for _, e := range c.Env {
@@ -346,6 +370,7 @@ func validateK8s(fsys files) error {
 		check(strings.Contains(args, "-follow-ups notifications"), "the consumer does not emit the notifications the relay publishes (-follow-ups notifications): args %q", args)
 	}
 
+	errs = append(errs, checkIntakeK8s(k, js, checkSecure, checkPodSecrets))
 	errs = append(errs, checkNetworkPolicies(fsys, k))
 	errs = append(errs, checkNATSNetworkPolicy(fsys, k))
 	errs = append(errs, checkAdminPod(fsys))
@@ -369,8 +394,13 @@ func validateK8s(fsys files) error {
 		_, ok := fsys["kubernetes/"+r]
 		check(ok, "kustomization.yaml lists %s, which does not exist", r)
 	}
-	for _, f := range []string{"networkpolicy.yaml", "relay-deployment.yaml", "relay-service.yaml"} {
+	for _, f := range []string{"networkpolicy.yaml", "relay-deployment.yaml", "relay-service.yaml", "intake-deployment.yaml", "intake-service.yaml", "intake-pdb.yaml", "intake-relay-deployment.yaml", "intake-relay-service.yaml"} {
 		check(slices.Contains(kust.Resources, f), "kustomization.yaml does not apply %s", f)
+	}
+	// The intake's schema and role come before its pods, applied and
+	// awaited on their own, as the consumer's migrate Job.
+	for _, f := range []string{"migrate-job.yaml", "intake-migrate-job.yaml"} {
+		check(!slices.Contains(kust.Resources, f), "kustomization.yaml applies %s with the pods it must precede", f)
 	}
 	// These live in namespace nats; `kubectl -n jetinbox apply -k` would
 	// refuse them.
@@ -481,6 +511,7 @@ func checkNATSNetworkPolicy(fsys files, k *k8sSet) error {
 		{peer{"the consumer", "jetinbox", k.deploy.Spec.Template.Labels}, []string{"TCP/4222"}},
 		{peer{"the relay", "jetinbox", k.relay.Spec.Template.Labels}, []string{"TCP/4222"}},
 		{peer{"verify", "jetinbox", k.verify.Spec.Template.Labels}, []string{"TCP/4222"}},
+		{peer{"the intake's relay", "jetinbox", k.irelay.Spec.Template.Labels}, []string{"TCP/4222"}},
 		{peer{"a producer", "producers", map[string]string{"app": "orders"}}, []string{"TCP/4222"}},
 		{peer{"the admin pod", admin.Namespace, admin.Labels}, []string{"TCP/4222"}},
 		{peer{"another NATS server", "nats", natsServerLabels}, []string{"TCP/6222"}},
@@ -560,7 +591,7 @@ func checkNetworkPolicies(fsys files, k *k8sSet) error {
 	for _, pod := range []struct {
 		name string
 		d    appsv1.Deployment
-	}{{"consumer", k.deploy}, {"relay", k.relay}, {"verify", k.verify}} {
+	}{{"consumer", k.deploy}, {"relay", k.relay}, {"verify", k.verify}, {"intake-relay", k.irelay}} {
 		labels := pod.d.Spec.Template.Labels
 		var selected []networkingv1.NetworkPolicy
 		for _, p := range pols {
@@ -608,6 +639,237 @@ func checkNetworkPolicies(fsys files, k *k8sSet) error {
 			check(seen[k], "%s: no egress to %s: it could not reach NATS, PostgreSQL or DNS", pod.name, k)
 		}
 	}
+
+	// The intake: its TLS port from the ingress controller's pods, its
+	// http port from Prometheus, nothing else in; PostgreSQL and DNS out,
+	// never NATS.
+	var selected []networkingv1.NetworkPolicy
+	for _, p := range pols {
+		if len(p.Spec.PodSelector.MatchLabels) > 0 && len(p.Spec.PodSelector.MatchExpressions) == 0 && labelsMatch(p.Spec.PodSelector.MatchLabels, k.intake.Spec.Template.Labels) {
+			selected = append(selected, p)
+		}
+	}
+	check(len(selected) == 1, "intake pods are selected by %d policies, want 1", len(selected))
+	if len(selected) == 1 {
+		pol := selected[0]
+		pol.Namespace = "jetinbox" // where the kustomization applies it
+		spec := pol.Spec
+		check(slices.Contains(spec.PolicyTypes, networkingv1.PolicyTypeIngress) && slices.Contains(spec.PolicyTypes, networkingv1.PolicyTypeEgress),
+			"intake: policyTypes %v, want Ingress and Egress", spec.PolicyTypes)
+		for _, r := range spec.Ingress {
+			check(len(r.From) > 0, "intake: an ingress rule without from admits every source")
+			check(len(r.Ports) > 0, "intake: an ingress rule without ports admits every port")
+		}
+		bad := func(format string, args ...any) { check(false, "intake: "+format, args...) }
+		for _, w := range []struct {
+			p     peer
+			ports []string
+		}{
+			{peer{"the ingress controller", "ingress-nginx", map[string]string{"app.kubernetes.io/name": "ingress-nginx"}}, []string{"TCP/https"}},
+			{peer{"prometheus", "monitoring", map[string]string{"app.kubernetes.io/name": "prometheus"}}, []string{"TCP/http"}},
+			{peer{"the consumer", "jetinbox", k.deploy.Spec.Template.Labels}, nil},
+			{peer{"a pod of another namespace", "default", map[string]string{"app": "x"}}, nil},
+			{peer{"another pod of the ingress namespace", "ingress-nginx", map[string]string{"app": "x"}}, nil},
+		} {
+			got := admittedPorts(pol, w.p, bad)
+			check(maps.Equal(got, setOf(w.ports)), "intake: %s may reach %v, want %v", w.p.name, slices.Sorted(maps.Keys(got)), w.ports)
+		}
+		intakeOut := map[string]bool{"TCP/5432": true, "UDP/53": true, "TCP/53": true}
+		seen := map[string]bool{}
+		for _, r := range spec.Egress {
+			check(len(r.To) > 0, "intake: an egress rule without to reaches every destination")
+			check(len(r.Ports) > 0, "intake: an egress rule without ports reaches every port")
+			for _, p := range r.Ports {
+				proto := corev1.ProtocolTCP
+				if p.Protocol != nil {
+					proto = *p.Protocol
+				}
+				key := fmt.Sprintf("%s/%s", proto, p.Port)
+				check(p.Port != nil && intakeOut[key], "intake: egress to %s, want only PostgreSQL 5432 and DNS 53 (it talks to no NATS server)", key)
+				seen[key] = true
+			}
+			for _, to := range r.To {
+				check(to.IPBlock == nil, "intake: egress to an IP block")
+			}
+		}
+		for k := range intakeOut {
+			check(seen[k], "intake: no egress to %s: it could not reach PostgreSQL or DNS", k)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkIntakeK8s: the HTTP intake's Deployment (replicated, probed on
+// /healthz and /readyz, TLS from its own Secret, its tenants file from
+// another, jetinbox_intake on a database server of its own, no NATS, pruning
+// left to the maintainer), its Service and PDB, its migrate Job (the schema
+// owner, on that server), and the relay of its outbox (INTENTS, the
+// producer's NATS user, jetinbox_relay on the intake's server).
+func checkIntakeK8s(k *k8sSet, js *jsDefs, checkSecure func(string, *corev1.PodSecurityContext, *corev1.SecurityContext), checkPodSecrets func(string, corev1.PodSpec) map[string]string) error {
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("kubernetes: "+format, args...))
+		}
+	}
+	typeMeta := func(name, apiVersion, kind, gotAPI, gotKind string) {
+		check(gotAPI == apiVersion && gotKind == kind, "%s is %s %s, want %s %s", name, gotAPI, gotKind, apiVersion, kind)
+	}
+	dbURL := func(e map[string]corev1.EnvVar) (user, host string) {
+		u, err := url.Parse(e["DATABASE_URL"].Value)
+		if err != nil || u.User == nil {
+			return "", ""
+		}
+		return u.User.Username(), u.Hostname()
+	}
+	flag := func(args []string, name string) string {
+		i := slices.Index(args, name)
+		if i < 0 || i+1 >= len(args) {
+			return ""
+		}
+		return args[i+1]
+	}
+	portOf := func(c corev1.Container, name string) int32 {
+		for _, p := range c.Ports {
+			if p.Name == name {
+				return p.ContainerPort
+			}
+		}
+		return 0
+	}
+	consumerHost := ""
+	if c, ok := findContainer(k.deploy.Spec.Template.Spec.Containers, "consumer"); ok {
+		_, consumerHost = dbURL(envOf(c))
+	}
+
+	typeMeta("intake-deployment.yaml", "apps/v1", "Deployment", k.intake.APIVersion, k.intake.Kind)
+	typeMeta("intake-service.yaml", "v1", "Service", k.isvc.APIVersion, k.isvc.Kind)
+	typeMeta("intake-pdb.yaml", "policy/v1", "PodDisruptionBudget", k.ipdb.APIVersion, k.ipdb.Kind)
+	typeMeta("intake-migrate-job.yaml", "batch/v1", "Job", k.ijob.APIVersion, k.ijob.Kind)
+	typeMeta("intake-relay-deployment.yaml", "apps/v1", "Deployment", k.irelay.APIVersion, k.irelay.Kind)
+	typeMeta("intake-relay-service.yaml", "v1", "Service", k.irsvc.APIVersion, k.irsvc.Kind)
+	all := []appsv1.Deployment{k.deploy, k.relay, k.verify, k.intake, k.irelay}
+	for _, d := range []appsv1.Deployment{k.intake, k.irelay} {
+		check(d.Spec.Selector != nil && labelsMatch(d.Spec.Selector.MatchLabels, d.Spec.Template.Labels), "%s: selector does not match its pod labels", d.Name)
+		for _, o := range all {
+			if o.Name == d.Name || d.Spec.Selector == nil {
+				continue
+			}
+			check(!labelsMatch(d.Spec.Selector.MatchLabels, o.Spec.Template.Labels), "%s's selector takes in the pods of %s", d.Name, o.Name)
+			check(o.Spec.Selector == nil || !labelsMatch(o.Spec.Selector.MatchLabels, d.Spec.Template.Labels), "%s's selector takes in the pods of %s", o.Name, d.Name)
+		}
+	}
+
+	// The intake.
+	ispec := k.intake.Spec.Template.Spec
+	check(k.intake.Spec.Replicas != nil && *k.intake.Spec.Replicas >= 2, "intake: want 2 or more replicas (one drains while the other serves)")
+	in, ok := findContainer(ispec.Containers, "intake")
+	check(ok, "intake: no container named intake")
+	ihost := ""
+	if ok {
+		args := slices.Concat(in.Command, in.Args)
+		joined := strings.Join(args, " ")
+		check(strings.Contains(joined, "jetinbox intake"), "intake runs %q, want jetinbox intake", joined)
+		check(!slices.Contains(args, "-unsafe-key-optional") && !slices.Contains(args, "-migrate"), "intake runs %q", joined)
+		https, http := portOf(in, "https"), portOf(in, "http")
+		check(https != 0 && flag(args, "-listen") == fmt.Sprintf("0.0.0.0:%d", https), "intake: -listen %q, want 0.0.0.0 and the container port https %d (the default is loopback)", flag(args, "-listen"), https)
+		check(http != 0 && flag(args, "-http") == fmt.Sprintf("0.0.0.0:%d", http), "intake: -http %q, want 0.0.0.0 and the container port http %d, which the probes reach", flag(args, "-http"), http)
+		check(flag(args, "-tls-cert") != "" && flag(args, "-tls-key") != "", "intake must serve TLS (-tls-cert, -tls-key): bearer tokens cross the wire")
+		check(flag(args, "-prune-interval") == "0", "intake: -prune-interval %q, want 0: its role may not delete keys, the maintainer prunes", flag(args, "-prune-interval"))
+		delay, err1 := time.ParseDuration(flag(args, "-drain-delay"))
+		drainTO, err2 := time.ParseDuration(flag(args, "-drain-timeout"))
+		check(err1 == nil && err2 == nil, "intake: set -drain-delay and -drain-timeout explicitly: %v %v", err1, err2)
+		check(ispec.TerminationGracePeriodSeconds != nil && time.Duration(*ispec.TerminationGracePeriodSeconds)*time.Second > delay+drainTO,
+			"intake: terminationGracePeriodSeconds must exceed -drain-delay + -drain-timeout %v", delay+drainTO)
+		check(in.LivenessProbe != nil && in.LivenessProbe.HTTPGet != nil && in.LivenessProbe.HTTPGet.Path == "/healthz" && in.LivenessProbe.HTTPGet.Port.String() == "http", "intake: liveness must be an HTTP GET of /healthz on port http")
+		check(in.ReadinessProbe != nil && in.ReadinessProbe.HTTPGet != nil && in.ReadinessProbe.HTTPGet.Path == "/readyz" && in.ReadinessProbe.HTTPGet.Port.String() == "http", "intake: readiness must be an HTTP GET of /readyz on port http (503 while draining)")
+		check(in.Resources.Requests.Cpu().Sign() > 0 && in.Resources.Requests.Memory().Sign() > 0, "intake needs cpu and memory requests")
+		check(in.Resources.Limits.Memory().Sign() > 0, "intake needs a memory limit")
+		e := envOf(in)
+		var user string
+		user, ihost = dbURL(e)
+		check(user == "jetinbox_intake", "intake must connect as jetinbox_intake (postgres/intake.sql), not %q", user)
+		check(ihost != "" && ihost != consumerHost, "intake's database server %q is the consumer's: a relay takes every pending row of its outbox", ihost)
+		check(strings.Contains(e["DATABASE_URL"].Value, "sslmode=verify-full"), "intake DATABASE_URL must use sslmode=verify-full")
+		check(!regexp.MustCompile(`://[^/@]*:[^/@]*@`).MatchString(e["DATABASE_URL"].Value), "intake DATABASE_URL must not carry a password")
+		check(e["PGPASSFILE"].Value != "" && e["JETINBOX_INTAKE_TENANTS"].Value != "", "intake: PGPASSFILE and JETINBOX_INTAKE_TENANTS must be set")
+		for name := range e {
+			check(!strings.HasPrefix(name, "NATS_"), "intake: %s is set: the intake talks to no NATS server", name)
+		}
+		checkSecure("intake", ispec.SecurityContext, in.SecurityContext)
+		// The tenants file and the certificate are read from their Secrets.
+		mountOf := map[string]string{} // secret name -> mount path
+		for _, v := range ispec.Volumes {
+			for _, m := range in.VolumeMounts {
+				if m.Name == v.Name && v.Secret != nil {
+					mountOf[v.Secret.SecretName] = m.MountPath
+				}
+			}
+		}
+		tenants, tls := mountOf["jetinbox-intake-tenants"], mountOf["jetinbox-intake-tls"]
+		check(tenants != "" && strings.HasPrefix(e["JETINBOX_INTAKE_TENANTS"].Value, tenants+"/"), "intake: JETINBOX_INTAKE_TENANTS %q is not in the tenants Secret's mount %q", e["JETINBOX_INTAKE_TENANTS"].Value, tenants)
+		check(tls != "" && strings.HasPrefix(flag(args, "-tls-cert"), tls+"/") && strings.HasPrefix(flag(args, "-tls-key"), tls+"/"), "intake: -tls-cert and -tls-key must be in the TLS Secret's mount %q", tls)
+		check(k.isvc.Annotations["prometheus.io/port"] == strconv.Itoa(int(http)), "intake Service scrape port %q, the container serves /metrics on %d", k.isvc.Annotations["prometheus.io/port"], http)
+	}
+	imounted := slices.Sorted(maps.Values(checkPodSecrets("intake Deployment", ispec)))
+	check(slices.Equal(imounted, []string{"jetinbox-intake-db", "jetinbox-intake-tenants", "jetinbox-intake-tls"}),
+		"intake must mount its own Secrets jetinbox-intake-db, jetinbox-intake-tenants and jetinbox-intake-tls alone, mounts %v", imounted)
+	check(len(k.isvc.Spec.Selector) > 0 && labelsMatch(k.isvc.Spec.Selector, k.intake.Spec.Template.Labels), "intake Service does not select the intake pods")
+	for _, d := range all {
+		check(d.Name == k.intake.Name || !labelsMatch(k.isvc.Spec.Selector, d.Spec.Template.Labels), "intake Service selects the pods of %s", d.Name)
+	}
+	svcPorts := map[string]string{}
+	for _, p := range k.isvc.Spec.Ports {
+		svcPorts[p.Name] = p.TargetPort.String()
+	}
+	check(maps.Equal(svcPorts, map[string]string{"https": "https", "http": "http"}), "intake Service ports %v, want https -> https and http -> http", svcPorts)
+	check(k.ipdb.Spec.Selector != nil && labelsMatch(k.ipdb.Spec.Selector.MatchLabels, k.intake.Spec.Template.Labels), "intake PDB selector does not select the intake pods")
+	check(k.ipdb.Spec.MinAvailable != nil && k.intake.Spec.Replicas != nil && k.ipdb.Spec.MinAvailable.IntValue() < int(*k.intake.Spec.Replicas),
+		"intake PDB minAvailable must be below the replica count, or no node can ever be drained")
+
+	// Its migrate Job.
+	jspec := k.ijob.Spec.Template.Spec
+	check(jspec.RestartPolicy == corev1.RestartPolicyNever || jspec.RestartPolicy == corev1.RestartPolicyOnFailure, "intake Job restartPolicy %q", jspec.RestartPolicy)
+	check(k.ijob.Spec.BackoffLimit != nil && *k.ijob.Spec.BackoffLimit > 0 && k.ijob.Spec.ActiveDeadlineSeconds != nil, "intake Job needs a backoffLimit and an activeDeadlineSeconds")
+	m, ok := findContainer(jspec.Containers, "migrate")
+	check(ok && slices.Equal(m.Command, []string{"/usr/local/bin/jetinbox", "intake", "-migrate"}), "intake Job needs a container migrate running `jetinbox intake -migrate`")
+	if ok {
+		user, host := dbURL(envOf(m))
+		check(user == "jetinbox_migrator" && strings.Contains(envOf(m)["DATABASE_URL"].Value, "sslmode=verify-full"), "intake migrate must connect as jetinbox_migrator with sslmode=verify-full")
+		check(host == ihost, "intake migrate runs on %q, the intake's database is on %q", host, ihost)
+	}
+	for _, c := range slices.Concat(jspec.InitContainers, jspec.Containers) {
+		checkSecure("intake Job container "+c.Name, jspec.SecurityContext, c.SecurityContext)
+		check(c.Resources.Limits.Memory().Sign() > 0, "intake Job container %s needs a memory limit", c.Name)
+	}
+	checkPodSecrets("intake migrate Job", jspec)
+
+	// The relay of its outbox.
+	rspec := k.irelay.Spec.Template.Spec
+	check(rspec.TerminationGracePeriodSeconds != nil && *rspec.TerminationGracePeriodSeconds >= 35, "intake-relay: terminationGracePeriodSeconds must outlast a round (the publisher's 30 s retry budget)")
+	r, ok := findContainer(rspec.Containers, "relay")
+	check(ok, "intake-relay: no container named relay")
+	if ok {
+		args := strings.Join(slices.Concat(r.Command, r.Args), " ")
+		check(strings.Contains(args, "jetinbox relay"), "intake-relay runs %q, want jetinbox relay", args)
+		port := strconv.Itoa(int(portOf(r, "http")))
+		check(port != "0" && strings.Contains(args, "-http 0.0.0.0:"+port), "intake-relay: -http must serve on the container port http %s of every interface: %q", port, args)
+		check(k.irsvc.Annotations["prometheus.io/port"] == port, "intake-relay Service scrape port %q, the container serves %s", k.irsvc.Annotations["prometheus.io/port"], port)
+		check(r.LivenessProbe != nil && r.LivenessProbe.HTTPGet != nil && r.LivenessProbe.HTTPGet.Path == "/healthz", "intake-relay: liveness must probe /healthz")
+		re := envOf(r)
+		check(re["JETINBOX_RELAY_STREAM"].Value == js.intents.Name, "intake-relay JETINBOX_RELAY_STREAM %q, the intake's intents go to %q", re["JETINBOX_RELAY_STREAM"].Value, js.intents.Name)
+		check(re["NATS_INBOX_PREFIX"].Value == inboxPrefix["producer"], "intake-relay NATS_INBOX_PREFIX %q, want the producer user's own %q", re["NATS_INBOX_PREFIX"].Value, inboxPrefix["producer"])
+		check(strings.HasPrefix(re["NATS_URL"].Value, "tls://"), "intake-relay NATS_URL must be tls://")
+		user, host := dbURL(re)
+		check(user == "jetinbox_relay" && strings.Contains(re["DATABASE_URL"].Value, "sslmode=verify-full"), "intake-relay must connect as jetinbox_relay with sslmode=verify-full: %q", re["DATABASE_URL"].Value)
+		check(host == ihost, "intake-relay reads the outbox on %q, the intake writes it on %q", host, ihost)
+		check(r.Resources.Limits.Memory().Sign() > 0, "intake-relay needs a memory limit")
+		checkSecure("intake-relay", rspec.SecurityContext, r.SecurityContext)
+	}
+	rmounted := slices.Sorted(maps.Values(checkPodSecrets("intake-relay Deployment", rspec)))
+	check(slices.Equal(rmounted, []string{"jetinbox-intake-relay-db", "jetinbox-intake-relay-nats"}), "intake-relay must mount jetinbox-intake-relay-nats and jetinbox-intake-relay-db alone, mounts %v", rmounted)
+	check(len(k.irsvc.Spec.Selector) > 0 && labelsMatch(k.irsvc.Spec.Selector, k.irelay.Spec.Template.Labels) && !labelsMatch(k.irsvc.Spec.Selector, k.relay.Spec.Template.Labels),
+		"intake-relay Service must select the intake-relay pods alone")
 	return errors.Join(errs...)
 }
 

@@ -50,6 +50,12 @@ var readmeRoles = map[string]readmeRole{
 	"dlq":    {"admin", "jetinbox_maintainer"},
 	"replay": {"admin", "jetinbox_consumer"},
 	"prune":  {"admin", "jetinbox_maintainer"},
+	// The HTTP intake (deploy/README.md, "The HTTP intake"): its schema as
+	// the owner, the server as jetinbox_intake (postgres/intake.sql), the
+	// prune of its keys as the maintainer. It talks to no NATS server.
+	"intake -migrate": {"", "jetinbox_migrator"},
+	"intake":          {"", "jetinbox_intake"},
+	"intake -prune":   {"", "jetinbox_maintainer"},
 }
 
 type readmeRole struct{ nats, db string }
@@ -128,6 +134,23 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The intake's role comes from intake.sql after its migrate (below);
+	// its password and tenants file are the ones cmd/devsecrets wrote.
+	if pw, err := os.ReadFile(filepath.Join(fx.dir, "postgres", "jetinbox_intake.password")); err != nil {
+		t.Fatal(err)
+	} else {
+		passwords["jetinbox_intake"] = strings.TrimSpace(string(pw))
+		pgpass["jetinbox_intake"] = filepath.Join(work, "jetinbox_intake.pgpass")
+		line := fmt.Sprintf("localhost:%d:jetinbox:jetinbox_intake:%s\n", pg.port, passwords["jetinbox_intake"])
+		if err := os.WriteFile(pgpass["jetinbox_intake"], []byte(line), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(fx.dir, "intake", "tenants.json")); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(filepath.Join(work, "tenants.json"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	// NATS as the operator runs it: the three nodes, then the admin applies
 	// deploy/jetstream.
@@ -150,8 +173,8 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 		}
 		base = append(base, kv)
 	}
-	httpAddr, relayAddr := readmeFreeAddr(t), readmeFreeAddr(t)
-	base = append(base, "JETINBOX_HTTP_ADDR="+httpAddr, "JETINBOX_RELAY_HTTP_ADDR="+relayAddr, "JETINBOX_LOG_FORMAT=text")
+	httpAddr, relayAddr, intakeHTTP := readmeFreeAddr(t), readmeFreeAddr(t), readmeFreeAddr(t)
+	base = append(base, "JETINBOX_HTTP_ADDR="+httpAddr, "JETINBOX_RELAY_HTTP_ADDR="+relayAddr, "JETINBOX_INTAKE_HTTP_ADDR="+intakeHTTP, "JETINBOX_LOG_FORMAT=text")
 	var dbURL *url.URL // the README's DATABASE_URL, once the export line is read
 	envFor := func(name string) []string {
 		t.Helper()
@@ -287,6 +310,10 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 		if name == "jetinbox" && len(fields) > 1 {
 			name = fields[1]
 		}
+		// The intake's one-shot modes run under other roles than its server.
+		if name == "intake" && len(fields) > 2 && (fields[2] == "-migrate" || fields[2] == "-prune") {
+			name += " " + fields[2]
+		}
 		if why, ok := readmeElsewhere[name]; ok {
 			t.Logf("not run here (%s runs it): %s", why, line)
 			continue
@@ -298,6 +325,53 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 			// deploy/README.md: grants.sql after every migrate, as the
 			// owner of the tables.
 			pg.as("jetinbox_migrator", passwords["jetinbox_migrator"]).mustFile(t, "postgres/grants.sql")
+		case "intake -migrate":
+			run(name, line)
+			// deploy/README.md: intake.sql as the superuser after it, and
+			// the role's password.
+			pg.superuserFile(t, "jetinbox", "postgres/intake.sql")
+			pg.superuser(t, "jetinbox", fmt.Sprintf("ALTER ROLE jetinbox_intake PASSWORD '%s'", passwords["jetinbox_intake"]))
+		case "intake":
+			// A server until SIGTERM. Its -listen moves to a free port (the
+			// README's :8080 may be taken on the test's machine); /readyz
+			// (the database answers as jetinbox_intake) on both addresses.
+			listen := readmeFreeAddr(t)
+			l := regexp.MustCompile(`-listen \S+`).ReplaceAllString(line, "-listen "+listen)
+			out := &testenv.SyncBuffer{}
+			cmd := exec.Command("sh", "-c", "exec "+l)
+			cmd.Dir, cmd.Env, cmd.Stdout, cmd.Stderr = work, envFor(name), out, out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			eventually(t, ctx, func() error {
+				select {
+				case err := <-done:
+					t.Fatalf("%s (as %v) exited: %v\n%s", l, readmeRoles[name], err, lastOutputLines(out.String(), 20))
+				default:
+				}
+				if err := httpOK("http://" + intakeHTTP + "/readyz"); err != nil {
+					return err
+				}
+				return httpOK("http://" + listen + "/readyz")
+			})
+			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("%s after SIGTERM: %v\n%s", l, err, lastOutputLines(out.String(), 20))
+				}
+			case <-time.After(time.Minute):
+				_ = cmd.Process.Kill()
+				t.Fatalf("%s did not stop within a minute of SIGTERM", l)
+			}
+			if strings.Contains(out.String(), "level=ERROR") {
+				t.Errorf("%s (as %v) logged errors:\n%s", l, readmeRoles[name], consumerLogSummary(out.String()))
+			}
+			t.Logf("%s (as %v): ready, stopped on SIGTERM", l, readmeRoles[name])
 		case "producer":
 			run(name, line)
 			n := regexp.MustCompile(`-count (\d+)`).FindStringSubmatch(line)
@@ -383,7 +457,7 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"build", "export", "migrate", "accounts", "producer", "consumer", "relay", "verify", "verify -next-stream", "dlq", "replay", "prune"} {
+	for _, want := range []string{"build", "export", "migrate", "accounts", "producer", "consumer", "relay", "verify", "verify -next-stream", "dlq", "replay", "prune", "intake -migrate", "intake", "intake -prune"} {
 		if !ran[want] {
 			t.Errorf("the README's path no longer runs %s", want)
 		}

@@ -17,6 +17,14 @@
 --                       the inbox or the ledger. Keys are pruned by
 --                       jetinbox_maintainer (`jetinbox intake -prune`), so
 --                       the intakes run with -prune-interval 0.
+--   jetinbox_relay      (from roles.sql) reads the intake's outbox and marks
+--                       its rows sent or failed, as in the consumer's
+--                       database; it publishes them into INTENTS.
+--
+-- In the intake's own database (its own server: never the consumer's, whose
+-- outbox holds notifications for another stream) run roles.sql, then
+-- `jetinbox intake -migrate` as jetinbox_migrator, then this file; grants.sql
+-- is not run there (there is no inbox).
 
 DO $$
 BEGIN
@@ -45,4 +53,13 @@ GRANT INSERT (id, subject, payload, fingerprint, parent_id) ON TABLE jetinbox.ou
 GRANT SELECT ON TABLE jetinbox.jetinbox_migrations TO jetinbox_intake;
 -- Retention: `jetinbox intake -prune` under the maintainer, on a schedule.
 GRANT SELECT, DELETE ON TABLE jetinbox.idempotency_keys TO jetinbox_maintainer;
+-- `jetinbox intake -prune` checks the schema's version first.
+GRANT SELECT ON TABLE jetinbox.jetinbox_migrations TO jetinbox_maintainer;
+-- The relay that publishes this outbox into INTENTS reads it and marks its
+-- rows, nothing else: the same rights grants.sql gives it on the consumer's
+-- database. The intake's own database has no inbox, so grants.sql does not
+-- run here and these are the relay's only grants in it.
+GRANT SELECT ON TABLE jetinbox.outbox TO jetinbox_relay;
+GRANT UPDATE (sent_at, failed) ON TABLE jetinbox.outbox TO jetinbox_relay;
+GRANT SELECT ON TABLE jetinbox.jetinbox_migrations TO jetinbox_relay;
 COMMIT;

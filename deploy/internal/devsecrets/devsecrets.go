@@ -1,7 +1,7 @@
 // Package devsecrets makes the throwaway credentials a development stack
 // needs: a private CA with server and client certificates, one nkey per NATS
 // user, the NATS auth file carrying their public keys, and PostgreSQL
-// passwords with matching pgpass files.
+// passwords with matching pgpass files, and the HTTP intake's tenants file.
 //
 // It is for compose on a laptop and for the deploy tests, never for
 // production: the CA key is thrown away. The files are the generating
@@ -16,8 +16,10 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -39,6 +41,21 @@ var Users = []string{"producer", "consumer", "relay", "verify", "admin", "sys"}
 // get a password and a pgpass file.
 var DBRoles = []string{"jetinbox_migrator", "jetinbox_consumer", "jetinbox_relay", "jetinbox_verifier", "jetinbox_maintainer"}
 
+// IntakeRole is the HTTP intake's login role (deploy/postgres/intake.sql).
+// It gets a password and a pgpass file for the intake's own database.
+const IntakeRole = "jetinbox_intake"
+
+// IntakeDBRoles are the roles that log in to the intake's own database
+// (its own server, with roles.sql and intake.sql, never the consumer's
+// database: a relay takes every pending row of its outbox): the migrator
+// (`jetinbox intake -migrate`), the relay that publishes the intake's
+// outbox into INTENTS, the maintainer (`jetinbox intake -prune`) and the
+// intake. Each gets postgres/intake/ROLE.pgpass naming that server.
+var IntakeDBRoles = []string{"jetinbox_migrator", "jetinbox_relay", "jetinbox_maintainer", IntakeRole}
+
+// IntakeTenant is the tenant of the development tenants file.
+const IntakeTenant = "dev"
+
 // Options says what to generate. The zero value of each field but Dir and
 // AuthTemplate has a usable default.
 type Options struct {
@@ -51,13 +68,17 @@ type Options struct {
 	// Default: nats, nats-1, nats-2, nats-3, localhost, 127.0.0.1, ::1.
 	NATSHosts []string
 	// PostgresHosts are the names of the PostgreSQL server certificate.
-	// Default: postgres, localhost, 127.0.0.1, ::1.
+	// Default: postgres, intake-postgres, localhost, 127.0.0.1, ::1.
 	PostgresHosts []string
 	// PGHost, PGPort and PGDatabase go into the pgpass files. Defaults:
 	// postgres, 5432, jetinbox.
 	PGHost     string
 	PGPort     int
 	PGDatabase string
+	// IntakePGHost is the intake's own PostgreSQL server, for the pgpass
+	// files of IntakeDBRoles (port PGPort, database PGDatabase). Default:
+	// intake-postgres.
+	IntakePGHost string
 	// Validity of every certificate. Default 90 days.
 	Validity time.Duration
 }
@@ -82,10 +103,13 @@ func Generate(opts Options) (*Result, error) {
 		opts.NATSHosts = []string{"nats", "nats-1", "nats-2", "nats-3", "localhost", "127.0.0.1", "::1"}
 	}
 	if opts.PostgresHosts == nil {
-		opts.PostgresHosts = []string{"postgres", "localhost", "127.0.0.1", "::1"}
+		opts.PostgresHosts = []string{"postgres", "intake-postgres", "localhost", "127.0.0.1", "::1"}
 	}
 	if opts.PGHost == "" {
 		opts.PGHost = "postgres"
+	}
+	if opts.IntakePGHost == "" {
+		opts.IntakePGHost = "intake-postgres"
 	}
 	if opts.PGPort == 0 {
 		opts.PGPort = 5432
@@ -118,6 +142,8 @@ func Generate(opts Options) (*Result, error) {
 		{"relay", nil, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}},
 		{"verify", nil, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}},
 		{"admin", nil, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}},
+		// The HTTP intake's server certificate (jetinbox intake -tls-cert).
+		{"intake", []string{"intake", "localhost", "127.0.0.1", "::1"}, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}},
 	}
 	for _, l := range leaves {
 		certDER, keyDER, err := ca.issue(l.name, l.hosts, l.usage, opts.Validity)
@@ -150,14 +176,31 @@ func Generate(opts Options) (*Result, error) {
 	}
 	w.file("nats-auth.conf", auth)
 
+	passwords := map[string]string{}
 	for _, role := range append([]string{"postgres"}, DBRoles...) {
 		pw := rand.Text()
+		passwords[role] = pw
 		w.file("postgres/"+role+".password", []byte(pw))
 		if role != "postgres" {
 			line := fmt.Sprintf("%s:%d:%s:%s:%s\n", opts.PGHost, opts.PGPort, opts.PGDatabase, role, pw)
 			w.file("postgres/"+role+".pgpass", []byte(line))
 		}
 	}
+	// The intake's own server: the same roles with the same passwords (its
+	// initdb sets them from the same files), and the intake's.
+	passwords[IntakeRole] = rand.Text()
+	w.file("postgres/"+IntakeRole+".password", []byte(passwords[IntakeRole]))
+	for _, role := range IntakeDBRoles {
+		line := fmt.Sprintf("%s:%d:%s:%s:%s\n", opts.IntakePGHost, opts.PGPort, opts.PGDatabase, role, passwords[role])
+		w.file("postgres/intake/"+role+".pgpass", []byte(line))
+	}
+	// The intake's tenants file: one tenant, its bearer token beside it
+	// (for curl), the file holding only the token's SHA-256.
+	token := rand.Text()
+	sum := sha256.Sum256([]byte(token))
+	w.file("intake/token", []byte(token))
+	tenants := fmt.Sprintf(`{"tenants": [{"name": %q, "token_sha256": %q, "subjects": "intents."}]}`+"\n", IntakeTenant, hex.EncodeToString(sum[:]))
+	w.file("intake/tenants.json", []byte(tenants))
 	if w.err != nil {
 		return nil, w.err
 	}

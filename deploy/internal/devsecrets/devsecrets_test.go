@@ -2,7 +2,10 @@ package devsecrets_test
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
 	"encoding/pem"
 	"os"
 	"path/filepath"
@@ -99,6 +102,49 @@ func TestGenerate(t *testing.T) {
 		if want := "postgres:5432:jetinbox:" + role + ":" + string(pw) + "\n"; string(pgpass) != want {
 			t.Errorf("%s pgpass %q, want %q", role, pgpass, want)
 		}
+	}
+	// The intake's own server: the same passwords, its host.
+	for _, role := range devsecrets.IntakeDBRoles {
+		pgpass, err := os.ReadFile(filepath.Join(dir, "postgres", "intake", role+".pgpass"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pw, err := os.ReadFile(filepath.Join(dir, "postgres", role+".password"))
+		if err != nil || len(pw) == 0 {
+			t.Fatalf("%s password: %q %v", role, pw, err)
+		}
+		if want := "intake-postgres:5432:jetinbox:" + role + ":" + string(pw) + "\n"; string(pgpass) != want {
+			t.Errorf("intake %s pgpass %q, want %q", role, pgpass, want)
+		}
+	}
+	if cert := readCert(t, filepath.Join(dir, "tls", "postgres.pem")); !slices.Contains(cert.DNSNames, "intake-postgres") {
+		t.Errorf("the PostgreSQL certificate names %v, not the intake's server intake-postgres", cert.DNSNames)
+	}
+	// The tenants file holds the token's SHA-256, never the token.
+	token, err := os.ReadFile(filepath.Join(dir, "intake", "token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenants, err := os.ReadFile(filepath.Join(dir, "intake", "tenants.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tf struct {
+		Tenants []struct {
+			Name        string `json:"name"`
+			TokenSHA256 string `json:"token_sha256"`
+			Subjects    string `json:"subjects"`
+		} `json:"tenants"`
+	}
+	if err := json.Unmarshal(tenants, &tf); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(token)
+	if len(tf.Tenants) != 1 || tf.Tenants[0].TokenSHA256 != hex.EncodeToString(sum[:]) || tf.Tenants[0].Subjects != "intents." || len(token) < 20 {
+		t.Errorf("tenants.json %s does not hold the SHA-256 of the token beside it", tenants)
+	}
+	if bytes.Contains(tenants, token) {
+		t.Errorf("tenants.json contains the token")
 	}
 }
 
