@@ -3,7 +3,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test lint unit cluster deploy bench-smoke demo stress
+.PHONY: test lint oldest-go unit cluster deploy bench-smoke demo stress
 
 test: lint unit cluster deploy bench-smoke
 
@@ -13,10 +13,24 @@ test: lint unit cluster deploy bench-smoke
 # the power-loss run's servers and consumers are processes of their own.
 CLUSTER := Cluster|LeaderElections|PowerLoss
 
-lint:
+lint: oldest-go
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+
+# go.mod's go directive is the older of the two supported Go releases (Go
+# supports the newest two), so an embedder is not forced onto the newest
+# Go. The library packages must build with that release: they are vetted
+# with it whenever the machine's Go is of that release (no other toolchain
+# is fetched).
+OLDEST_GO := 1.26
+LIB_PKGS := ./inbox/... ./inboxtest/... ./outbox/... ./jitter/... ./metrics/... ./effects/...
+oldest-go:
+	@dir=$$($(GO) list -m -f '{{.GoVersion}}'); case "$$dir" in $(OLDEST_GO)|$(OLDEST_GO).*) ;; \
+	  *) echo "go.mod says go $$dir, want the older supported release $(OLDEST_GO)"; exit 1;; esac
+	@if GOTOOLCHAIN=local $(GO) version | grep -q 'go$(OLDEST_GO)[. ]'; then \
+	  GOTOOLCHAIN=local $(GO) vet $(LIB_PKGS); \
+	else echo "oldest-go: this machine's Go is not $(OLDEST_GO); library not vetted with it"; fi
 
 unit:
 	$(GO) test -race -count=1 -timeout 12m -skip '$(CLUSTER)' $(PKGS)

@@ -15,6 +15,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // alertPipeline is a nats-server and a database with the streams, the
@@ -36,7 +37,7 @@ func newAlertPipeline(t *testing.T, stream jsinbox.StreamConfig, observer jsinbo
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	p := &alertPipeline{ctx: ctx}
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +79,7 @@ func newAlertPipeline(t *testing.T, stream jsinbox.StreamConfig, observer jsinbo
 func (p *alertPipeline) publishSettled(t *testing.T, intents []inbox.Intent) {
 	t.Helper()
 	for _, in := range intents {
-		if err := p.pub.Publish(p.ctx, in); err != nil {
+		if err := p.pub.PublishAsync(p.ctx, in); err != nil {
 			t.Fatal(err)
 		}
 	}

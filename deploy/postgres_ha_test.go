@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestPostgresHAFiles runs deploy/postgres/ha as an operator would on three
@@ -319,7 +320,7 @@ func TestPostgresHAFiles(t *testing.T) {
 	if err := os.WriteFile(pgpass, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	nats := testenv.NewNATS(t, testenv.NATSOptions{})
+	nats := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	dbURL := func(role string) string {
 		u := *shipped
 		u.User = url.User(role)

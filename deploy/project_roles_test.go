@@ -143,7 +143,7 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 			}
 			defer pub.Close()
 			for _, in := range intents {
-				if err := pub.Publish(ctx, in); err != nil {
+				if err := pub.PublishAsync(ctx, in); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -164,7 +164,7 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 		// with another payload is a conflict, not a success.
 		reused := inbox.Intent{ID: "ledger-2", Subject: "intents.ledger", Payload: []byte(`{"account":1,"amount":200}`)}
 		st, f := publish(batch[0], reused)
-		if st.Duplicates != 1 || st.Conflicts != 1 || len(f) != 1 || f[0].ID != "ledger-2" || !errors.Is(f[0].Err, jsinbox.ErrConflict) {
+		if st.Duplicates != 1 || st.Conflicts != 1 || len(f) != 1 || f[0].ID != "ledger-2" || !errors.Is(f[0].Err, inbox.ErrConflict) {
 			t.Fatalf("duplicate and conflict: %+v, failures %+v", st, f)
 		}
 		producer.expectNoAsyncError(t)

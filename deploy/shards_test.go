@@ -15,7 +15,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/shard"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 type shardDefs struct {
@@ -147,7 +147,7 @@ func TestShardedStreamOnAServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := testenv.NewNATS(t, testenv.NATSOptions{StoreDir: filepath.Join(t.TempDir(), "js")})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{StoreDir: filepath.Join(t.TempDir(), "js")})
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		t.Fatal(err)

@@ -93,20 +93,21 @@ type PruneOptions struct {
 	BatchSize int
 }
 
-// CheckPrune fills the defaults of opts and refuses an OlderThan shorter
-// than the retention (an error wrapping [ErrUnsafeHorizon]). Every store
-// calls it before deleting.
-func CheckPrune(opts *PruneOptions) error {
-	if opts.Retention <= 0 {
-		opts.Retention = DefaultRetention
+// Checked returns o with its defaults filled in, or an error wrapping
+// [ErrUnsafeHorizon] for an OlderThan shorter than the retention. Every
+// store checks its options with it before deleting, as
+// inbox.PruneOptions.Checked does for the inbox.
+func (o PruneOptions) Checked() (PruneOptions, error) {
+	if o.Retention <= 0 {
+		o.Retention = DefaultRetention
 	}
-	if opts.OlderThan < opts.Retention {
-		return fmt.Errorf("%w: OlderThan %v is shorter than the retention %v: a client retrying inside it would run its request again", ErrUnsafeHorizon, opts.OlderThan, opts.Retention)
+	if o.OlderThan < o.Retention {
+		return o, fmt.Errorf("%w: OlderThan %v is shorter than the retention %v: a client retrying inside it would run its request again", ErrUnsafeHorizon, o.OlderThan, o.Retention)
 	}
-	if opts.BatchSize <= 0 {
-		opts.BatchSize = 10000
+	if o.BatchSize <= 0 {
+		o.BatchSize = 10000
 	}
-	return nil
+	return o, nil
 }
 
 // EncodeHeader is the stored form of an answer's headers: "Name: value"

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/internal/hook"
 )
 
@@ -115,12 +116,12 @@ func (p *Processor[TX]) readPrior(ctx context.Context, tx TX, b *batch) error {
 // one message at a time, so that a claim the database refuses rejects only
 // its own message. A claim refused outside isolation fails the batch with
 // errIsolate.
-func (p *Processor[TX]) claim(ctx context.Context, tx TX, b *batch, isolate, fast bool) (res []ClaimResult, err error) {
+func (p *Processor[TX]) claim(ctx context.Context, tx TX, b *batch, isolate, fast bool) (res []driver.ClaimResult, err error) {
 	claims := getClaims(len(b.valid))
 	defer putClaims(claims)
 	for k, i := range b.valid {
 		m := &b.msgs[i]
-		claims[k] = Claim{ID: m.ID, Fingerprint: Fingerprint(m.Payload), StreamSeq: m.StreamSeq, Subject: m.Subject}
+		claims[k] = driver.Claim{ID: m.ID, Fingerprint: Fingerprint(m.Payload), StreamSeq: m.StreamSeq, Subject: m.Subject}
 	}
 	end := p.span(ctx, "jetinbox.claim", len(claims))
 	defer func() { end(err) }()
@@ -145,7 +146,7 @@ func (p *Processor[TX]) claim(ctx context.Context, tx TX, b *batch, isolate, fas
 	}
 	if order != nil {
 		if err := p.store.ClaimNew(ctx, tx, p.cfg.Scope, claims, order); err != nil {
-			if p.store.Classify(err) == ErrorData && !errors.Is(err, ErrClaimedBefore) {
+			if p.store.Classify(err) == driver.ErrorData && !errors.Is(err, driver.ErrClaimedBefore) {
 				return nil, fmt.Errorf("%w: %w", errIsolate, err)
 			}
 			return nil, err
@@ -154,7 +155,7 @@ func (p *Processor[TX]) claim(ctx context.Context, tx TX, b *batch, isolate, fas
 		return nil, nil
 	}
 	res, err = p.store.Claim(ctx, tx, p.cfg.Scope, claims)
-	if err != nil && p.store.Classify(err) == ErrorData {
+	if err != nil && p.store.Classify(err) == driver.ErrorData {
 		return nil, fmt.Errorf("%w: %w", errIsolate, err)
 	}
 	return res, err
@@ -164,16 +165,16 @@ func (p *Processor[TX]) claim(ctx context.Context, tx TX, b *batch, isolate, fas
 var claimPool sync.Pool
 
 // getClaims returns a slice of n claims to fill in.
-func getClaims(n int) []Claim {
-	if p, ok := claimPool.Get().(*[]Claim); ok && cap(*p) >= n {
+func getClaims(n int) []driver.Claim {
+	if p, ok := claimPool.Get().(*[]driver.Claim); ok && cap(*p) >= n {
 		return (*p)[:n]
 	}
-	return make([]Claim, n)
+	return make([]driver.Claim, n)
 }
 
 // putClaims returns claims to the pool, cleared. The stores are done with
 // a claim slice when their call returns: they copy what they send.
-func putClaims(claims []Claim) {
+func putClaims(claims []driver.Claim) {
 	clear(claims)
 	claimPool.Put(&claims)
 }
@@ -204,7 +205,7 @@ func putMessages(msgs []Message) {
 // classify sorts the claimed messages: fresh ones to apply, duplicates and
 // conflicts decided now, copies of an earlier message of the batch decided
 // with it.
-func (p *Processor[TX]) classify(b *batch, res []ClaimResult) {
+func (p *Processor[TX]) classify(b *batch, res []driver.ClaimResult) {
 	if res == nil && b.refused == nil && len(b.valid) == len(b.msgs) {
 		// Every message claimed fresh (the COPY claim of a batch of
 		// first deliveries): all of them go to the handler, in a copy
@@ -219,28 +220,28 @@ func (p *Processor[TX]) classify(b *batch, res []ClaimResult) {
 		if b.refused[i] {
 			continue
 		}
-		r := ClaimResult{State: ClaimFresh}
+		r := driver.ClaimResult{State: driver.ClaimFresh}
 		if res != nil {
 			r = res[k]
 		}
-		if r.InBatch && r.State == ClaimDuplicate {
+		if r.InBatch && r.State == driver.ClaimDuplicate {
 			b.inBatch = append(b.inBatch, [2]int{i, b.valid[r.First]})
 			continue
 		}
-		if r.State != ClaimFresh {
+		if r.State != driver.ClaimFresh {
 			b.prior = true
 		}
 		switch r.State {
-		case ClaimFresh:
+		case driver.ClaimFresh:
 			b.fresh = append(b.fresh, b.msgs[i])
 			b.freshIdx = append(b.freshIdx, i)
-		case ClaimDuplicate:
-			b.out[i] = Outcome{Status: StatusDuplicate, Redelivered: true, FirstSeq: r.PriorSeq}
-			if r.PriorStatus == RowRejected {
-				b.out[i] = Outcome{Status: StatusRejected, Cause: CauseRejectedBefore, Reason: SanitizeReason(r.PriorReason), Redelivered: true, FirstSeq: r.PriorSeq}
+		case driver.ClaimDuplicate:
+			b.out[i] = Outcome{Status: StatusDuplicate, AlreadyInInbox: true, FirstSeq: r.PriorSeq}
+			if r.PriorStatus == driver.RowRejected {
+				b.out[i] = Outcome{Status: StatusRejected, Cause: CauseRejectedBefore, Reason: SanitizeReason(r.PriorReason), AlreadyInInbox: true, FirstSeq: r.PriorSeq}
 			}
-		case ClaimConflict:
-			b.out[i] = Outcome{Status: StatusConflict, Cause: CauseConflict, Redelivered: true, Reason: b.conflictReason(i, r)}
+		case driver.ClaimConflict:
+			b.out[i] = Outcome{Status: StatusConflict, Cause: CauseConflict, AlreadyInInbox: true, Reason: b.conflictReason(i, r)}
 			b.conflicts = append(b.conflicts, i)
 		}
 	}
@@ -248,7 +249,7 @@ func (p *Processor[TX]) classify(b *batch, res []ClaimResult) {
 
 // conflictReason says what differs between message i and the intent that
 // claimed its ID first: the payload, the subject, or both.
-func (b *batch) conflictReason(i int, r ClaimResult) string {
+func (b *batch) conflictReason(i int, r driver.ClaimResult) string {
 	prior := r.PriorSubject
 	if r.InBatch {
 		prior = b.msgs[r.First].Subject
@@ -273,7 +274,7 @@ func (p *Processor[TX]) apply(ctx context.Context, tx TX, fresh []Message, isola
 		return errs, p.handleIsolated(ctx, tx, fresh, errs)
 	}
 	if err := p.handle(ctx, tx, fresh, errs); err != nil {
-		if k := p.store.Classify(err); k == ErrorRetryTx || k == ErrorConn {
+		if k := p.store.Classify(err); k == driver.ErrorRetryTx || k == driver.ErrorConn {
 			// The whole batch is retried: one message at a time would
 			// only meet the same deadlock, connection or deployment.
 			return nil, err
@@ -294,7 +295,7 @@ func (p *Processor[TX]) decide(b *batch, errs []error) (rejIDs, rejReasons, retr
 			out[i] = Outcome{Status: StatusApplied}
 		case IsPermanent(e):
 			out[i] = Outcome{Status: StatusRejected, Cause: rejectCause(e), Reason: SanitizeReason(e.Error()), Err: e}
-		case p.store.Classify(e) == ErrorConn:
+		case p.store.Classify(e) == driver.ErrorConn:
 			// The database's or the deployment's fault, reported for one
 			// message: retried, on its last delivery too.
 			out[i] = Outcome{Status: StatusRetry, Cause: CauseTransient, Reason: SanitizeReason(e.Error()), Err: e, NotMessageFault: true}
@@ -324,12 +325,12 @@ func (p *Processor[TX]) decide(b *batch, errs []error) (rejIDs, rejReasons, retr
 		case StatusApplied, StatusDuplicate:
 			o = Outcome{Status: StatusDuplicate, FirstSeq: msgs[d[1]].StreamSeq}
 		case StatusRejected:
-			o.Redelivered = false
+			o.AlreadyInInbox = false
 			if o.FirstSeq == 0 && !b.refused[d[1]] {
 				o.FirstSeq = msgs[d[1]].StreamSeq
 			}
 		case StatusConflict:
-			o.Redelivered = false // each conflicting message is dead-lettered
+			o.AlreadyInInbox = false // each conflicting message is dead-lettered
 		}
 		out[d[0]] = o
 	}
@@ -387,9 +388,9 @@ func (p *Processor[TX]) record(ctx context.Context, tx TX, msgs []Message, rejID
 		}
 	}
 	if len(conflicts) > 0 {
-		cs := make([]Claim, len(conflicts))
+		cs := make([]driver.Claim, len(conflicts))
 		for k, i := range conflicts {
-			cs[k] = Claim{ID: msgs[i].ID, Fingerprint: Fingerprint(msgs[i].Payload), StreamSeq: msgs[i].StreamSeq, Subject: msgs[i].Subject}
+			cs[k] = driver.Claim{ID: msgs[i].ID, Fingerprint: Fingerprint(msgs[i].Payload), StreamSeq: msgs[i].StreamSeq, Subject: msgs[i].Subject}
 		}
 		if err := p.store.RecordConflicts(ctx, tx, p.cfg.Scope, cs); err != nil {
 			return fmt.Errorf("inbox: record conflicts: %w", err)

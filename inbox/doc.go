@@ -13,8 +13,10 @@
 //	consumer, err := jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{}) // acks after COMMIT
 //	err = consumer.Run(ctx)
 //
-// Runnable examples: Example_readme and ExampleConsumer in package
-// [github.com/jetinbox/jetinbox/inbox/jsinbox] (a worker end to end),
+// Runnable examples: the README's worker (examples/worker in the module's
+// repository, a whole program), ExampleConsumer in
+// internal/servertest/jsinboxtest (a worker end to end, among the tests that
+// need a nats-server, kept there out of an embedder's go.sum),
 // package [github.com/jetinbox/jetinbox/inbox/pginbox]'s (a batch, a claim
 // inside a transaction of your own), and package
 // [github.com/jetinbox/jetinbox/inboxtest]'s, which unit-tests a handler
@@ -55,7 +57,7 @@
 //
 // # Stores
 //
-// The processor runs on a [Store], one value per database that carries
+// The processor runs on a store, one value per database that carries
 // everything of it: the processor's claims and transactions, and Migrate,
 // MigrationSQL, MigrationStatus, CheckSchema, Prune and Ping as methods.
 // Package [github.com/jetinbox/jetinbox/inbox/pginbox] is the production
@@ -63,7 +65,8 @@
 // [github.com/jetinbox/jetinbox/inbox/sqliteinbox] keeps the inbox in a
 // SQLite file for a worker where one process and a local file will do.
 // Both pass one conformance suite. This package imports no database
-// driver.
+// driver. The interface the stores implement is in package
+// [github.com/jetinbox/jetinbox/inbox/driver], which is not for users.
 //
 // Nothing migrates implicitly: call the store's Migrate from a deploy step
 // (`jetinbox migrate`), or run its MigrationSQL with your own tool, and let

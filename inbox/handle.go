@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"runtime/debug"
 
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/internal/hook"
 )
 
@@ -71,11 +72,11 @@ func (p *Processor[TX]) handleIsolated(ctx context.Context, tx TX, msgs []Messag
 			return fmt.Errorf("inbox: release savepoint: %w", rerr)
 		}
 		kind := p.store.Classify(err)
-		if kind == ErrorRetryTx || kind == ErrorConn || ctx.Err() != nil {
+		if kind == driver.ErrorRetryTx || kind == driver.ErrorConn || ctx.Err() != nil {
 			// Not this message's fault: retry the whole batch later.
 			return err
 		}
-		if kind == ErrorData && !IsPermanent(err) {
+		if kind == driver.ErrorData && !IsPermanent(err) {
 			err = Permanent(err)
 		}
 		errs[j] = err

@@ -177,9 +177,11 @@ type Outcome struct {
 	// Reason explains a rejection, a conflict or a retry, for people and
 	// for the dead-letter message.
 	Reason string
-	// Redelivered is true when the inbox already held the row, so this
-	// delivery changed nothing (a duplicate, or a message rejected before).
-	Redelivered bool
+	// AlreadyInInbox is true when the inbox already held the message's row
+	// (a duplicate, or a message rejected before), so this delivery changed
+	// nothing. It says nothing of JetStream's redelivery: that is
+	// Message.Deliveries > 1.
+	AlreadyInInbox bool
 	// Err is the underlying error of a retry or rejection, if any.
 	Err error
 	// NotMessageFault marks a retry that no fault of the message caused:

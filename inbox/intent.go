@@ -8,6 +8,23 @@ import (
 	"unicode/utf8"
 )
 
+// ErrConflict reports an intent whose ID was used before with another
+// subject or payload: the "same key, different body" case of idempotency
+// keys, never a success. A second attempt of the same work must emit the
+// same intent, so it is a bug in how IDs are derived (or a reused ID).
+// Where it comes from:
+//
+//   - jsinbox's Publisher, when the stream already holds the ID inside its
+//     duplicate window with another payload or subject: JetStream
+//     deduplicates by ID alone and dropped the intent; the publisher finds
+//     it by reading back, on a duplicate PubAck only, the message the
+//     PubAck names, and comparing fingerprints ([Fingerprint]).
+//   - an outbox store's Add, for an ID the outbox already holds with
+//     another subject or payload.
+//
+// The consumer's inbox reports the same case as [StatusConflict].
+var ErrConflict = errors.New("inbox: intent ID reused with a different subject or payload")
+
 // Intent is one message to publish under a stable ID: what a publisher
 // sends, what an outbox stores until its transaction commits, and what a
 // relay publishes from the outbox. The consumer's inbox makes the ID's

@@ -6,18 +6,20 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
 // Handler applies the side effects of freshly claimed messages inside the
-// inbox transaction, a TX of the processor's [Store]: pgx.Tx for
+// inbox transaction, a TX of the processor's store: pgx.Tx for
 // PostgreSQL (package pginbox), *sql.Tx for SQLite (package sqliteinbox).
 // [HandlerFunc] makes one from a function that applies one message.
 //
@@ -126,10 +128,10 @@ func (c Config) validate() error {
 }
 
 // Processor claims and applies batches of messages, one transaction of
-// its [Store] per batch. It is safe for concurrent use; each call uses its
+// its store per batch. It is safe for concurrent use; each call uses its
 // own transaction.
 type Processor[TX any] struct {
-	store   Store[TX]
+	store   driver.Store[TX]
 	handler Handler[TX]
 	cfg     Config
 	tracer  trace.Tracer  // nil unless tracing
@@ -180,7 +182,7 @@ func (p *Processor[TX]) Stats() ProcessorStats {
 // NewProcessor returns a processor keeping its inbox in store (a
 // pginbox.Store or a sqliteinbox.Store) and applying effects with handler,
 // in the store's transactions; TX is inferred from both.
-func NewProcessor[TX any](store Store[TX], handler Handler[TX], cfg Config) (*Processor[TX], error) {
+func NewProcessor[TX any](store driver.Store[TX], handler Handler[TX], cfg Config) (*Processor[TX], error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -229,7 +231,7 @@ func (p *Processor[TX]) Warm(ctx context.Context, n int) error {
 // Ping checks that the store's database answers.
 func (p *Processor[TX]) Ping(ctx context.Context) error { return p.store.Ping(ctx) }
 
-// Check runs the store's check transaction (see [Store.Check]): it fails
+// Check runs the store's check transaction (see the store's Check): it fails
 // where a batch would fail for the database's or the deployment's reason,
 // with [ErrNotMigrated] or [ErrDatabaseUnfit] when the database answers but
 // cannot take batches as it is set up. A consumer checks at start, and
@@ -247,6 +249,13 @@ func (p *Processor[TX]) Logger() *slog.Logger { return p.cfg.Logger }
 func (p *Processor[TX]) TracerProvider() trace.TracerProvider { return p.cfg.TracerProvider }
 
 // Scope returns the processor's scope.
+// StoreName names the processor's store by its type, as
+// "pginbox.Store" or "sqliteinbox.Store": the consumer's start-up line
+// shows it.
+func (p *Processor[TX]) StoreName() string {
+	return strings.TrimPrefix(fmt.Sprintf("%T", p.store), "*")
+}
+
 func (p *Processor[TX]) Scope() string { return p.cfg.Scope }
 
 var errIsolate = errors.New("inbox: batch failed; isolating messages")
@@ -282,7 +291,7 @@ func (p *Processor[TX]) Process(ctx context.Context, msgs []Message) ([]Outcome,
 		if err == nil {
 			return out, nil
 		}
-		if fast && errors.Is(err, ErrClaimedBefore) {
+		if fast && errors.Is(err, driver.ErrClaimedBefore) {
 			// Some message was there already: claim this batch, and
 			// the next few, the careful way.
 			p.cfg.Logger.DebugContext(ctx, "inbox: copy claim failed, claiming with conflict checks", "scope", p.cfg.Scope, "size", len(valid), "err", err)
@@ -299,7 +308,7 @@ func (p *Processor[TX]) Process(ctx context.Context, msgs []Message) ([]Outcome,
 			attempt--
 			continue
 		}
-		if p.store.Classify(err) == ErrorRetryTx && ctx.Err() == nil {
+		if p.store.Classify(err) == driver.ErrorRetryTx && ctx.Err() == nil {
 			if bo == nil {
 				bo = p.cfg.TxRetry.NewBackOff()
 			}
@@ -321,14 +330,14 @@ func (p *Processor[TX]) Process(ctx context.Context, msgs []Message) ([]Outcome,
 }
 
 // notMessageFault reports whether a batch failed for a reason that is no
-// message's: the database or the deployment (see [ErrorConn]), contention
+// message's: the database or the deployment (a store's connection-kind error), contention
 // that outlasted the retries, or a commit whose outcome is unknown.
 func (p *Processor[TX]) notMessageFault(err error) bool {
 	if errors.Is(err, ErrOutcomeUnknown) {
 		return true
 	}
 	k := p.store.Classify(err)
-	return k == ErrorConn || k == ErrorRetryTx
+	return k == driver.ErrorConn || k == driver.ErrorRetryTx
 }
 
 // copyCooldownBatches is how many batches after a failed copy claim are

@@ -6,6 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inboxtest"
@@ -60,4 +64,28 @@ func Example() {
 	// conflict
 	// retry
 	// emails sent: 1
+}
+
+// A handler written for PostgreSQL (pgx.Tx), tested on a schema of its own
+// in a test database: a test of your own calls inboxtest.Postgres with its
+// t, and the schema is dropped when the test ends.
+func ExamplePostgres() {
+	ship := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO shipments (order_id) VALUES ($1)`, m.ID)
+		return err
+	})
+	testShip := func(t *testing.T) { // func TestShip(t *testing.T) in your package
+		ctx := context.Background()
+		kit := inboxtest.Postgres(t, os.Getenv("DATABASE_URL"), ship, inbox.Config{Scope: "shipping"})
+		if _, err := kit.Pool.Exec(ctx, `CREATE TABLE shipments (order_id text PRIMARY KEY)`); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"applied", "duplicate"} {
+			out, err := kit.Deliver(ctx, inboxtest.Message("o-1", `{}`))
+			if err != nil || inboxtest.Statuses(out) != want {
+				t.Fatalf("%v, %v; want %s", out, err, want)
+			}
+		}
+	}
+	_ = testShip
 }

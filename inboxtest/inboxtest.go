@@ -12,8 +12,13 @@
 //	out, err := kit.Deliver(ctx, inboxtest.Message("m-1", `{"to":"ann@example.com"}`))
 //	// inboxtest.Statuses(out) == "applied"; deliver it again: "duplicate"
 //
-// A handler written for PostgreSQL (pgx.Tx) runs on a store of your test
-// database with [New]: inboxtest.New(pginbox.New(pool), h, cfg).
+// A handler written for PostgreSQL (pgx.Tx) runs on a schema of its own in
+// a test database, dropped when the test ends:
+//
+//	kit := inboxtest.Postgres(t, os.Getenv("DATABASE_URL"), myHandler, inbox.Config{Scope: "emails"})
+//	_, err := kit.Pool.Exec(ctx, `CREATE TABLE sent (id text PRIMARY KEY)`) // in the kit's schema
+//
+// [New] runs a handler on any store of your own.
 package inboxtest
 
 import (
@@ -27,6 +32,7 @@ import (
 	"sync"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 )
 
@@ -43,7 +49,7 @@ type Kit[TX any] struct {
 // pginbox.New(pool) on a test database), migrating the inbox tables first
 // when the store can. cfg is the processor's configuration; Scope is
 // required.
-func New[TX any](store inbox.Store[TX], handler inbox.Handler[TX], cfg inbox.Config) (*Kit[TX], error) {
+func New[TX any](store driver.Store[TX], handler inbox.Handler[TX], cfg inbox.Config) (*Kit[TX], error) {
 	if m, ok := store.(interface {
 		Migrate(ctx context.Context) (int, error)
 	}); ok {

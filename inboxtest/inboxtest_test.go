@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/jetinbox/jetinbox/inbox"
-	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/inboxtest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
@@ -93,18 +92,13 @@ func TestSQLiteOutcomes(t *testing.T) {
 	})
 }
 
+// TestPostgresOutcomes: the PostgreSQL kit gives every test a schema of
+// its own: the same scenario twice on one database sees only its own rows
+// each time, and each schema is gone once its test ended.
 func TestPostgresOutcomes(t *testing.T) {
 	ctx := context.Background()
 	url, err := testenv.SharedPostgres(t).CreateDatabase(ctx, strings.ToLower(t.Name()))
 	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if _, err := pool.Exec(ctx, `CREATE TABLE done (id text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
 	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
@@ -113,15 +107,33 @@ func TestPostgresOutcomes(t *testing.T) {
 			return err
 		})
 	})
-	kit, err := inboxtest.New(pginbox.New(pool), h, inbox.Config{Scope: "test"})
+	var schemas []string
+	for _, run := range []string{"first", "second"} {
+		t.Run(run, func(t *testing.T) {
+			kit := inboxtest.Postgres(t, url, h, inbox.Config{Scope: "test"})
+			schemas = append(schemas, kit.Schema)
+			if _, err := kit.Pool.Exec(ctx, `CREATE TABLE done (id text PRIMARY KEY)`); err != nil {
+				t.Fatal(err)
+			}
+			scenario(t, func(m ...inbox.Message) ([]inbox.Outcome, error) { return kit.Deliver(ctx, m...) }, func() int {
+				var n int
+				if err := kit.Pool.QueryRow(ctx, `SELECT count(*) FROM done`).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			})
+		})
+	}
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	scenario(t, func(m ...inbox.Message) ([]inbox.Outcome, error) { return kit.Deliver(ctx, m...) }, func() int {
-		var n int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM done`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	})
+	defer pool.Close()
+	var left int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname = ANY($1)`, schemas).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if len(schemas) != 2 || schemas[0] == schemas[1] || left != 0 {
+		t.Fatalf("schemas %v, %d of them still there after their tests", schemas, left)
+	}
 }

@@ -9,7 +9,7 @@
 // the AWS Architecture Blog's "Exponential Backoff And Jitter"), Base and Cap durations and two
 // optional budgets. Every field documents its default and what zero means; WithDefaults fills
 // them in and Validate checks the result. Default returns the policy the project uses, chosen by
-// the simulation in internal/jittersim.
+// simulating many clients that fail at once against an overloaded server (see [Default]).
 //
 // Unlike backoff.ExponentialBackOff, a Policy never gives up on its own: zero MaxAttempts and
 // zero MaxElapsed mean no limit. Set them where giving up is right, and check with Horizon how

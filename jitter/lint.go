@@ -12,7 +12,8 @@ import (
 //
 // The hazards of a policy together with what it retries against (a JetStream durable's
 // AckWait, MaxDeliver and BackOff, a stream's duplicate window) are checked where those are
-// known: the consumer's and the producer's lints (internal/jscheck).
+// known: the consumer's and the producer's configuration checks (jsinbox.CheckConsumer and
+// jsinbox.CheckStream).
 func LintPolicy(name string, p Policy) []string {
 	var w []string
 	if err := p.Validate(); err != nil {

@@ -129,7 +129,7 @@ type Policy struct {
 // Default returns the policy this project uses where it has no reason to differ:
 // Decorrelated, Base 100 ms, Cap 10 s, MaxAttempts 10, MaxElapsed 0.
 //
-// Decorrelated, because in the overloaded-server simulation of internal/jittersim (1000
+// Decorrelated, because in a simulation of an overloaded server (1000
 // clients fail at once, then the server serves 50 requests per 10 ms and turns the rest away,
 // and turned-away clients retry) it sent the fewest requests and had the lowest peak of the
 // four kinds, at every seed and capacity tried: 1051 requests and a peak of 62 per 10 ms at the

@@ -70,7 +70,7 @@ func (m *Consumer) ObserveBatch(b jsinbox.BatchReport) {
 				m.publishToCommit.Observe(b.Ended.Sub(p).Seconds())
 			}
 		case inbox.StatusRejected, inbox.StatusConflict:
-			if !o.Redelivered {
+			if !o.AlreadyInInbox {
 				m.rejected.WithLabelValues(RejectReason(o)).Inc()
 			}
 		case inbox.StatusRetry:

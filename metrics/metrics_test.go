@@ -96,7 +96,7 @@ func TestLabelsComeFromCause(t *testing.T) {
 		Outcomes: []inbox.Outcome{
 			{Status: inbox.StatusRejected, Cause: inbox.CausePanic, Reason: "effects: bad intent: looks like bad input"},
 			{Status: inbox.StatusRejected, Cause: inbox.CauseBadInput, Reason: "gave up after 3 deliveries: looks like a give-up"},
-			{Status: inbox.StatusRejected, Cause: inbox.CauseRejectedBefore, Redelivered: true, Reason: "counted when first rejected"},
+			{Status: inbox.StatusRejected, Cause: inbox.CauseRejectedBefore, AlreadyInInbox: true, Reason: "counted when first rejected"},
 			{Status: inbox.StatusRetry, Cause: inbox.CauseBatchFailed},
 			{Status: inbox.StatusRetry, Cause: inbox.CauseTransient},
 		},

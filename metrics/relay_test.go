@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/outbox"
 	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
@@ -20,7 +20,7 @@ import (
 // attached by outbox.NewRelay: no second step that, left out, would leave
 // the counters silently at zero.
 func TestRelayObserverIsAttachedByNewRelay(t *testing.T) {
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		t.Fatal(err)

@@ -27,7 +27,7 @@
 // running twice anyway. A relay that dies after publishing and before marking
 // publishes the row again with the same ID: the stream drops the copy inside
 // its duplicate window, and the next inbox drops it after. Add refuses an ID
-// it holds with another payload ([ErrConflict]): a second attempt can send
+// it holds with another payload ([inbox.ErrConflict]): a second attempt can send
 // neither a second message nor a different one.
 //
 // # Relays

@@ -11,12 +11,6 @@ import (
 
 // Sentinel errors. Match them with [errors.Is].
 var (
-	// ErrConflict is returned by a store's Add for an ID the outbox already holds
-	// with another subject or payload: a second attempt of the same work
-	// must emit the same message, so this is a bug in how IDs are derived
-	// (or a reused ID), never a second message.
-	ErrConflict = errors.New("outbox: ID already emitted with a different subject or payload")
-
 	// ErrNotMigrated is returned by a store's CheckSchema when the outbox
 	// table is missing or older than the store's package.
 	ErrNotMigrated = errors.New("outbox: schema not migrated (run `jetinbox migrate` or apply the store's MigrationSQL)")

@@ -215,8 +215,8 @@ type commitWatcher interface {
 // only [Relay.Round]. It is safe to call more than once.
 func (r *Relay) Close() { r.publisher().Close() }
 
-// Run relays until ctx ends, then returns nil. It returns early for a
-// crash simulated by a harness, and with an error once its NATS connection
+// Run relays until ctx ends, then returns nil. It returns with an error
+// once its NATS connection
 // is closed for good (see [jsinbox.ClosedForGood]): nothing can be published
 // on it again. Errors of a round (the database or NATS away) are logged and
 // retried after a jittered wait. At start it logs a warning if the
@@ -368,7 +368,7 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 	dupBefore := pub.Stats().Duplicates
 	refused := map[string]string{}
 	for _, in := range batch {
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			if errors.Is(err, inbox.ErrBadIntent) {
 				refused[in.ID] = err.Error()
 				continue
@@ -391,7 +391,7 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 	pending := 0
 	unsent := map[string]bool{}
 	for _, f := range failures[before:] {
-		if errors.Is(f.Err, jsinbox.ErrConflict) || errors.Is(f.Err, jsinbox.ErrWrongStream) {
+		if errors.Is(f.Err, inbox.ErrConflict) || errors.Is(f.Err, jsinbox.ErrWrongStream) {
 			refused[f.ID] = f.Err.Error()
 			continue
 		}

@@ -29,22 +29,23 @@ type PruneOptions struct {
 	BatchSize int
 }
 
-// CheckPrune fills the defaults of opts (Margin, BatchSize) and refuses
-// what a store's Prune refuses: no ReplayHorizon, or an OlderThan that is not
-// strictly longer than ReplayHorizon + Margin (an error wrapping
-// [inbox.ErrUnsafeHorizon]). Every store calls it before deleting.
-func CheckPrune(opts *PruneOptions) error {
-	if opts.ReplayHorizon <= 0 {
-		return errors.New("outbox: prune: ReplayHorizon is required (how long the same work can add the same ID again)")
+// Checked returns o with its defaults filled in (Margin, BatchSize), or
+// what a store's Prune refuses: no ReplayHorizon, or an OlderThan that is
+// not strictly longer than ReplayHorizon + Margin (an error wrapping
+// [inbox.ErrUnsafeHorizon]). Every store checks its options with it, as
+// [inbox.PruneOptions.Checked] does for the inbox.
+func (o PruneOptions) Checked() (PruneOptions, error) {
+	if o.ReplayHorizon <= 0 {
+		return o, errors.New("outbox: prune: ReplayHorizon is required (how long the same work can add the same ID again)")
 	}
-	if opts.Margin <= 0 {
-		opts.Margin = inbox.DefaultPruneMargin
+	if o.Margin <= 0 {
+		o.Margin = inbox.DefaultPruneMargin
 	}
-	if least := opts.ReplayHorizon + opts.Margin; opts.OlderThan <= least || least < opts.ReplayHorizon {
-		return fmt.Errorf("outbox: prune: %w: OlderThan %v is not longer than ReplayHorizon %v + margin %v", inbox.ErrUnsafeHorizon, opts.OlderThan, opts.ReplayHorizon, opts.Margin)
+	if least := o.ReplayHorizon + o.Margin; o.OlderThan <= least || least < o.ReplayHorizon {
+		return o, fmt.Errorf("outbox: prune: %w: OlderThan %v is not longer than ReplayHorizon %v + margin %v", inbox.ErrUnsafeHorizon, o.OlderThan, o.ReplayHorizon, o.Margin)
 	}
-	if opts.BatchSize <= 0 {
-		opts.BatchSize = 10000
+	if o.BatchSize <= 0 {
+		o.BatchSize = 10000
 	}
-	return nil
+	return o, nil
 }

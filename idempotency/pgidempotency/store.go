@@ -227,9 +227,10 @@ func (s *Store) Lookup(ctx context.Context, sc idempotency.Scope) (*idempotency.
 // Prune deletes keys claimed more than opts.OlderThan ago (by
 // PostgreSQL's clock) in batches of opts.BatchSize, and returns how many
 // it deleted. It refuses, deleting nothing, an OlderThan shorter than
-// opts.Retention (idempotency.CheckPrune).
+// opts.Retention (idempotency.PruneOptions.Checked).
 func (s *Store) Prune(ctx context.Context, opts idempotency.PruneOptions) (int64, error) {
-	if err := idempotency.CheckPrune(&opts); err != nil {
+	opts, err := opts.Checked()
+	if err != nil {
 		return 0, err
 	}
 	var cutoff time.Time

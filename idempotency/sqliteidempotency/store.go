@@ -205,7 +205,8 @@ func (s *Store) Lookup(ctx context.Context, sc idempotency.Scope) (*idempotency.
 // machine's clock) in batches, refusing an OlderThan shorter than
 // opts.Retention.
 func (s *Store) Prune(ctx context.Context, opts idempotency.PruneOptions) (int64, error) {
-	if err := idempotency.CheckPrune(&opts); err != nil {
+	opts, err := opts.Checked()
+	if err != nil {
 		return 0, err
 	}
 	cutoff := time.Now().Add(-opts.OlderThan).UnixMicro()

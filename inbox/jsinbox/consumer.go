@@ -89,18 +89,21 @@ type ConsumerConfig struct {
 	// does, for its gauges) is attached by NewConsumer.
 	Observer Observer
 
-	// The consumer checks the database through the processor (see
-	// [Checker]) at start and while it cannot take batches
-	// (it stops fetching until the check passes, so an outage, a read-only
-	// node or a missing migration does not turn into a redelivery storm
-	// or into dead letters), and logs and traces
-	// with the processor's [inbox.Config.Logger] and
-	// [inbox.Config.TracerProvider]: each batch's span "jetinbox.batch" is
+	// Logger receives the consumer's lines: one at Info when Run starts
+	// consuming (stream, durable, scope, store), and warnings about the
+	// servers. Default: the processor's [inbox.Config.Logger], or none.
+	Logger *slog.Logger
+	// TracerProvider, when set, traces each batch: span "jetinbox.batch",
 	// linked to the producers' spans carried in the messages' headers, with
 	// children for fetching, the inbox's claim, effect and commit, and
-	// acking. None of them is given twice.
-	logger *slog.Logger
-	tp     trace.TracerProvider
+	// acking. Default: the processor's [inbox.Config.TracerProvider], or none.
+	TracerProvider trace.TracerProvider
+
+	// The consumer checks the database through the processor (see
+	// [Checker]) at start and while it cannot take batches: it stops
+	// fetching until the check passes, so an outage, a read-only node or a
+	// missing migration does not turn into a redelivery storm or into dead
+	// letters.
 }
 
 // DefaultConsumerMaxBytes is the default [ConsumerConfig.MaxBytes]: 64 MiB, well
@@ -149,8 +152,8 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 		c.DeadLetterRetry = jitter.Policy{Kind: jitter.Decorrelated, Base: 250 * time.Millisecond, Cap: 10 * time.Second}
 	}
 	c.DeadLetterRetry.MaxAttempts, c.DeadLetterRetry.MaxElapsed = 0, 0
-	if c.logger == nil {
-		c.logger = slog.New(slog.DiscardHandler)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c
 }
@@ -242,13 +245,18 @@ func NewConsumer(js jetstream.JetStream, proc BatchProcessor, cfg ConsumerConfig
 	if cfg.Durable == "" {
 		cfg.Durable = proc.Scope()
 	}
-	cfg.logger, cfg.tp = proc.Logger(), proc.TracerProvider()
+	if cfg.Logger == nil {
+		cfg.Logger = proc.Logger()
+	}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = proc.TracerProvider()
+	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	batchBytes := max(cfg.MaxBytes/2, 1)
-	c := &Consumer{js: js, proc: proc, cfg: cfg, tracer: tracer(cfg.tp),
+	c := &Consumer{js: js, proc: proc, cfg: cfg, tracer: tracer(cfg.TracerProvider),
 		budget: semaphore.NewWeighted(batchBytes), batchBytes: batchBytes}
 	if a, ok := cfg.Observer.(interface{ Attach(*Consumer) }); ok {
 		a.Attach(c) // its gauges read this consumer: no second step to forget
@@ -298,7 +306,7 @@ func (c *Consumer) DurableConfig() jetstream.ConsumerConfig {
 // transaction (a pooler in statement mode), a grant missing. A database
 // that does not answer now is waited for, as one that fails later.
 func (c *Consumer) Run(ctx context.Context) error {
-	defer c.dlLog.flush(c.cfg.logger)
+	defer c.dlLog.flush(c.cfg.Logger)
 	if err := c.checkDatabase(ctx); err != nil {
 		return err
 	}
@@ -330,6 +338,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 		stop()
 		return err
 	}
+	c.cfg.Logger.Info("jsinbox: consuming", "stream", c.cfg.Stream, "durable", c.cfg.Durable,
+		"scope", c.proc.Scope(), "store", storeName(c.proc), "batch_size", c.cfg.BatchSize, "in_flight", c.cfg.InFlight)
 	// Open and prepare a connection per batch in flight while the first
 	// pull is on its way, not before it: a restarted or autoscaled worker
 	// then pulls at once, and the first batch waits for a connection only
@@ -339,7 +349,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	go func() {
 		defer close(warmed)
 		if err := c.proc.Warm(ctx, c.cfg.InFlight); err != nil {
-			c.cfg.logger.Warn("jsinbox: warming the database connections failed", "err", err)
+			c.cfg.Logger.Warn("jsinbox: warming the database connections failed", "err", err)
 		}
 	}()
 	defer func() { <-warmed }()        // last: nothing of Run outlives it
@@ -382,10 +392,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 				if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrBadRequest) {
 					// The client stops the subscription after these.
-					c.cfg.logger.Warn("jsinbox: the server ended the pull subscription", "durable", c.cfg.Durable, "err", err)
+					c.cfg.Logger.Warn("jsinbox: the server ended the pull subscription", "durable", c.cfg.Durable, "err", err)
 					return
 				}
-				c.cfg.logger.Debug("jsinbox: consume", "err", err)
+				c.cfg.Logger.Debug("jsinbox: consume", "err", err)
 			}))
 		if err != nil {
 			stopWaiting()
@@ -464,7 +474,7 @@ func (c *Consumer) checkDatabase(ctx context.Context) error {
 	case unfit(err):
 		return &SetupError{Err: fmt.Errorf("jsinbox: the database cannot take batches: %w", err)}
 	}
-	c.cfg.logger.Warn("jsinbox: the database check failed; consuming, and pausing while it fails", "err", err)
+	c.cfg.Logger.Warn("jsinbox: the database check failed; consuming, and pausing while it fails", "err", err)
 	return nil
 }
 
@@ -506,7 +516,7 @@ func (c *Consumer) rebind(ctx context.Context) (jetstream.Consumer, error) {
 		}
 		cons, err := c.bind(ctx)
 		if err == nil {
-			c.cfg.logger.Info("jsinbox: pulling again", "durable", c.cfg.Durable)
+			c.cfg.Logger.Info("jsinbox: pulling again", "durable", c.cfg.Durable)
 			return cons, nil
 		}
 		if errors.Is(err, nats.ErrPermissionViolation) {
@@ -516,7 +526,7 @@ func (c *Consumer) rebind(ctx context.Context) (jetstream.Consumer, error) {
 		if d < 0 {
 			return nil, err
 		}
-		c.cfg.logger.Warn("jsinbox: binding the durable again failed; retrying", "durable", c.cfg.Durable, "err", err, "in", d)
+		c.cfg.Logger.Warn("jsinbox: binding the durable again failed; retrying", "durable", c.cfg.Durable, "err", err, "in", d)
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -561,7 +571,7 @@ func (c *Consumer) bind(ctx context.Context) (jetstream.Consumer, error) {
 	}
 	c.cfg.MaxDeliver = info.MaxDeliver
 	for _, w := range jscheck.LintConsumer(jscheck.ConsumerTiming{AckWait: info.AckWait, MaxDeliver: info.MaxDeliver, BackOff: info.BackOff, NakDelay: &c.cfg.Nak}) {
-		c.cfg.logger.Warn("jsinbox: config: "+w, "durable", c.cfg.Durable)
+		c.cfg.Logger.Warn("jsinbox: config: "+w, "durable", c.cfg.Durable)
 	}
 	return cons, nil
 }
@@ -575,7 +585,7 @@ func (c *Consumer) fitAckPending(maxAckPending int) {
 		return
 	}
 	batch := max(1, maxAckPending/c.cfg.InFlight)
-	c.cfg.logger.Warn("jsinbox: the durable's MaxAckPending cannot hold the batches in flight; lowering the batch size",
+	c.cfg.Logger.Warn("jsinbox: the durable's MaxAckPending cannot hold the batches in flight; lowering the batch size",
 		"durable", c.cfg.Durable, "max_ack_pending", maxAckPending, "batch", c.cfg.BatchSize, "in_flight", c.cfg.InFlight, "new_batch", batch)
 	c.cfg.BatchSize = batch
 }
@@ -613,7 +623,7 @@ func (c *Consumer) checkSizes(ctx context.Context) error {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		// Not fatal: a message to dead-letter on its last delivery is held
 		// until the stream exists (see [ConsumerConfig.DeadLetterRetry]).
-		c.cfg.logger.Warn("jsinbox: the dead-letter stream does not exist; messages to dead-letter are held until it does",
+		c.cfg.Logger.Warn("jsinbox: the dead-letter stream does not exist; messages to dead-letter are held until it does",
 			"dead_letter_stream", dlqName)
 		if problems := jscheck.CheckDeadLetterFit(intents, jetstream.StreamConfig{Name: dlqName}, maxPayload); len(problems) > 0 {
 			return &SetupError{Err: fmt.Errorf("jsinbox: stream %s: %s", c.cfg.Stream, strings.Join(problems, "; "))}
@@ -634,4 +644,13 @@ func (c *Consumer) checkSizes(ctx context.Context) error {
 			c.cfg.MaxBytes, MinBytesPerMsgSize, c.cfg.Stream, largest, need)}
 	}
 	return nil
+}
+
+// storeName names the processor's store for the start-up line: its
+// StoreName if it has one (an *inbox.Processor does), else its type.
+func storeName(p BatchProcessor) string {
+	if n, ok := p.(interface{ StoreName() string }); ok {
+		return n.StoreName()
+	}
+	return fmt.Sprintf("%T", p)
 }

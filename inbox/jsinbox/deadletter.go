@@ -177,7 +177,7 @@ func (c *Consumer) deadLetter(ctx context.Context, m settleable, im *inbox.Messa
 	dl := c.deadLetterCopy(m, im, status, reason)
 	err := c.publishDeadLetter(ctx, dl, im)
 	if err != nil && !im.Final {
-		c.cfg.logger.Error("jsinbox: dead-letter publish failed; naking", "id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "err", err)
+		c.cfg.Logger.Error("jsinbox: dead-letter publish failed; naking", "id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "err", err)
 		c.naks.Add(1)
 		_ = m.NakWithDelay(c.cfg.Nak.Delay(int(max(im.Deliveries, 1))))
 		return false
@@ -186,12 +186,12 @@ func (c *Consumer) deadLetter(ctx context.Context, m settleable, im *inbox.Messa
 		err = c.holdForDeadLetter(ctx, m, dl, im, err)
 	}
 	if err != nil {
-		c.cfg.logger.Error("jsinbox: stopping with a message the dead-letter stream did not take; the next consumer rescues it from its max-deliveries advisory",
+		c.cfg.Logger.Error("jsinbox: stopping with a message the dead-letter stream did not take; the next consumer rescues it from its max-deliveries advisory",
 			"id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "err", err)
 		return false
 	}
 	c.deadLettered.Add(1)
-	c.dlLog.warn(c.cfg.logger, reason, "id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "status", status)
+	c.dlLog.warn(c.cfg.Logger, reason, "id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "status", status)
 	_ = m.TermWithReason(cut(inbox.SanitizeReason(reason), 256))
 	return true
 }
@@ -202,7 +202,7 @@ func (c *Consumer) deadLetter(ctx context.Context, m settleable, im *inbox.Messa
 func (c *Consumer) holdForDeadLetter(ctx context.Context, m settleable, dl *nats.Msg, im *inbox.Message, err error) error {
 	c.deadLettersHeld.Add(1)
 	defer c.deadLettersHeld.Add(-1)
-	c.cfg.logger.Error("jsinbox: the dead-letter stream refused a message on its last delivery; holding it and retrying until it does",
+	c.cfg.Logger.Error("jsinbox: the dead-letter stream refused a message on its last delivery; holding it and retrying until it does",
 		"id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "dead_letter_stream", DeadLetterStream(c.cfg.Stream), "err", err)
 	bo := c.cfg.DeadLetterRetry.NewBackOff()
 	keep := max(c.cfg.AckWait/2, time.Millisecond)
@@ -223,10 +223,10 @@ func (c *Consumer) holdForDeadLetter(ctx context.Context, m settleable, dl *nats
 		}
 		_ = m.InProgress()
 		if err = c.publishDeadLetter(ctx, dl, im); err == nil {
-			c.cfg.logger.Info("jsinbox: the dead-letter stream took the held message", "id", im.ID, "stream_seq", im.StreamSeq, "attempts", attempt)
+			c.cfg.Logger.Info("jsinbox: the dead-letter stream took the held message", "id", im.ID, "stream_seq", im.StreamSeq, "attempts", attempt)
 			return nil
 		}
-		c.cfg.logger.Debug("jsinbox: dead-letter publish still failing", "id", im.ID, "stream_seq", im.StreamSeq, "attempt", attempt, "err", err)
+		c.cfg.Logger.Debug("jsinbox: dead-letter publish still failing", "id", im.ID, "stream_seq", im.StreamSeq, "attempt", attempt, "err", err)
 	}
 }
 
@@ -244,7 +244,7 @@ func repeatOfRejected(o inbox.Outcome, im *inbox.Message) bool {
 func (c *Consumer) settleRejected(ctx context.Context, m settleable, im *inbox.Message, o inbox.Outcome) bool {
 	if repeatOfRejected(o, im) {
 		c.rejectedRepeats.Add(1)
-		c.cfg.logger.Debug("jsinbox: copy of an intent rejected before; terminated without a second dead letter",
+		c.cfg.Logger.Debug("jsinbox: copy of an intent rejected before; terminated without a second dead letter",
 			"id", im.ID, "stream_seq", im.StreamSeq, "first_seq", o.FirstSeq)
 		_ = m.TermWithReason(fmt.Sprintf("rejected before at stream seq %d", o.FirstSeq))
 		return true

@@ -1,14 +1,14 @@
 package jsinbox
 
-import "github.com/jetinbox/jetinbox/internal/jscheck"
+import "time"
 
-// Consumer defaults the horizon over which a message can come back
+// Consumer defaults, which the horizon over which a message can come back
 // assumes for the settings the servers do not hold.
 const (
 	// DefaultNakCap is the consumer's default longest nak delay.
-	DefaultNakCap = jscheck.DefaultNakCap
+	DefaultNakCap = 30 * time.Second
 	// DefaultAckWait and DefaultMaxDeliver are what the consumer creates a
 	// missing durable with.
-	DefaultAckWait    = jscheck.DefaultAckWait
-	DefaultMaxDeliver = jscheck.DefaultMaxDeliver
+	DefaultAckWait    = 30 * time.Second
+	DefaultMaxDeliver = 20
 )

@@ -11,10 +11,13 @@
 //	go consumer.Run(ctx) // acks after COMMIT; pauses while the database is down
 //
 //	pub, err := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
-//	_, err = pub.PublishWait(ctx, inbox.Intent{ID: "ship-42", Subject: "intents.shipping", Payload: body})
+//	_, err = pub.Publish(ctx, inbox.Intent{ID: "ship-42", Subject: "intents.shipping", Payload: body})
 //
-// Runnable examples: Example_readme (the README's worker and publisher,
-// run against a real nats-server and PostgreSQL) and [ExampleConsumer].
+// Runnable examples, in the module's repository: the README's worker, a
+// whole program (examples/worker), and ExampleConsumer
+// (internal/servertest/jsinboxtest, with this package's other tests that
+// need a nats-server, kept there so that an embedder's go.sum has none), run
+// against a real nats-server and PostgreSQL.
 //
 // # Producing
 //
@@ -33,15 +36,15 @@
 // jittered delay. JetStream drops the copy inside its duplicate window (the
 // PubAck says duplicate), and the publisher reads the stored message back
 // to check it carries the same subject and payload: another payload, or
-// another subject, under the same ID is [ErrConflict]. After the window, the consumer's inbox catches copies.
+// another subject, under the same ID is [inbox.ErrConflict]. After the window, the consumer's inbox catches copies.
 //
 // The publisher group-commits ([PublisherConfig].Batch): one group of
 // intents is published at a time, and the intents handed over meanwhile,
 // by one caller or by many goroutines, go out next as one JetStream atomic
 // batch, which a stream with sync_interval: always stores with one fsync
 // instead of one per intent. It never waits to fill a batch, and a small
-// group goes as single publishes. [Publisher.PublishWait] returns each
-// caller its own intent's PubAck or error; [Publisher.Publish] hands an
+// group goes as single publishes. [Publisher.Publish] returns each
+// caller its own intent's PubAck or error; [Publisher.PublishAsync] hands an
 // intent over and reports in Stats and Failures. A batch the stream refuses
 // as a whole is published again one intent at a time, so deduplication and
 // the conflict check stay per intent, and a stream that takes no atomic

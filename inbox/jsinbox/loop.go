@@ -152,12 +152,12 @@ func (c *Consumer) waitForDB(ctx context.Context) error {
 		cancel()
 		if err == nil {
 			c.dbDown.Store(false)
-			c.cfg.logger.Info("jsinbox: the database takes batches again; consuming")
+			c.cfg.Logger.Info("jsinbox: the database takes batches again; consuming")
 			return nil
 		}
 		if !logged {
 			logged = true
-			c.cfg.logger.Warn("jsinbox: the database cannot take batches; fetching paused until it can", "err", err)
+			c.cfg.Logger.Warn("jsinbox: the database cannot take batches; fetching paused until it can", "err", err)
 		}
 	}
 }

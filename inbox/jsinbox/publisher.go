@@ -26,7 +26,7 @@ type PublisherConfig struct {
 	// PubAck comes from another stream (its subject is captured by, say,
 	// the dead-letter stream's "dlq.intents.>") fails at once with
 	// [ErrWrongStream], naming both streams, and is not retried.
-	// Duplicates are read back from this stream (see [ErrConflict]).
+	// Duplicates are read back from this stream (see [inbox.ErrConflict]).
 	// Default [DefaultStream] ("INTENTS").
 	Stream string
 	// SkipExpectedStreamHeader stops sending Stream in each publish's
@@ -40,7 +40,7 @@ type PublisherConfig struct {
 	// publish refused: skip the header for such a consumer (the PubAck's
 	// stream is still checked).
 	SkipExpectedStreamHeader bool
-	// MaxInFlight bounds the publishes awaiting a PubAck. Publish blocks
+	// MaxInFlight bounds the publishes awaiting a PubAck. Publish and PublishAsync block
 	// while the window is full. Default 4096.
 	MaxInFlight int
 	// AckTimeout is how long one publish waits for its PubAck before it is
@@ -66,7 +66,7 @@ type PublisherConfig struct {
 	// group of MinBatch intents or more is one atomic batch: the server
 	// stores it with one fsync and one PubAck instead of one each, which is
 	// what limits a stream with sync_interval: always, and each intent
-	// still gets its own outcome (see [Publisher.PublishWait]). The stream
+	// still gets its own outcome (see [Publisher.Publish]). The stream
 	// should allow atomic publishing (StreamConfig sets it); one that does
 	// not refuses the first batch, and the publisher says so once in its
 	// log and publishes one intent at a time from then on. A batch the
@@ -147,7 +147,7 @@ type PublisherStats struct {
 	// Conflicts: duplicate PubAcks for which the stored message has a
 	// different payload: the ID was reused for another intent, which the
 	// stream dropped. Each is also a failure (Failed, and in Failures with
-	// an error wrapping [ErrConflict]).
+	// an error wrapping [inbox.ErrConflict]).
 	Conflicts int64
 	// Retries: publishes sent again after a timeout or error.
 	Retries int64
@@ -156,13 +156,13 @@ type PublisherStats struct {
 	Batches, BatchFallbacks int64
 	// Failed intents, each listed in Failures: retry budget spent
 	// without a PubAck, refused for good (a subject another stream
-	// captures, [ErrWrongStream]) or a conflict ([ErrConflict]).
+	// captures, [ErrWrongStream]) or a conflict ([inbox.ErrConflict]).
 	Failed int64
 }
 
 // Failure is an intent the publisher could not publish: its retry budget
 // ran out, the stream refused it for good, or its ID was reused (Err wraps
-// [ErrConflict] or [ErrWrongStream] for those two).
+// [inbox.ErrConflict] or [ErrWrongStream] for those two).
 type Failure struct {
 	ID string
 	// Fingerprint is the intent's [inbox.Fingerprint]: it tells apart two
@@ -172,14 +172,6 @@ type Failure struct {
 	Attempts    int
 	Err         error
 }
-
-// ErrConflict reports an intent whose ID the stream already holds, inside
-// its duplicate window, with a different payload: JetStream deduplicates by
-// ID alone and dropped this intent. It is the "same key, different body"
-// case of idempotency keys, never a success. The publisher finds it by
-// reading back, on a duplicate PubAck only, the message the PubAck names
-// and comparing payload fingerprints ([inbox.Fingerprint]).
-var ErrConflict = errors.New("jsinbox: message ID reused with a different payload")
 
 // ErrWrongStream reports an intent whose subject is captured by a stream
 // other than [PublisherConfig.Stream]: the server refused it for its
@@ -196,15 +188,15 @@ var ErrWrongStream = errors.New("jsinbox: intent's subject belongs to another st
 // Intents handed over at the same time, by one caller or by many
 // goroutines, are published together in JetStream atomic batches (group
 // commit, see [PublisherConfig].Batch): one fsync and one PubAck a batch,
-// and each intent's own outcome. [Publisher.Publish] hands an intent over
-// and reports outcomes in Stats and Failures; [Publisher.PublishWait]
+// and each intent's own outcome. [Publisher.PublishAsync] hands an intent over
+// and reports outcomes in Stats and Failures; [Publisher.Publish]
 // returns the intent's own PubAck or error to its caller.
 //
 // A PubAck must come from the publisher's stream. A duplicate PubAck
 // is checked: the publisher reads the stored message it names (the
 // STREAM.MSG.GET API, so the producer's NATS user needs publish permission
 // on $JS.API.STREAM.MSG.GET.<stream>) and reports a different payload as an
-// [ErrConflict] failure. Publishes acknowledged as new never pay for this.
+// [inbox.ErrConflict] failure. Publishes acknowledged as new never pay for this.
 type Publisher struct {
 	js     jetstream.JetStream
 	cfg    PublisherConfig
@@ -235,6 +227,13 @@ type Publisher struct {
 	batchIn   chan *tracker
 	batchDone chan struct{}
 	noBatch   atomic.Bool
+
+	// streamMu guards the last check of cfg.Stream after a publish that
+	// nothing answered: its time and its error (a SetupError when the
+	// stream does not exist), shared by the intents failing meanwhile.
+	streamMu        sync.Mutex
+	streamCheckedAt time.Time
+	streamCheckErr  error
 
 	mu       sync.Mutex
 	failures []Failure
@@ -273,27 +272,29 @@ func NewPublisher(js jetstream.JetStream, cfg PublisherConfig) (*Publisher, erro
 // such an intent may or may not be stored.
 var ErrClosed = errors.New("jsinbox: publisher closed")
 
-// Publish starts publishing in; it returns once the intent holds a slot of
-// the in-flight window. Its outcome shows in Stats and Failures after Flush.
-func (p *Publisher) Publish(ctx context.Context, in inbox.Intent) error {
+// PublishAsync starts publishing in and does not wait for its PubAck, as
+// nats.go's jetstream.JetStream.PublishAsync does: it returns once the
+// intent holds a slot of the in-flight window. Its outcome shows in Stats
+// and Failures after Flush. [Publisher.Publish] waits.
+func (p *Publisher) PublishAsync(ctx context.Context, in inbox.Intent) error {
 	_, err := p.start(ctx, in, false)
 	return err
 }
 
-// PublishWait publishes in and waits for its outcome: the PubAck of the
+// Publish publishes in and waits for its outcome: the PubAck of the
 // stream that stored it (Duplicate set, with the sequence of the message
 // stored first, when the stream already held the ID with the same payload),
-// or the reason it was not published, which wraps [ErrConflict],
+// or the reason it was not published, which wraps [inbox.ErrConflict],
 // [ErrWrongStream], [ErrClosed] or the last publish error once the retry
 // budget is spent. Call it from as many goroutines as there are requests:
 // intents published at the same time share atomic batches (see
 // [PublisherConfig].Batch), and each caller gets its own intent's outcome.
 // Its failures are counted in Stats but not listed in Failures.
 //
-// If ctx ends first, PublishWait returns ctx's error; an intent already
+// If ctx ends first, Publish returns ctx's error; an intent already
 // handed over is still published (publishing it again with the same ID is
 // safe), and Flush waits for it.
-func (p *Publisher) PublishWait(ctx context.Context, in inbox.Intent) (*jetstream.PubAck, error) {
+func (p *Publisher) Publish(ctx context.Context, in inbox.Intent) (*jetstream.PubAck, error) {
 	t, err := p.start(ctx, in, true)
 	if err != nil {
 		return nil, err
@@ -362,7 +363,7 @@ func (p *Publisher) start(ctx context.Context, in inbox.Intent, wait bool) (*tra
 	return t, nil
 }
 
-// Flush waits until every intent handed to Publish was acknowledged or
+// Flush waits until every intent handed to PublishAsync was acknowledged or
 // failed, or ctx ends.
 func (p *Publisher) Flush(ctx context.Context) error {
 	done := make(chan struct{})
@@ -414,7 +415,7 @@ func (p *Publisher) Stats() PublisherStats {
 		Failed: p.failed.Load(), Batches: p.batches.Load(), BatchFallbacks: p.batchFallbacks.Load()}
 }
 
-// Failures returns the intents handed to Publish that could not be
+// Failures returns the intents handed to PublishAsync that could not be
 // published.
 func (p *Publisher) Failures() []Failure {
 	p.mu.Lock()
@@ -434,7 +435,7 @@ type tracker struct {
 	// grp, while set, is the group commit's group this intent was
 	// published one by one in.
 	grp *group
-	// res, for PublishWait, is closed once ack or err is set.
+	// res, for Publish, is closed once ack or err is set.
 	res chan struct{}
 	ack jetstream.PubAck
 	err error
@@ -549,6 +550,46 @@ func (t *tracker) retry(err error) {
 		t.fail(fmt.Errorf("%w: %w", ErrClosed, err))
 		return
 	}
+	if isNoResponders(err) {
+		// Nothing answered: a stream that does not exist fails the
+		// intent at once, naming the call that creates it, instead of
+		// spending the retry budget on it.
+		closed := func() { t.fail(fmt.Errorf("%w: %w", ErrClosed, err)) }
+		t.p.goBG(func() {
+			if serr := t.p.checkStream(); serr != nil {
+				t.fail(fmt.Errorf("jsinbox: intent %s: %w", t.in.ID, serr))
+				return
+			}
+			t.backOff(err)
+		}, closed)
+		return
+	}
+	t.backOff(err)
+}
+
+// checkStream looks cfg.Stream up, at most once a second for all the
+// intents that ask meanwhile, and returns a [SetupError] if the server has
+// no such stream. Any other answer, or none, returns nil: the publish is
+// then retried as usual.
+func (p *Publisher) checkStream() error {
+	p.streamMu.Lock()
+	defer p.streamMu.Unlock()
+	if !p.streamCheckedAt.IsZero() && time.Since(p.streamCheckedAt) < time.Second {
+		return p.streamCheckErr
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.AckTimeout)
+	defer cancel()
+	_, err := p.js.Stream(ctx, p.cfg.Stream)
+	p.streamCheckedAt, p.streamCheckErr = time.Now(), nil
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		p.streamCheckErr = streamNotFound(p.cfg.Stream, err)
+	}
+	return p.streamCheckErr
+}
+
+// backOff retries the intent after the next delay of its retry policy, or
+// fails it when the policy is spent or err is not worth a retry.
+func (t *tracker) backOff(err error) {
 	if t.bo == nil { // most publishes never retry: no backoff until one does
 		t.bo = t.p.cfg.Retry.NewBackOff()
 	}
@@ -574,11 +615,11 @@ func (t *tracker) retry(err error) {
 // fail reports the intent as not published, for good.
 func (t *tracker) fail(err error) {
 	t.leaveGroup()
-	if errors.Is(err, ErrConflict) {
+	if errors.Is(err, inbox.ErrConflict) {
 		t.p.conflicts.Add(1)
 	}
 	t.p.failed.Add(1)
-	if t.res == nil { // PublishWait returns it instead
+	if t.res == nil { // Publish returns it instead
 		t.p.mu.Lock()
 		t.p.failures = append(t.p.failures, Failure{ID: t.in.ID, Fingerprint: inbox.Fingerprint(t.in.Payload), Attempts: t.attempts, Err: err})
 		t.p.mu.Unlock()
@@ -612,5 +653,5 @@ func (t *tracker) done() {
 func retryable(err error) bool {
 	return !errors.Is(err, jetstream.ErrInvalidSubject) && !errors.Is(err, nats.ErrBadSubject) && !errors.Is(err, nats.ErrMaxPayload) &&
 		!errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) &&
-		!errors.Is(err, ErrWrongStream) && !errors.Is(err, ErrConflict) && !isStreamNotMatch(err)
+		!errors.Is(err, ErrWrongStream) && !errors.Is(err, inbox.ErrConflict) && !isStreamNotMatch(err)
 }

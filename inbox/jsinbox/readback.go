@@ -44,12 +44,12 @@ func (t *tracker) checkDuplicate(ack jetstream.PubAck) {
 	}
 	if stored.Subject != want {
 		t.fail(fmt.Errorf("%w: stream %s holds ID %s at sequence %d on subject %q, this intent's subject is %q%s",
-			ErrConflict, t.p.cfg.Stream, t.in.ID, seq, stored.Subject, t.in.Subject, as))
+			inbox.ErrConflict, t.p.cfg.Stream, t.in.ID, seq, stored.Subject, t.in.Subject, as))
 		return
 	}
 	if have, want := inbox.Fingerprint(stored.Data), inbox.Fingerprint(t.in.Payload); have != want {
 		t.fail(fmt.Errorf("%w: stream %s holds ID %s at sequence %d with payload sha256 %x…, this intent's is %x…",
-			ErrConflict, t.p.cfg.Stream, t.in.ID, seq, have[:8], want[:8]))
+			inbox.ErrConflict, t.p.cfg.Stream, t.in.ID, seq, have[:8], want[:8]))
 		return
 	}
 	t.p.duplicates.Add(1)

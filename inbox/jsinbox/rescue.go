@@ -101,7 +101,7 @@ func (c *Consumer) bindRescue(ctx context.Context) (jetstream.Consumer, error) {
 	}
 	if err != nil {
 		return nil, setupError(fmt.Errorf("jsinbox: advisory stream %s, which keeps the max-deliveries advisories a consumer rescues messages from, could not be found or created: "+
-			"create it with jetinbox's producer (EnsureStream), or nats stream add %s --config deploy/jetstream/advisories-stream.json: %w", name, name, err))
+			"create it with jsinbox.EnsureStream (`jetinbox producer` calls it), or nats stream add %s --config deploy/jetstream/advisories-stream.json: %w", name, name, err))
 	}
 	if problems := checkAdvisory(s.CachedInfo().Config); len(problems) > 0 {
 		return nil, &SetupError{Err: fmt.Errorf("jsinbox: existing stream %s is unsafe: %v", name, problems)}
@@ -158,7 +158,7 @@ func (c *Consumer) startRescue(ctx context.Context, cons jetstream.Consumer, onC
 		case <-quit: // a stopped consumer settles nothing
 		}
 	}, jetstream.PullMaxMessages(RescueBatch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		c.cfg.logger.Debug("jsinbox: rescue consume", "err", err)
+		c.cfg.Logger.Debug("jsinbox: rescue consume", "err", err)
 	}))
 	if err != nil {
 		return nil, fmt.Errorf("jsinbox: consume advisories: %w", err)
@@ -301,7 +301,7 @@ type rescueOne struct {
 // retryRescue naks an advisory whose rescue failed for a passing reason,
 // to try again later.
 func (c *Consumer) retryRescue(adv jetstream.Msg, seq uint64, what string, err error) {
-	c.cfg.logger.Warn("jsinbox: rescue after max deliveries failed; trying again later", "stream_seq", seq, "step", what, "err", err)
+	c.cfg.Logger.Warn("jsinbox: rescue after max deliveries failed; trying again later", "stream_seq", seq, "step", what, "err", err)
 	n := 1
 	if md, merr := adv.Metadata(); merr == nil {
 		n = int(md.NumDelivered)
@@ -325,7 +325,7 @@ func (c *Consumer) rescueBatch(ctx context.Context, advs []jetstream.Msg, onCras
 		a, why := c.genuineAdvisory(adv)
 		if why != "" {
 			c.foreignAdvisories.Add(1)
-			c.cfg.logger.Error("jsinbox: a message in the advisory stream is no max-deliveries advisory of this durable; terminated, nothing rescued",
+			c.cfg.Logger.Error("jsinbox: a message in the advisory stream is no max-deliveries advisory of this durable; terminated, nothing rescued",
 				"subject", adv.Subject(), "durable", c.cfg.Durable, "why", why)
 			_ = adv.Term()
 			continue
@@ -419,7 +419,7 @@ func (c *Consumer) rescueBatch(ctx context.Context, advs []jetstream.Msg, onCras
 			settled[o.i] = true
 			nRescued++
 			c.rescued.Add(1)
-			c.cfg.logger.Debug("jsinbox: rescued a message after max deliveries", "id", im.ID, "stream_seq", im.StreamSeq, "status", res.Status)
+			c.cfg.Logger.Debug("jsinbox: rescued a message after max deliveries", "id", im.ID, "stream_seq", im.StreamSeq, "status", res.Status)
 			_ = o.adv.Ack()
 		case res.Status == inbox.StatusRejected || res.Status == inbox.StatusConflict:
 			if c.settleRejected(ctx, rescued{raw: o.raw, adv: o.adv}, im, res) {
@@ -431,7 +431,7 @@ func (c *Consumer) rescueBatch(ctx context.Context, advs []jetstream.Msg, onCras
 		}
 	}
 	if nRescued > 0 {
-		c.cfg.logger.Info("jsinbox: rescued messages after max deliveries", "applied_or_found_applied", nRescued, "batch", len(msgs))
+		c.cfg.Logger.Info("jsinbox: rescued messages after max deliveries", "applied_or_found_applied", nRescued, "batch", len(msgs))
 	}
 }
 
@@ -503,7 +503,7 @@ func expiredSubject(filter string) string {
 func (c *Consumer) rescueGone(ctx context.Context, adv jetstream.Msg, info *jetstream.StreamInfo, a maxDeliverAdvisory) {
 	if a.StreamSeq > info.State.LastSeq {
 		c.foreignAdvisories.Add(1)
-		c.cfg.logger.Error("jsinbox: a max-deliveries advisory names a message this stream never held; terminated, nothing rescued",
+		c.cfg.Logger.Error("jsinbox: a max-deliveries advisory names a message this stream never held; terminated, nothing rescued",
 			"stream", c.cfg.Stream, "stream_seq", a.StreamSeq, "first_seq", info.State.FirstSeq, "last_seq", info.State.LastSeq)
 		_ = adv.Term()
 		return
@@ -534,7 +534,7 @@ func (c *Consumer) rescueGone(ctx context.Context, adv jetstream.Msg, info *jets
 		return
 	}
 	c.rescueExpired.Add(1)
-	c.cfg.logger.Error("jsinbox: a message given up on after max deliveries aged out of the stream before its rescue; recorded in the dead-letter stream as expired",
+	c.cfg.Logger.Error("jsinbox: a message given up on after max deliveries aged out of the stream before its rescue; recorded in the dead-letter stream as expired",
 		"stream", c.cfg.Stream, "stream_seq", a.StreamSeq, "deliveries", a.Deliveries, "dead_letter_stream", DeadLetterStream(c.cfg.Stream))
 	_ = adv.Ack()
 }

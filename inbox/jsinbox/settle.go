@@ -56,7 +56,7 @@ func putMessages(msgs []inbox.Message) {
 // processBatch runs one batch through the inbox and settles every message
 // with JetStream. It returns an error only for a simulated crash.
 func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetchStart time.Time) error {
-	if c.cfg.tp != nil {
+	if c.cfg.TracerProvider != nil {
 		links := make([]trace.Link, 0, min(len(batch), 64))
 		for _, m := range batch[:min(len(batch), 64)] {
 			if l, ok := extractLink(m.Headers()); ok {
@@ -93,7 +93,7 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 
 	var crash *hook.Crash
 	if errors.As(err, &crash) {
-		c.cfg.logger.Warn("jsinbox: simulated crash", "point", crash.Point, "batch", len(batch))
+		c.cfg.Logger.Warn("jsinbox: simulated crash", "point", crash.Point, "batch", len(batch))
 		return err
 	}
 	if err != nil {
@@ -101,12 +101,12 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 		if c.pauseAfter(ctx, err, out) {
 			c.dbDown.Store(true)
 		}
-		c.cfg.logger.Warn("jsinbox: batch failed; naking with jittered delay", "batch", len(batch), "err", err)
+		c.cfg.Logger.Warn("jsinbox: batch failed; naking with jittered delay", "batch", len(batch), "err", err)
 	} else {
 		c.batchOK.Store(true)
 	}
 	skipAck := c.hook != nil && c.hook(hook.SkipAck)
-	if c.cfg.tp != nil {
+	if c.cfg.TracerProvider != nil {
 		var ack trace.Span
 		ctx, ack = c.tracer.Start(ctx, "jetinbox.ack")
 		defer ack.End()
@@ -125,7 +125,7 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 			}
 			if !skipAck {
 				if err := m.Ack(); err != nil {
-					c.cfg.logger.Debug("jsinbox: ack failed; the message will be redelivered and found in the inbox",
+					c.cfg.Logger.Debug("jsinbox: ack failed; the message will be redelivered and found in the inbox",
 						"id", msgs[i].ID, "stream_seq", msgs[i].StreamSeq, "deliveries", msgs[i].Deliveries, "err", err)
 				}
 			}
@@ -195,7 +195,7 @@ func (c *Consumer) lastTry(ctx context.Context, m jetstream.Msg, im *inbox.Messa
 // the rescue applies it once the cause is gone.
 func (c *Consumer) leaveForRescue(im *inbox.Message, why string, err error) {
 	c.leftForRescue.Add(1)
-	c.cfg.logger.Warn("jsinbox: leaving a message on its last delivery unsettled for the rescue: "+why,
+	c.cfg.Logger.Warn("jsinbox: leaving a message on its last delivery unsettled for the rescue: "+why,
 		"id", im.ID, "stream_seq", im.StreamSeq, "deliveries", im.Deliveries, "err", err)
 }
 

@@ -30,8 +30,15 @@ func setupError(err error) error {
 	return err
 }
 
-// streamNotFound says how to create a missing intents stream.
+// streamNotFound says how to create a missing intents stream: the library
+// call first, the command line second.
 func streamNotFound(stream string, err error) error {
-	return &SetupError{Err: fmt.Errorf("stream %s not found: create it with jetinbox's producer (which creates it), "+
-		"or nats stream add %s --config deploy/jetstream/intents-stream.json: %w", stream, stream, err)}
+	return &SetupError{Err: fmt.Errorf("jsinbox: stream %s not found: create it with jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{Name: %q}) "+
+		"(`jetinbox producer` calls it), or with nats stream add %s --config deploy/jetstream/intents-stream.json: %w", stream, stream, stream, err)}
+}
+
+// isNoResponders reports whether err says that nothing answered a
+// publish: no stream captures its subject, or JetStream is not enabled.
+func isNoResponders(err error) bool {
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
 }

@@ -16,7 +16,7 @@ import (
 const (
 	DefaultStream          = "INTENTS"
 	DefaultSubject         = "intents.>"
-	DefaultDuplicateWindow = jscheck.DefaultDuplicateWindow
+	DefaultDuplicateWindow = 2 * time.Minute
 	DefaultMaxAge          = 7 * 24 * time.Hour
 	DefaultMaxMsgs         = 50_000_000
 	DefaultMaxBytes        = 16 << 30
@@ -30,7 +30,7 @@ const (
 	// included: room for a 4 KiB intent (the ledger's limit,
 	// effects.MaxIntentSize) with its ID, trace and batch headers. The
 	// server refuses a bigger publish, so no consumer ever holds one.
-	DefaultMaxMsgSize = jscheck.DefaultMaxMsgSize
+	DefaultMaxMsgSize = 8 << 10
 	// DeadLetterHeadroom is what a dead-letter copy may add to an intent:
 	// jetinbox's headers (reason at most [inbox.MaxReasonLen] bytes, status,
 	// scope, stream, sequence, deliveries, subject cut at
@@ -39,7 +39,7 @@ const (
 	// Nats-Msg-Id and Nats-Expected-Stream. The dead-letter stream's
 	// max_msg_size must be at least the intents stream's plus this, or the
 	// largest intent could not be dead-lettered.
-	DeadLetterHeadroom = jscheck.DeadLetterHeadroom
+	DeadLetterHeadroom = 4 << 10
 )
 
 // StreamConfig describes the intents stream. Every limit is explicit: the

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/testenv"
@@ -24,7 +25,7 @@ func BenchmarkClaimTx(b *testing.B) {
 		b.Run("batch="+strconv.Itoa(size), func(b *testing.B) {
 			pool := newDB(b)
 			ctx := context.Background()
-			claims := make([]inbox.Claim, size)
+			claims := make([]driver.Claim, size)
 			fp := inbox.Fingerprint([]byte(`{"account":1,"amount":1}`))
 			seq := 0
 			b.ReportAllocs()
@@ -32,7 +33,7 @@ func BenchmarkClaimTx(b *testing.B) {
 			for b.Loop() {
 				for i := range claims {
 					seq++
-					claims[i] = inbox.Claim{ID: "c-" + strconv.Itoa(seq), Fingerprint: fp, StreamSeq: uint64(seq), Subject: "intents.1"}
+					claims[i] = driver.Claim{ID: "c-" + strconv.Itoa(seq), Fingerprint: fp, StreamSeq: uint64(seq), Subject: "intents.1"}
 				}
 				tx, err := pool.Begin(ctx)
 				if err != nil {
@@ -146,7 +147,7 @@ func BenchmarkProcessLedgerExecModes(b *testing.B) {
 // readOnlyDuplicates is the store without ReadPriorCommits: a batch of
 // duplicates commits read-only, without waiting for anything, as before
 // duplicates were made to rest on a durable commit.
-type readOnlyDuplicates struct{ inbox.Store[pgx.Tx] }
+type readOnlyDuplicates struct{ driver.Store[pgx.Tx] }
 
 // BenchmarkDuplicateBatch measures a batch whose every message is a
 // duplicate (the redelivery path), on a server of its own with fsync on
@@ -169,7 +170,7 @@ func BenchmarkDuplicateBatch(b *testing.B) {
 					b.Fatal(err)
 				}
 				pool := newDBAt(b, url)
-				var st inbox.Store[pgx.Tx] = pginbox.New(pool)
+				var st driver.Store[pgx.Tx] = pginbox.New(pool)
 				if mode == "read-only" {
 					st = readOnlyDuplicates{st}
 				}

@@ -12,7 +12,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/pgwatch"
 )
 
-// Check implements [inbox.Store]: one transaction that fails where a batch
+// Check implements [driver.Store]: one transaction that fails where a batch
 // would fail for the database's or the deployment's reason, and rolls
 // back. In it:
 //

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
@@ -27,26 +28,26 @@ func TestClassifyWithoutSQLState(t *testing.T) {
 	st := pginbox.New(nil)
 	for _, c := range []struct {
 		err  error
-		want inbox.ErrorKind
+		want driver.ErrorKind
 	}{
-		{&pgconn.PgError{}, inbox.ErrorOther},
-		{&pgconn.PgError{Code: "0"}, inbox.ErrorOther},
-		{&pgconn.PgError{Code: "08"}, inbox.ErrorConn},
-		{errors.New("no server error at all"), inbox.ErrorOther},
-		{&pgconn.PgError{Code: "08P01", Message: "transaction blocks not allowed in statement pooling mode"}, inbox.ErrorConn},
-		{&pgconn.PgError{Code: "57P01"}, inbox.ErrorConn},
-		{&pgconn.PgError{Code: "25006"}, inbox.ErrorConn},
-		{&pgconn.PgError{Code: "42P01"}, inbox.ErrorConn},
-		{&pgconn.PgError{Code: "42501"}, inbox.ErrorConn},
-		{&pgconn.PgError{Code: "42883"}, inbox.ErrorConn},
-		{&pgconn.PgError{Code: "3F000"}, inbox.ErrorConn},
-		{&pgconn.PgError{Code: "53100"}, inbox.ErrorConn},
-		{&pgconn.PgError{Code: "57014"}, inbox.ErrorOther},
-		{&pgconn.PgError{Code: "40P01"}, inbox.ErrorRetryTx},
-		{&pgconn.PgError{Code: "22001"}, inbox.ErrorData},
-		{&pgconn.PgError{Code: "23505"}, inbox.ErrorData},
+		{&pgconn.PgError{}, driver.ErrorOther},
+		{&pgconn.PgError{Code: "0"}, driver.ErrorOther},
+		{&pgconn.PgError{Code: "08"}, driver.ErrorConn},
+		{errors.New("no server error at all"), driver.ErrorOther},
+		{&pgconn.PgError{Code: "08P01", Message: "transaction blocks not allowed in statement pooling mode"}, driver.ErrorConn},
+		{&pgconn.PgError{Code: "57P01"}, driver.ErrorConn},
+		{&pgconn.PgError{Code: "25006"}, driver.ErrorConn},
+		{&pgconn.PgError{Code: "42P01"}, driver.ErrorConn},
+		{&pgconn.PgError{Code: "42501"}, driver.ErrorConn},
+		{&pgconn.PgError{Code: "42883"}, driver.ErrorConn},
+		{&pgconn.PgError{Code: "3F000"}, driver.ErrorConn},
+		{&pgconn.PgError{Code: "53100"}, driver.ErrorConn},
+		{&pgconn.PgError{Code: "57014"}, driver.ErrorOther},
+		{&pgconn.PgError{Code: "40P01"}, driver.ErrorRetryTx},
+		{&pgconn.PgError{Code: "22001"}, driver.ErrorData},
+		{&pgconn.PgError{Code: "23505"}, driver.ErrorData},
 	} {
-		var got inbox.ErrorKind
+		var got driver.ErrorKind
 		func() {
 			defer func() {
 				if r := recover(); r != nil {

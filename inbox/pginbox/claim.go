@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/internal/pgcopy"
 )
 
@@ -42,8 +43,8 @@ FROM inbox WHERE scope = $1 AND message_id = ANY($2::text[])`
 // same transaction, before committing, and acks only after the commit.
 //
 // Claims must have valid IDs (see [ValidateID]).
-func ClaimTx(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim) ([]inbox.ClaimResult, error) {
-	res := make([]inbox.ClaimResult, len(claims))
+func ClaimTx(ctx context.Context, tx pgx.Tx, scope string, claims []driver.Claim) ([]driver.ClaimResult, error) {
+	res := make([]driver.ClaimResult, len(claims))
 	if len(claims) == 0 {
 		return res, nil
 	}
@@ -68,9 +69,9 @@ func ClaimTx(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim)
 		}
 		if first != nil {
 			if j, dup := first[c.ID]; dup {
-				res[i] = inbox.ClaimResult{State: inbox.ClaimDuplicate, InBatch: true, First: j}
+				res[i] = driver.ClaimResult{State: driver.ClaimDuplicate, InBatch: true, First: j}
 				if !c.SameIntent(claims[j].Fingerprint[:], claims[j].Subject) {
-					res[i].State = inbox.ClaimConflict
+					res[i].State = driver.ClaimConflict
 				}
 				continue
 			}
@@ -81,7 +82,7 @@ func ClaimTx(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim)
 		seqs = append(seqs, int64(c.StreamSeq))
 		subjects = append(subjects, c.Subject)
 		pos = append(pos, i)
-		res[i].State = inbox.ClaimFresh
+		res[i].State = driver.ClaimFresh
 	}
 
 	rows, err := tx.Query(ctx, claimSQL, scope, ids, fps, seqs, subjects)
@@ -109,7 +110,7 @@ func ClaimTx(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim)
 		return nil, fmt.Errorf("inbox: claim: read existing: %w", err)
 	}
 	defer rows.Close()
-	byID := make(map[string]inbox.ClaimResult, len(taken))
+	byID := make(map[string]driver.ClaimResult, len(taken))
 	type row struct {
 		fp      []byte
 		subject string
@@ -122,7 +123,7 @@ func ClaimTx(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim)
 		if err := rows.Scan(&id, &fp, &subject, &status, &reason, &seq); err != nil {
 			return nil, fmt.Errorf("inbox: claim: read existing: %w", err)
 		}
-		byID[id] = inbox.ClaimResult{State: inbox.ClaimDuplicate, PriorStatus: inbox.RowStatus(status), PriorReason: reason, PriorSeq: uint64(seq), PriorSubject: subject}
+		byID[id] = driver.ClaimResult{State: driver.ClaimDuplicate, PriorStatus: driver.RowStatus(status), PriorReason: reason, PriorSeq: uint64(seq), PriorSubject: subject}
 		stored[id] = row{fp, subject}
 	}
 	if err := rows.Err(); err != nil {
@@ -135,7 +136,7 @@ func ClaimTx(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim)
 		}
 		i := pos[k]
 		if st := stored[id]; !claims[i].SameIntent(st.fp, st.subject) {
-			r.State = inbox.ClaimConflict
+			r.State = driver.ClaimConflict
 		}
 		res[i] = r
 	}
@@ -164,7 +165,7 @@ var copyBufs = sync.Pool{New: func() any { return pgcopy.New(5, 1024, 96) }}
 // errCopyClaim says the COPY claim met an ID already there (23505): the
 // transaction is aborted, and the batch must be claimed again the careful
 // way in a new one.
-var errCopyClaim = inbox.ErrClaimedBefore
+var errCopyClaim = driver.ErrClaimedBefore
 
 // claimCopy inserts every claim with COPY, in ID byte order (order lists
 // claim indexes sorted by ID), the order [ClaimTx] locks keys in, so that
@@ -172,7 +173,7 @@ var errCopyClaim = inbox.ErrClaimedBefore
 // row is new; a duplicate key returns errCopyClaim wrapping the server's
 // error, and any error leaves tx unusable. Claims must have unique, valid
 // IDs.
-func claimCopy(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim, order []int) (err error) {
+func claimCopy(ctx context.Context, tx pgx.Tx, scope string, claims []driver.Claim, order []int) (err error) {
 	w := copyBufs.Get().(*pgcopy.Buffer)
 	defer func() {
 		// After some failures pgconn returns before its writer goroutine

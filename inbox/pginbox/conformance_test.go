@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/storetest"
@@ -70,7 +71,7 @@ func pgHarness() storetest.Harness[pgx.Tx] {
 		Open: func(t testing.TB) storetest.DB[pgx.Tx] {
 			pool := newDB(t)
 			return storetest.DB[pgx.Tx]{
-				Store:    func() inbox.Store[pgx.Tx] { return pginbox.New(pool) },
+				Store:    func() driver.Store[pgx.Tx] { return pginbox.New(pool) },
 				Snapshot: func(t testing.TB) storetest.Snapshot { return pgSnapshot(t, pool) },
 				Migrate: func(ctx context.Context) (int, error) {
 					n, err := pginbox.New(pool).Migrate(ctx)

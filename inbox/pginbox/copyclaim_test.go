@@ -62,7 +62,7 @@ func runCopyScenario(t *testing.T, pool *pgxpool.Pool, copyClaim bool) (got []st
 		stats.CopyClaims += p.Stats().CopyClaims
 		stats.CopyFallbacks += p.Stats().CopyFallbacks
 		for j, o := range out {
-			got = append(got, fmt.Sprintf("%d %s %v %v %s", i, batch[j].ID, o.Status, o.Redelivered, o.Reason))
+			got = append(got, fmt.Sprintf("%d %s %v %v %s", i, batch[j].ID, o.Status, o.AlreadyInInbox, o.Reason))
 		}
 	}
 	rows, err := pool.Query(ctx, `SELECT message_id || ' ' || status || ' ' || coalesce(reason, '') FROM inbox ORDER BY message_id`)

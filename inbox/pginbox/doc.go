@@ -48,7 +48,7 @@ package pginbox
 import (
 	"github.com/jackc/pgx/v5"
 
-	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 )
 
-var _ inbox.Store[pgx.Tx] = (*Store)(nil)
+var _ driver.Store[pgx.Tx] = (*Store)(nil)

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/testenv"
@@ -51,11 +52,11 @@ func ExampleClaimTx() {
 			panic(err)
 		}
 		defer tx.Rollback(ctx)
-		res, err := pginbox.ClaimTx(ctx, tx, "billing", []inbox.Claim{{ID: id, Fingerprint: inbox.Fingerprint(payload)}})
+		res, err := pginbox.ClaimTx(ctx, tx, "billing", []driver.Claim{{ID: id, Fingerprint: inbox.Fingerprint(payload)}})
 		if err != nil {
 			panic(err)
 		}
-		if res[0].State == inbox.ClaimFresh {
+		if res[0].State == driver.ClaimFresh {
 			// The side effect, in the same transaction as the claim.
 			if _, err := tx.Exec(ctx, `UPDATE accounts SET balance = balance + 100 WHERE id = 1`); err != nil {
 				panic(err)

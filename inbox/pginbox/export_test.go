@@ -5,14 +5,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 )
 
 // DisableCopyClaim makes s claim every batch with ClaimTx; tests compare
 // both paths.
 func DisableCopyClaim(s *Store) { s.noCopy = true }
 
-func claimBlind(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim, order []int) error {
+func claimBlind(ctx context.Context, tx pgx.Tx, scope string, claims []driver.Claim, order []int) error {
 	ids := make([]string, len(order))
 	fps := make([][]byte, len(order))
 	for k, i := range order {
@@ -28,10 +28,10 @@ const CopyClaimThreshold = copyClaimThreshold
 
 // PlantBlindClaims gives the PostgreSQL store s broken claims, on both
 // paths, which skip IDs already there yet report every claim fresh.
-func PlantBlindClaims(st inbox.Store[pgx.Tx]) {
+func PlantBlindClaims(st driver.Store[pgx.Tx]) {
 	s := st.(*Store)
 	s.claimCopy = claimBlind
-	s.claim = func(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim) ([]inbox.ClaimResult, error) {
+	s.claim = func(ctx context.Context, tx pgx.Tx, scope string, claims []driver.Claim) ([]driver.ClaimResult, error) {
 		order := make([]int, len(claims))
 		for i := range order {
 			order[i] = i
@@ -39,9 +39,9 @@ func PlantBlindClaims(st inbox.Store[pgx.Tx]) {
 		if err := claimBlind(ctx, tx, scope, claims, order); err != nil {
 			return nil, err
 		}
-		res := make([]inbox.ClaimResult, len(claims))
+		res := make([]driver.ClaimResult, len(claims))
 		for i := range res {
-			res[i].State = inbox.ClaimFresh
+			res[i].State = driver.ClaimFresh
 		}
 		return res, nil
 	}

@@ -10,19 +10,20 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/faultconn"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
-func claimOne(t *testing.T, pool *pgxpool.Pool, scope string, c inbox.Claim) inbox.ClaimResult {
+func claimOne(t *testing.T, pool *pgxpool.Pool, scope string, c driver.Claim) driver.ClaimResult {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := pginbox.ClaimTx(ctx, tx, scope, []inbox.Claim{c})
+	res, err := pginbox.ClaimTx(ctx, tx, scope, []driver.Claim{c})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,8 +37,8 @@ func TestClaimBatchOneStatement(t *testing.T) {
 	t.Parallel()
 	pool := newDB(t)
 	ctx := context.Background()
-	claimOne(t, pool, "s", inbox.Claim{ID: "old", Fingerprint: inbox.Fingerprint([]byte("x"))})
-	claims := []inbox.Claim{
+	claimOne(t, pool, "s", driver.Claim{ID: "old", Fingerprint: inbox.Fingerprint([]byte("x"))})
+	claims := []driver.Claim{
 		{ID: "n1", Fingerprint: inbox.Fingerprint([]byte("1"))},
 		{ID: "old", Fingerprint: inbox.Fingerprint([]byte("x"))},
 		{ID: "n1", Fingerprint: inbox.Fingerprint([]byte("1"))},
@@ -54,13 +55,13 @@ func TestClaimBatchOneStatement(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []inbox.ClaimState{inbox.ClaimFresh, inbox.ClaimDuplicate, inbox.ClaimDuplicate, inbox.ClaimConflict, inbox.ClaimConflict, inbox.ClaimFresh}
+	want := []driver.ClaimState{driver.ClaimFresh, driver.ClaimDuplicate, driver.ClaimDuplicate, driver.ClaimConflict, driver.ClaimConflict, driver.ClaimFresh}
 	for i := range want {
 		if res[i].State != want[i] {
 			t.Errorf("claim %d (%s): %v, want %v", i, claims[i].ID, res[i].State, want[i])
 		}
 	}
-	if _, err := pginbox.ClaimTx(ctx, tx, "s", []inbox.Claim{{ID: "bad id"}}); !errors.Is(err, inbox.ErrInvalidID) {
+	if _, err := pginbox.ClaimTx(ctx, tx, "s", []driver.Claim{{ID: "bad id"}}); !errors.Is(err, inbox.ErrInvalidID) {
 		t.Fatalf("claim with a space in the ID: %v, want ErrInvalidID", err)
 	}
 }
@@ -76,19 +77,19 @@ func TestConcurrentClaimWaits(t *testing.T) {
 			t.Parallel()
 			pool := newDB(t)
 			ctx := context.Background()
-			c := inbox.Claim{ID: "same", Fingerprint: inbox.Fingerprint([]byte("p"))}
+			c := driver.Claim{ID: "same", Fingerprint: inbox.Fingerprint([]byte("p"))}
 			tx1, err := pool.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if r, err := pginbox.ClaimTx(ctx, tx1, "s", []inbox.Claim{c}); err != nil || r[0].State != inbox.ClaimFresh {
+			if r, err := pginbox.ClaimTx(ctx, tx1, "s", []driver.Claim{c}); err != nil || r[0].State != driver.ClaimFresh {
 				t.Fatalf("first claim: %v %v", r, err)
 			}
 			var pid1 uint32
 			if err := tx1.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid1); err != nil {
 				t.Fatal(err)
 			}
-			got := make(chan inbox.ClaimState, 1)
+			got := make(chan driver.ClaimState, 1)
 			go func() {
 				tx2, err := pool.Begin(ctx)
 				if err != nil {
@@ -97,7 +98,7 @@ func TestConcurrentClaimWaits(t *testing.T) {
 					return
 				}
 				defer tx2.Rollback(ctx)
-				r, err := pginbox.ClaimTx(ctx, tx2, "s", []inbox.Claim{c})
+				r, err := pginbox.ClaimTx(ctx, tx2, "s", []driver.Claim{c})
 				if err != nil {
 					t.Error(err)
 					got <- 0
@@ -125,11 +126,11 @@ func TestConcurrentClaimWaits(t *testing.T) {
 				}
 				time.Sleep(5 * time.Millisecond)
 			}
-			want := inbox.ClaimDuplicate
+			want := driver.ClaimDuplicate
 			if commit {
 				err = tx1.Commit(ctx)
 			} else {
-				err, want = tx1.Rollback(ctx), inbox.ClaimFresh
+				err, want = tx1.Rollback(ctx), driver.ClaimFresh
 			}
 			if err != nil {
 				t.Fatal(err)

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/internal/pgwatch"
 	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 )
@@ -28,18 +28,24 @@ type DB interface {
 	Ping(ctx context.Context) error
 }
 
-// Store is the PostgreSQL inbox: the [inbox.Store] a processor runs on
+// Store is the PostgreSQL inbox: the [driver.Store] a processor runs on
 // (its handlers get a pgx.Tx), and the schema, retention and health
 // checks of the same database. Make one with [New] and pass it to
 // [inbox.NewProcessor]; everything else that needs the database (a
 // consumer's pause during an outage) takes it from the processor.
+//
+// Its methods Begin, Commit, Rollback, CommitRolledBack, Claim,
+// ClaimNewThreshold, ClaimNew, Savepoint, MarkRejected, ReleaseClaims,
+// RecordConflicts, Classify and Warm are the driver.Store seam the
+// processor calls; they are not for users. What a user calls: New,
+// Migrate, MigrationSQL, MigrationStatus, CheckSchema, Check, Ping, Prune.
 type Store struct {
 	db DB
 	// claim is ClaimTx; tests plant a broken one (export_test.go).
-	claim func(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim) ([]inbox.ClaimResult, error)
+	claim func(ctx context.Context, tx pgx.Tx, scope string, claims []driver.Claim) ([]driver.ClaimResult, error)
 	// claimCopy is the COPY claim; noCopy turns it off. Tests plant a
 	// broken claim or compare both paths through them (export_test.go).
-	claimCopy func(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim, order []int) error
+	claimCopy func(ctx context.Context, tx pgx.Tx, scope string, claims []driver.Claim, order []int) error
 	noCopy    bool
 }
 
@@ -96,7 +102,7 @@ func (s *Store) CommitRolledBack(err error) bool {
 	return errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback)
 }
 
-func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim) ([]inbox.ClaimResult, error) {
+func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, claims []driver.Claim) ([]driver.ClaimResult, error) {
 	return s.claim(ctx, tx, scope, claims)
 }
 
@@ -107,7 +113,7 @@ func (s *Store) ClaimNewThreshold() int {
 	return copyClaimThreshold
 }
 
-func (s *Store) ClaimNew(ctx context.Context, tx pgx.Tx, scope string, claims []inbox.Claim, order []int) error {
+func (s *Store) ClaimNew(ctx context.Context, tx pgx.Tx, scope string, claims []driver.Claim, order []int) error {
 	return s.claimCopy(ctx, tx, scope, claims, order)
 }
 
@@ -141,11 +147,11 @@ func (s *Store) ReleaseClaims(ctx context.Context, tx pgx.Tx, scope string, retr
 	return nil
 }
 
-func (s *Store) RecordConflicts(ctx context.Context, tx pgx.Tx, scope string, conflicts []inbox.Claim) error {
+func (s *Store) RecordConflicts(ctx context.Context, tx pgx.Tx, scope string, conflicts []driver.Claim) error {
 	// In ID order, like the claims: two processes recording the same
 	// conflicts cannot deadlock.
 	conflicts = slices.Clone(conflicts)
-	slices.SortFunc(conflicts, func(a, b inbox.Claim) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(conflicts, func(a, b driver.Claim) int { return strings.Compare(a.ID, b.ID) })
 	ids := make([]string, len(conflicts))
 	fps := make([][]byte, len(conflicts))
 	seqs := make([]int64, len(conflicts))
@@ -160,16 +166,16 @@ ON CONFLICT (scope, message_id, stream_seq) DO NOTHING`, scope, ids, fps, seqs, 
 	return err
 }
 
-func (s *Store) Classify(err error) inbox.ErrorKind {
+func (s *Store) Classify(err error) driver.ErrorKind {
 	switch {
 	case isRetryableTx(err):
-		return inbox.ErrorRetryTx
+		return driver.ErrorRetryTx
 	case isDataError(err):
-		return inbox.ErrorData
+		return driver.ErrorData
 	case isConnError(err):
-		return inbox.ErrorConn
+		return driver.ErrorConn
 	}
-	return inbox.ErrorOther
+	return driver.ErrorOther
 }
 
 // Warm opens n transactions at once, so that a pool opens n connections,

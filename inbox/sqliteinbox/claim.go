@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 )
 
 // existingSQL reads a row that was already there.
@@ -33,8 +34,8 @@ func values(rows, cols int) string {
 // Claims must have valid IDs (see [inbox.ValidateID]). tx must hold the
 // write lock from its start (BEGIN IMMEDIATE, as [Open] sets up), so no
 // other transaction can claim between the INSERT and the commit.
-func ClaimTx(ctx context.Context, tx *sql.Tx, scope string, claims []inbox.Claim) ([]inbox.ClaimResult, error) {
-	res := make([]inbox.ClaimResult, len(claims))
+func ClaimTx(ctx context.Context, tx *sql.Tx, scope string, claims []driver.Claim) ([]driver.ClaimResult, error) {
+	res := make([]driver.ClaimResult, len(claims))
 	if len(claims) == 0 {
 		return res, nil
 	}
@@ -50,9 +51,9 @@ func ClaimTx(ctx context.Context, tx *sql.Tx, scope string, claims []inbox.Claim
 			return nil, fmt.Errorf("inbox: claim %d: %w", i, err)
 		}
 		if j, dup := first[c.ID]; dup {
-			res[i] = inbox.ClaimResult{State: inbox.ClaimDuplicate, InBatch: true, First: j}
+			res[i] = driver.ClaimResult{State: driver.ClaimDuplicate, InBatch: true, First: j}
 			if !c.SameIntent(claims[j].Fingerprint[:], claims[j].Subject) {
-				res[i].State = inbox.ClaimConflict
+				res[i].State = driver.ClaimConflict
 			}
 			continue
 		}
@@ -102,7 +103,7 @@ func ClaimTx(ctx context.Context, tx *sql.Tx, scope string, claims []inbox.Claim
 		rows.Close()
 		for _, i := range uniq[:n] {
 			if inserted[claims[i].ID] {
-				res[i].State = inbox.ClaimFresh
+				res[i].State = driver.ClaimFresh
 				continue
 			}
 			if err := readExisting(ctx, tx, scope, &claims[i], &res[i]); err != nil {
@@ -115,7 +116,7 @@ func ClaimTx(ctx context.Context, tx *sql.Tx, scope string, claims []inbox.Claim
 }
 
 // readExisting fills r from the row that was already there for c.
-func readExisting(ctx context.Context, tx *sql.Tx, scope string, c *inbox.Claim, r *inbox.ClaimResult) error {
+func readExisting(ctx context.Context, tx *sql.Tx, scope string, c *driver.Claim, r *driver.ClaimResult) error {
 	var fp []byte
 	var subject, status, reason string
 	var seq int64
@@ -128,9 +129,9 @@ func readExisting(ctx context.Context, tx *sql.Tx, scope string, c *inbox.Claim,
 		}
 		return fmt.Errorf("inbox: claim: read existing: %w", err)
 	}
-	*r = inbox.ClaimResult{State: inbox.ClaimDuplicate, PriorStatus: inbox.RowStatus(status), PriorReason: reason, PriorSeq: uint64(seq), PriorSubject: subject}
+	*r = driver.ClaimResult{State: driver.ClaimDuplicate, PriorStatus: driver.RowStatus(status), PriorReason: reason, PriorSeq: uint64(seq), PriorSubject: subject}
 	if !c.SameIntent(fp, subject) {
-		r.State = inbox.ClaimConflict
+		r.State = driver.ClaimConflict
 	}
 	return nil
 }

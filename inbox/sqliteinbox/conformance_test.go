@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/storetest"
@@ -98,7 +99,7 @@ func harness() storetest.Harness[*sql.Tx] {
 		Open: func(t testing.TB) storetest.DB[*sql.Tx] {
 			path, db := newFile(t)
 			return storetest.DB[*sql.Tx]{
-				Store:       func() inbox.Store[*sql.Tx] { return sqliteinbox.New(open(t, path)) },
+				Store:       func() driver.Store[*sql.Tx] { return sqliteinbox.New(open(t, path)) },
 				Snapshot:    func(t testing.TB) storetest.Snapshot { return snapshot(t, db) },
 				Migrate:     func(ctx context.Context) (int, error) { return sqliteinbox.New(db).Migrate(ctx) },
 				CheckSchema: func(ctx context.Context) error { return sqliteinbox.New(db).CheckSchema(ctx) },
@@ -113,7 +114,7 @@ func harness() storetest.Harness[*sql.Tx] {
 			}
 		},
 		Ledger:          func() inbox.Handler[*sql.Tx] { return effects.NewSQLiteLedger() },
-		PlantBlindClaim: func(s inbox.Store[*sql.Tx]) { sqliteinbox.PlantBlindClaim(s.(*sqliteinbox.Store)) },
+		PlantBlindClaim: func(s driver.Store[*sql.Tx]) { sqliteinbox.PlantBlindClaim(s.(*sqliteinbox.Store)) },
 		Abort: func(ctx context.Context, tx *sql.Tx) error {
 			_, err := tx.ExecContext(ctx, `INSERT INTO accounts (id) VALUES ('not a number')`)
 			return err

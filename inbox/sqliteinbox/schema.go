@@ -74,7 +74,7 @@ func (s *Store) Prune(ctx context.Context, opts inbox.PruneOptions) (int64, erro
 	}
 }
 
-// Check implements [inbox.Store]: the file answers, the inbox migrations
+// Check implements [driver.Store]: the file answers, the inbox migrations
 // this package ships are applied ([inbox.ErrNotMigrated] otherwise), and
 // the connection may write (PRAGMA query_only off; otherwise it wraps
 // [inbox.ErrDatabaseUnfit]).

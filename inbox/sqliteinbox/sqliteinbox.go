@@ -1,4 +1,4 @@
-// Package sqliteinbox keeps the inbox in a SQLite file: an [inbox.Store]
+// Package sqliteinbox keeps the inbox in a SQLite file: an [driver.Store]
 // for a worker where one small process and a local file will do, behind
 // the same guarantee and the same conformance suite as PostgreSQL. The
 // driver is modernc.org/sqlite, pure Go: nothing needs cgo.
@@ -34,7 +34,7 @@ import (
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
-	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/internal/migrate"
 	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
@@ -143,7 +143,7 @@ func beginsImmediate(ctx context.Context, db *sql.DB) (bool, error) {
 	if err == nil {
 		return false, nil
 	}
-	if Classify(err) == inbox.ErrorRetryTx {
+	if Classify(err) == driver.ErrorRetryTx {
 		return true, nil
 	}
 	return false, fmt.Errorf("sqliteinbox: probe the lock: %w", err)
@@ -167,16 +167,22 @@ func IsConfigError(err error) bool {
 	return false
 }
 
-// Store is the SQLite inbox: the [inbox.Store] a processor runs on
+// Store is the SQLite inbox: the [driver.Store] a processor runs on
 // (handlers get the batch's *sql.Tx), and the schema, retention and health
 // checks of the same file. Make one with [New] on a database [Open] opened.
+//
+// Its methods Begin, Commit, Rollback, CommitRolledBack, Claim,
+// ClaimNewThreshold, ClaimNew, Savepoint, MarkRejected, ReleaseClaims,
+// RecordConflicts, Classify and Warm are the driver.Store seam the
+// processor calls; they are not for users. What a user calls: New,
+// Migrate, MigrationSQL, MigrationStatus, CheckSchema, Check, Ping, Prune.
 type Store struct {
 	db *sql.DB
 	// claim is ClaimTx; tests plant a broken one (export_test.go).
-	claim func(ctx context.Context, tx *sql.Tx, scope string, claims []inbox.Claim) ([]inbox.ClaimResult, error)
+	claim func(ctx context.Context, tx *sql.Tx, scope string, claims []driver.Claim) ([]driver.ClaimResult, error)
 }
 
-var _ inbox.Store[*sql.Tx] = (*Store)(nil)
+var _ driver.Store[*sql.Tx] = (*Store)(nil)
 
 // New returns the store on db, which [Open] opened.
 func New(db *sql.DB) *Store { return &Store{db: db, claim: ClaimTx} }
@@ -187,14 +193,14 @@ func (s *Store) DB() *sql.DB { return s.db }
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
 
-// Begin implements [inbox.Store]: BEGIN IMMEDIATE, waiting up to
+// Begin implements [driver.Store]: BEGIN IMMEDIATE, waiting up to
 // [BusyTimeout] for another connection's write lock.
 func (s *Store) Begin(ctx context.Context) (*sql.Tx, error) { return s.db.BeginTx(ctx, nil) }
 
-// Commit implements [inbox.Store].
+// Commit implements [driver.Store].
 func (s *Store) Commit(_ context.Context, tx *sql.Tx) error { return tx.Commit() }
 
-// Rollback implements [inbox.Store].
+// Rollback implements [driver.Store].
 func (s *Store) Rollback(_ context.Context, tx *sql.Tx) error {
 	err := tx.Rollback()
 	if errors.Is(err, sql.ErrTxDone) {
@@ -203,32 +209,32 @@ func (s *Store) Rollback(_ context.Context, tx *sql.Tx) error {
 	return err
 }
 
-// CommitRolledBack implements [inbox.Store]: only a transaction that
+// CommitRolledBack implements [driver.Store]: only a transaction that
 // database/sql had already ended (its context was cancelled) certainly did
 // not commit; any other failed COMMIT is an unknown outcome.
 func (s *Store) CommitRolledBack(err error) bool { return errors.Is(err, sql.ErrTxDone) }
 
-// ClaimNewThreshold implements [inbox.Store]: SQLite has no fast path; a
+// ClaimNewThreshold implements [driver.Store]: SQLite has no fast path; a
 // claim is one in-process statement per message already.
 func (s *Store) ClaimNewThreshold() int { return 0 }
 
-// ClaimNew implements [inbox.Store]; it is never called (no fast path).
-func (s *Store) ClaimNew(context.Context, *sql.Tx, string, []inbox.Claim, []int) error {
+// ClaimNew implements [driver.Store]; it is never called (no fast path).
+func (s *Store) ClaimNew(context.Context, *sql.Tx, string, []driver.Claim, []int) error {
 	return errors.ErrUnsupported
 }
 
-// Claim implements [inbox.Store] with [ClaimTx].
-func (s *Store) Claim(ctx context.Context, tx *sql.Tx, scope string, claims []inbox.Claim) ([]inbox.ClaimResult, error) {
+// Claim implements [driver.Store] with [ClaimTx].
+func (s *Store) Claim(ctx context.Context, tx *sql.Tx, scope string, claims []driver.Claim) ([]driver.ClaimResult, error) {
 	return s.claim(ctx, tx, scope, claims)
 }
 
-// Savepoint implements [inbox.Store].
+// Savepoint implements [driver.Store].
 func (s *Store) Savepoint(ctx context.Context, tx *sql.Tx, stmt string) error {
 	_, err := tx.ExecContext(ctx, stmt)
 	return err
 }
 
-// MarkRejected implements [inbox.Store].
+// MarkRejected implements [driver.Store].
 func (s *Store) MarkRejected(ctx context.Context, tx *sql.Tx, scope string, ids, reasons []string) error {
 	st, err := tx.PrepareContext(ctx, `UPDATE inbox SET status = 'rejected', reason = ? WHERE scope = ? AND message_id = ?`)
 	if err != nil {
@@ -243,7 +249,7 @@ func (s *Store) MarkRejected(ctx context.Context, tx *sql.Tx, scope string, ids,
 	return nil
 }
 
-// ReleaseClaims implements [inbox.Store].
+// ReleaseClaims implements [driver.Store].
 func (s *Store) ReleaseClaims(ctx context.Context, tx *sql.Tx, scope string, ids []string) error {
 	st, err := tx.PrepareContext(ctx, `DELETE FROM inbox WHERE scope = ? AND message_id = ?`)
 	if err != nil {
@@ -270,8 +276,8 @@ func (s *Store) ReleaseClaims(ctx context.Context, tx *sql.Tx, scope string, ids
 	return nil
 }
 
-// RecordConflicts implements [inbox.Store].
-func (s *Store) RecordConflicts(ctx context.Context, tx *sql.Tx, scope string, conflicts []inbox.Claim) error {
+// RecordConflicts implements [driver.Store].
+func (s *Store) RecordConflicts(ctx context.Context, tx *sql.Tx, scope string, conflicts []driver.Claim) error {
 	st, err := tx.PrepareContext(ctx, `INSERT INTO inbox_conflicts (scope, message_id, fingerprint, stream_seq, subject)
 VALUES (?, ?, ?, ?, ?) ON CONFLICT (scope, message_id, stream_seq) DO NOTHING`)
 	if err != nil {
@@ -286,33 +292,33 @@ VALUES (?, ?, ?, ?, ?) ON CONFLICT (scope, message_id, stream_seq) DO NOTHING`)
 	return nil
 }
 
-// Classify implements [inbox.Store]: a lock that stayed busy retries the
+// Classify implements [driver.Store]: a lock that stayed busy retries the
 // batch; constraint, type and size errors are the input's; I/O, a full disk,
 // a corrupt or read-only file and a closed handle are the database's.
-func (s *Store) Classify(err error) inbox.ErrorKind { return Classify(err) }
+func (s *Store) Classify(err error) driver.ErrorKind { return Classify(err) }
 
-// Classify says what a SQLite error means for a batch; see [inbox.ErrorKind].
-func Classify(err error) inbox.ErrorKind {
+// Classify says what a SQLite error means for a batch; see [driver.ErrorKind].
+func Classify(err error) driver.ErrorKind {
 	if errors.Is(err, sql.ErrConnDone) || errors.Is(err, sql.ErrTxDone) {
-		return inbox.ErrorConn
+		return driver.ErrorConn
 	}
 	var se *sqlite.Error
 	if !errors.As(err, &se) {
-		return inbox.ErrorOther
+		return driver.ErrorOther
 	}
 	switch se.Code() & 0xff {
 	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
-		return inbox.ErrorRetryTx
+		return driver.ErrorRetryTx
 	case sqlite3.SQLITE_CONSTRAINT, sqlite3.SQLITE_MISMATCH, sqlite3.SQLITE_TOOBIG, sqlite3.SQLITE_RANGE:
-		return inbox.ErrorData
+		return driver.ErrorData
 	case sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN,
 		sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PROTOCOL, sqlite3.SQLITE_NOMEM:
-		return inbox.ErrorConn
+		return driver.ErrorConn
 	}
-	return inbox.ErrorOther
+	return driver.ErrorOther
 }
 
-// Warm implements [inbox.Store]: one file has one writer, so it readies
+// Warm implements [driver.Store]: one file has one writer, so it readies
 // one transaction whatever n is.
 func (s *Store) Warm(ctx context.Context, _ int, prepare func(ctx context.Context, tx *sql.Tx) error) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)

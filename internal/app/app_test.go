@@ -26,6 +26,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/subproc"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 )
 
@@ -187,7 +188,7 @@ func TestVerifyAndReplayCommands(t *testing.T) {
 
 // commandPipeline starts a nats-server and a migrated database and publishes
 // n intents with the producer command.
-func commandPipeline(t *testing.T, n int, prefix string) (*testenv.NATS, string, *pgxpool.Pool, jetstream.JetStream) {
+func commandPipeline(t *testing.T, n int, prefix string) (*natsenv.NATS, string, *pgxpool.Pool, jetstream.JetStream) {
 	t.Helper()
 	ctx := context.Background()
 	e := pipelinetest.Start(t)
@@ -435,7 +436,7 @@ func TestReplayChangesNothingByDefault(t *testing.T) {
 	intents = append(intents, inbox.Intent{ID: "rd-bad-1", Subject: "intents.x", Payload: []byte(`{"account":1,`)},
 		inbox.Intent{ID: "rd-bad-2", Subject: "intents.x", Payload: []byte(`{"account":99999,"amount":5}`)})
 	for _, in := range intents {
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestCommandsOnSQLASCIIDatabase: a database created under LANG=C has
@@ -40,7 +41,7 @@ func TestCommandsOnSQLASCIIDatabase(t *testing.T) {
 	admin.Close(ctx)
 	direct := pg.URL(name)
 	bouncer := testenv.NewPgBouncer(t, testenv.PgBouncerOptions{})
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	for i, dbURL := range []string{direct, bouncer.URL(name)} {
 		env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL})
 		var out bytes.Buffer
@@ -98,7 +99,7 @@ func TestCommandsOnSQLASCIIDatabase(t *testing.T) {
 func TestCommandsRefuseUnfitDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		t.Fatal(err)

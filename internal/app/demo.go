@@ -27,6 +27,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/jitter"
 )
@@ -94,10 +95,10 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 
 	// NATS: embedded unless NATS_URL is set.
 	natsURL := env("NATS_URL")
-	var nodes *testenv.Cluster
+	var nodes *natsenv.Cluster
 	if *cluster {
 		var err error
-		if nodes, err = testenv.StartCluster(ctx, testenv.ClusterOptions{SyncAlways: *syncAlways}); err != nil {
+		if nodes, err = natsenv.StartCluster(ctx, natsenv.ClusterOptions{SyncAlways: *syncAlways}); err != nil {
 			return err
 		}
 		defer nodes.Close()
@@ -105,7 +106,7 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 		streamOpts.Replicas = 3
 		say("three embedded nats-servers %s (JetStream cluster, R3 streams and consumers, sync_interval: always)", natsURL)
 	} else if natsURL == "" {
-		srv, err := testenv.StartNATS(testenv.NATSOptions{SyncAlways: *syncAlways})
+		srv, err := natsenv.StartNATS(natsenv.NATSOptions{SyncAlways: *syncAlways})
 		if err != nil {
 			return err
 		}
@@ -183,7 +184,7 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 		if nodes != nil && i == len(intents)/2 {
 			leaderKill = killStreamLeader(ctx, nodes, streamOpts.Name, say)
 		}
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			return err
 		}
 	}
@@ -211,13 +212,13 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	}
 	replays := intents[:int(float64(len(intents))**dupFrac)]
 	for _, in := range replays {
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			return err
 		}
 	}
 	conflict := intents[len(intents)-1]
 	conflict.Payload = effects.Intent{Account: 1, Amount: 777}.AppendJSON(nil)
-	if err := pub.Publish(ctx, conflict); err != nil {
+	if err := pub.PublishAsync(ctx, conflict); err != nil {
 		return err
 	}
 	if err := pub.Flush(ctx); err != nil {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/jitter"
 )
@@ -43,7 +43,7 @@ func demoSetup(ctx context.Context, js jetstream.JetStream, store *cli.Store, st
 // over) while the producer goes on publishing, waits until the other two elected a new leader, and
 // starts the node again once its replicas caught up. The channel gets the
 // outcome.
-func killStreamLeader(ctx context.Context, nodes *testenv.Cluster, stream string, say func(string, ...any)) <-chan error {
+func killStreamLeader(ctx context.Context, nodes *natsenv.Cluster, stream string, say func(string, ...any)) <-chan error {
 	done := make(chan error, 1)
 	go func() {
 		done <- func() error {
@@ -77,7 +77,7 @@ func killStreamLeader(ctx context.Context, nodes *testenv.Cluster, stream string
 // waitDurable waits until the consumers' durable has a leader and every
 // node is healthy: the leader kill is meant to meet a working pipeline, not
 // one still being set up.
-func waitDurable(ctx context.Context, nodes *testenv.Cluster, stream, durable string) error {
+func waitDurable(ctx context.Context, nodes *natsenv.Cluster, stream, durable string) error {
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if _, err := nodes.WaitConsumerLeader(wctx, stream, durable); err != nil {
@@ -89,7 +89,7 @@ func waitDurable(ctx context.Context, nodes *testenv.Cluster, stream, durable st
 // demoVerify is verify.Run. On a cluster, a read that times out (a
 // replica still settling after the kill) is
 // tried again once every node is healthy: a failed read judges nothing.
-func demoVerify(ctx context.Context, nodes *testenv.Cluster, js jetstream.JetStream, db verify.DB, o verify.Options, say func(string, ...any)) (rep *verify.Report, err error) {
+func demoVerify(ctx context.Context, nodes *natsenv.Cluster, js jetstream.JetStream, db verify.DB, o verify.Options, say func(string, ...any)) (rep *verify.Report, err error) {
 	err = nodes.ReadWhenHealthy(ctx, func() (err error) {
 		rep, err = verify.RunOn(ctx, js, db, o)
 		return err

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestDemoOnGivenServers: with NATS_URL and DATABASE_URL set, the demo runs
@@ -15,7 +16,7 @@ import (
 // publishes into that stream, not INTENTS.
 func TestDemoOnGivenServers(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": testenv.NewDatabase(t)})
 	var out, errOut bytes.Buffer
 	if err := Demo(context.Background(), []string{"-intents", "600", "-http=false"}, env, nil, &out, &errOut); err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/shard"
@@ -483,7 +484,7 @@ func redrive(ctx context.Context, js jetstream.JetStream, store *cli.Store, stre
 	if err != nil {
 		return "", fmt.Errorf("inbox: %w", err)
 	}
-	if status == inbox.RowApplied {
+	if status == driver.RowApplied {
 		return "applied", nil
 	}
 	// The original's bytes and headers, as the stream holds them; of

@@ -17,7 +17,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestDLQRedrive: poison → dead letter → fix → re-drive → applied once,
@@ -44,7 +44,7 @@ func dlqRedrive(t *testing.T, store string) {
 		query func(q string) int64 // one number from the store
 	)
 	if store == cli.StoreSQLite {
-		srv := testenv.NewNATS(t, testenv.NATSOptions{})
+		srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 		path := filepath.Join(t.TempDir(), "inbox.db")
 		env = mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": "sqlite://" + path})
 		if err := Migrate(ctx, nil, env, nil, io.Discard, io.Discard); err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/shard"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestShardedCommands runs a sharded stream the way an operator does,
@@ -29,7 +30,7 @@ import (
 // and verify -shards over all shards; then breaks the end state to see
 // verify -shards go red.
 func TestShardedCommands(t *testing.T) {
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	urls := map[string]string{}
 	m := shard.Map{Partitions: 8}
 	for i, name := range []string{"a", "b", "c"} {

@@ -23,6 +23,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 )
 
@@ -45,7 +46,7 @@ func TestCommandsThroughPgBouncer(t *testing.T) {
 	}
 	bouncer := testenv.NewPgBouncer(t, testenv.PgBouncerOptions{PoolSize: 2})
 	dbURL := bouncer.URL(strings.TrimPrefix(u.Path, "/")) // as an operator writes it: no statement mode
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL})
 	// The checks read the database directly, past the pooler.
 	pool, err := pgxpool.New(ctx, direct)
@@ -182,7 +183,7 @@ func TestRelayThroughPgBouncer(t *testing.T) {
 	}
 	bouncer := testenv.NewPgBouncer(t, testenv.PgBouncerOptions{})
 	dbURL := bouncer.URL(strings.TrimPrefix(u.Path, "/"))
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL})
 	if err := Migrate(ctx, nil, env, nil, io.Discard, io.Discard); err != nil {
 		t.Fatal(err)

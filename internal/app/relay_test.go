@@ -21,7 +21,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
 	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
@@ -177,7 +177,7 @@ func TestTwoHopCommands(t *testing.T) {
 func TestRelayOnSQLite(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	path := filepath.Join(t.TempDir(), "service.db")
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": "sqlite://" + path})
 	if err := Migrate(ctx, nil, env, nil, io.Discard, io.Discard); err != nil {
@@ -231,7 +231,7 @@ func TestRelayOnSQLite(t *testing.T) {
 func TestTwoHopCommandsOnSQLite(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	path := filepath.Join(t.TempDir(), "twohop.db")
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": "sqlite://" + path})
 	if err := Migrate(ctx, nil, env, nil, io.Discard, io.Discard); err != nil {

@@ -250,7 +250,7 @@ func (c *replayCounts) add(m inbox.Message, o inbox.Outcome) {
 		c.duplicates++
 	case inbox.StatusRejected:
 		switch {
-		case o.Redelivered:
+		case o.AlreadyInInbox:
 			c.rejectedBefore++
 		case errors.Is(o.Err, inbox.ErrInvalidID):
 			c.noID++

@@ -18,6 +18,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/shard"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // shardedFixture is two shards, a (partitions 0-1) and b (2-3), migrated,
@@ -32,7 +33,7 @@ type shardedFixture struct {
 
 func newShardedFixture(t *testing.T) *shardedFixture {
 	t.Helper()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	f := &shardedFixture{urls: map[string]string{}, file: filepath.Join(t.TempDir(), "shards.json")}
 	f.m = shard.Map{Partitions: 4}
 	for i, name := range []string{"a", "b"} {

@@ -16,7 +16,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestCommandsOnSQLite: migrate, accounts, the consumer, verify, replay and
@@ -26,7 +26,7 @@ import (
 func TestCommandsOnSQLite(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	path := filepath.Join(t.TempDir(), "inbox.db")
 	dbURL := "sqlite://" + path
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL(), "DATABASE_URL": dbURL})

@@ -21,6 +21,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/shard"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestVerifyShardsRescue: verify -shards judges the rescues of the
@@ -31,7 +32,7 @@ import (
 // entry no unexpected one; an expired record no shard's inbox names is a
 // violation of its own kind.
 func TestVerifyShardsRescue(t *testing.T) {
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	urls := map[string]string{}
 	m := shard.Map{Partitions: 4}
 	for i, name := range []string{"a", "b"} {

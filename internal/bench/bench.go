@@ -26,7 +26,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // Options of one bench run.
@@ -201,7 +201,7 @@ func (r ratio) String() string {
 // Run runs the benchmark.
 func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	say := func(format string, a ...any) { fmt.Fprintf(stderr, format+"\n", a...) }
-	srv, err := testenv.StartNATS(testenv.NATSOptions{SyncAlways: o.SyncAlways})
+	srv, err := natsenv.StartNATS(natsenv.NATSOptions{SyncAlways: o.SyncAlways})
 	if err != nil {
 		return err
 	}
@@ -241,7 +241,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	}
 	defer pub.Close()
 	for _, in := range intents {
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			return err
 		}
 	}
@@ -279,7 +279,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 			return err
 		}
 		for _, in := range hot {
-			if err := hotPub.Publish(ctx, in); err != nil {
+			if err := hotPub.PublishAsync(ctx, in); err != nil {
 				hotPub.Close()
 				return err
 			}

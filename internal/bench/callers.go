@@ -18,7 +18,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // callersMode is one way of publishing, measured with concurrent callers
@@ -28,7 +28,7 @@ type callersMode struct {
 	batch   int // PublisherConfig.Batch
 	rate    float64
 	batches int64
-	lat     []time.Duration // PublishWait at the steady rate
+	lat     []time.Duration // Publish at the steady rate
 }
 
 // callersResult is the callers phase: group commit and one by one.
@@ -38,7 +38,7 @@ type callersResult struct {
 }
 
 // callersPhase measures o.Callers callers publishing one intent at a time
-// with PublishWait, then PublishWait latency at o.Rate for o.Latency, with
+// with Publish, then Publish latency at o.Rate for o.Latency, with
 // group commit and with one publish per intent, each on a fresh single-node
 // server with sync_interval: always.
 func callersPhase(ctx context.Context, o Options, say func(string, ...any)) (*callersResult, error) {
@@ -47,7 +47,7 @@ func callersPhase(ctx context.Context, o Options, say func(string, ...any)) (*ca
 		if err := m.run(ctx, o, res.n); err != nil {
 			return nil, fmt.Errorf("callers phase, %s: %w", m.name, err)
 		}
-		say("%d callers, %s: %.0f msg/s (%d atomic batches); PublishWait at %d msg/s: p50 %v p99 %v",
+		say("%d callers, %s: %.0f msg/s (%d atomic batches); Publish at %d msg/s: p50 %v p99 %v",
 			o.Callers, m.name, m.rate, m.batches, o.Rate, pctOrNone(m.lat, 50), pctOrNone(m.lat, 99))
 		res.modes = append(res.modes, m)
 	}
@@ -55,7 +55,7 @@ func callersPhase(ctx context.Context, o Options, say func(string, ...any)) (*ca
 }
 
 func (m *callersMode) run(ctx context.Context, o Options, n int) error {
-	srv, err := testenv.StartNATS(testenv.NATSOptions{SyncAlways: true})
+	srv, err := natsenv.StartNATS(natsenv.NATSOptions{SyncAlways: true})
 	if err != nil {
 		return err
 	}
@@ -90,7 +90,7 @@ func (m *callersMode) run(ctx context.Context, o Options, n int) error {
 	for range o.Callers {
 		wg.Go(func() {
 			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
-				if _, err := pub.PublishWait(ctx, intent("c-", i)); err != nil {
+				if _, err := pub.Publish(ctx, intent("c-", i)); err != nil {
 					errs <- err
 					return
 				}
@@ -121,7 +121,7 @@ func (m *callersMode) run(ctx context.Context, o Options, n int) error {
 		}
 		wg.Go(func() {
 			t0 := time.Now()
-			if _, err := pub.PublishWait(ctx, intent("l-", int64(i))); err != nil {
+			if _, err := pub.Publish(ctx, intent("l-", int64(i))); err != nil {
 				select {
 				case errs <- err:
 				default:
@@ -150,7 +150,7 @@ func pctOrNone(d []time.Duration, p float64) string {
 
 // write prints the phase in the producer section.
 func (r *callersResult) write(w io.Writer) {
-	fmt.Fprintf(w, "producer, %d callers each publishing one intent at a time (PublishWait, %d intents), sync_interval always, one node:\n", r.callers, r.n)
+	fmt.Fprintf(w, "producer, %d callers each publishing one intent at a time (Publish, %d intents), sync_interval always, one node:\n", r.callers, r.n)
 	for _, m := range r.modes {
 		fmt.Fprintf(w, "  %-13s %8.0f msg/s  %6d atomic batches  PubAck latency at %d msg/s: p50 %v  p99 %v\n",
 			m.name, m.rate, m.batches, r.rate, pctOrNone(m.lat, 50), pctOrNone(m.lat, 99))

@@ -25,6 +25,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // ClusterOptions of a cluster bench run.
@@ -165,14 +166,14 @@ func syncName(always bool) string {
 func producerRate(ctx context.Context, replicas int, syncAlways bool, batch, n int) (float64, error) {
 	var url string
 	if replicas == 1 {
-		srv, err := testenv.StartNATS(testenv.NATSOptions{SyncAlways: syncAlways})
+		srv, err := natsenv.StartNATS(natsenv.NATSOptions{SyncAlways: syncAlways})
 		if err != nil {
 			return 0, err
 		}
 		defer srv.Close()
 		url = srv.URL()
 	} else {
-		cl, err := testenv.StartCluster(ctx, testenv.ClusterOptions{SyncAlways: syncAlways})
+		cl, err := natsenv.StartCluster(ctx, natsenv.ClusterOptions{SyncAlways: syncAlways})
 		if err != nil {
 			return 0, err
 		}
@@ -190,7 +191,7 @@ func producerRate(ctx context.Context, replicas int, syncAlways bool, batch, n i
 	}
 	cfg := jsinbox.StreamConfig{Replicas: replicas}.WithDefaults()
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
-	_, err = testenv.CreateStream(sctx, js, cfg.Config())
+	_, err = natsenv.CreateStream(sctx, js, cfg.Config())
 	cancel()
 	if err != nil {
 		return 0, err
@@ -205,7 +206,7 @@ func producerRate(ctx context.Context, replicas int, syncAlways bool, batch, n i
 	defer pub.Close()
 	t0 := time.Now()
 	for _, in := range intents {
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			return 0, err
 		}
 	}
@@ -228,7 +229,7 @@ func consumersOnR3(ctx context.Context, o ClusterOptions, res *ClusterResult, sa
 		return err
 	}
 	defer pg.Close()
-	cl, err := testenv.StartCluster(ctx, testenv.ClusterOptions{SyncAlways: true})
+	cl, err := natsenv.StartCluster(ctx, natsenv.ClusterOptions{SyncAlways: true})
 	if err != nil {
 		return err
 	}
@@ -262,7 +263,7 @@ func consumersOnR3(ctx context.Context, o ClusterOptions, res *ClusterResult, sa
 		return err
 	}
 	for _, in := range intents {
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			pub.Close()
 			return err
 		}
@@ -292,7 +293,7 @@ func consumersOnR3(ctx context.Context, o ClusterOptions, res *ClusterResult, sa
 			return err
 		}
 		cctx, cancel := context.WithTimeout(ctx, time.Minute)
-		cons, err := testenv.CreateConsumer(cctx, js, stream.Name, jetstream.ConsumerConfig{
+		cons, err := natsenv.CreateConsumer(cctx, js, stream.Name, jetstream.ConsumerConfig{
 			Durable: durable, AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 50_000, AckWait: time.Minute, MaxDeliver: 20,
 		})
 		cancel()

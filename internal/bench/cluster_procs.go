@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // processConsumers runs k `jetinbox consumer` processes (this binary) on
@@ -32,7 +33,7 @@ func processConsumers(ctx context.Context, js jetstream.JetStream, urls, stream 
 	}
 	defer pool.Close()
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
-	_, err = testenv.CreateConsumer(cctx, js, stream, jetstream.ConsumerConfig{
+	_, err = natsenv.CreateConsumer(cctx, js, stream, jetstream.ConsumerConfig{
 		Durable: name, AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 50_000, AckWait: time.Minute, MaxDeliver: 20, MaxWaiting: 512,
 	})
 	cancel()

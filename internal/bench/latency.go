@@ -85,7 +85,7 @@ func latencyPhase(ctx context.Context, js jetstream.JetStream, dbs databases, o 
 		for sent := 0; sent < total; {
 			due := min(total, int(time.Since(start).Seconds()*float64(rate))+1)
 			for ; sent < due; sent++ {
-				if err := pub.Publish(ctx, intents[sent]); err != nil {
+				if err := pub.PublishAsync(ctx, intents[sent]); err != nil {
 					return err
 				}
 			}

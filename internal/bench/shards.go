@@ -36,6 +36,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/shard"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
@@ -281,7 +282,7 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 	}
 	defer os.RemoveAll(dir)
 	b.dir = dir
-	srv, err := testenv.StartNATS(testenv.NATSOptions{SyncAlways: o.SyncAlways})
+	srv, err := natsenv.StartNATS(natsenv.NATSOptions{SyncAlways: o.SyncAlways})
 	if err != nil {
 		return nil, err
 	}
@@ -354,7 +355,7 @@ func (b *shardsBench) publish(ctx context.Context, res *ShardsResult) error {
 	defer pub.Close()
 	cpu0, t0 := cpuTime(), time.Now()
 	for _, in := range b.intents {
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			return err
 		}
 	}

@@ -47,7 +47,7 @@ func startupPhase(ctx context.Context, js jetstream.JetStream, dbs databases, o 
 			return nil, err
 		}
 		in := pipeline.Generate(pipeline.Load{Count: 1, Accounts: o.Accounts, Prefix: fmt.Sprintf("start%d-", i), Seed: uint64(i)})
-		if err := pub.Publish(ctx, in[0]); err != nil {
+		if err := pub.PublishAsync(ctx, in[0]); err != nil {
 			return nil, err
 		}
 		if err := pub.Flush(ctx); err != nil {

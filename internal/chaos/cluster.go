@@ -35,6 +35,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/jitter"
 )
@@ -188,7 +189,7 @@ type dieArm struct {
 // clusterRun is the state of one cluster run.
 type clusterRun struct {
 	o       ClusterOptions
-	cl      *testenv.NATSProcs
+	cl      *natsenv.NATSProcs
 	pool    *pgxpool.Pool
 	dbURL   string
 	nc      *nats.Conn // the producer's and the operator's connection
@@ -263,7 +264,7 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 	if o.SyncAlways {
 		syncInterval = "always"
 	}
-	if r.cl, err = testenv.StartNATSProcs(ctx, testenv.NATSProcsOptions{Nodes: 3, SyncInterval: syncInterval}); err != nil {
+	if r.cl, err = natsenv.StartNATSProcs(ctx, natsenv.NATSProcsOptions{Nodes: 3, SyncInterval: syncInterval}); err != nil {
 		return nil, nil, nil, err
 	}
 	defer r.cl.Close()
@@ -469,7 +470,7 @@ func (r *clusterRun) phase(ctx context.Context, fault string, intents []inbox.In
 			if tick != nil {
 				<-tick.C
 			}
-			if err := r.pub.Publish(ctx, in); err != nil {
+			if err := r.pub.PublishAsync(ctx, in); err != nil {
 				pubErr <- err
 				return
 			}
@@ -613,7 +614,7 @@ func (r *clusterRun) fault(ctx context.Context, fault string) (string, error) {
 }
 
 // afterFaults runs read once every node is healthy again, up to three
-// times (testenv.Cluster.ReadWhenHealthy).
+// times (natsenv.Cluster.ReadWhenHealthy).
 func (r *clusterRun) afterFaults(ctx context.Context, what string, read func() error) error {
 	return r.cl.ReadWhenHealthy(ctx, read, func(err error) { r.say("could not read %s (%v); again", what, err) })
 }

@@ -39,6 +39,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/subproc"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
@@ -235,7 +236,7 @@ func RunHTTP(ctx context.Context, o HTTPOptions) (*HTTPResult, error) {
 		}
 	}
 	var err error
-	if r.nats, err = testenv.StartNATS(testenv.NATSOptions{}); err != nil {
+	if r.nats, err = natsenv.StartNATS(natsenv.NATSOptions{}); err != nil {
 		return nil, err
 	}
 	defer r.nats.Close()

@@ -32,6 +32,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/jitter"
 )
@@ -249,7 +250,7 @@ func runPGMode(ctx context.Context, o PGFailoverOptions, mode string, round uint
 		consumerURL += "&synchronous_commit=local"
 	}
 	r.say("synchronous_standby_names = %q; consumer URL %s", names, consumerURL)
-	n, err := testenv.StartNATS(testenv.NATSOptions{})
+	n, err := natsenv.StartNATS(natsenv.NATSOptions{})
 	if err != nil {
 		return PGFailoverRow{}, err
 	}
@@ -352,7 +353,7 @@ func runPGMode(ctx context.Context, o PGFailoverOptions, mode string, round uint
 			next++
 		}
 		<-tick.C
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			return PGFailoverRow{}, err
 		}
 		published.Add(1)

@@ -39,6 +39,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/powerfs"
 	"github.com/jetinbox/jetinbox/internal/subproc"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/jitter"
 )
@@ -282,7 +283,7 @@ type powerStack struct {
 
 	base   string
 	mounts map[string]*powerfs.FS
-	nats   *testenv.NATSProcs
+	nats   *natsenv.NATSProcs
 	pg     *testenv.Postgres
 	dbURL  string // what the consumers open
 
@@ -367,7 +368,7 @@ func (s *powerStack) run(ctx context.Context, row *PowerRow, round uint64) error
 	for i := range s.spec.Nodes {
 		stores = append(stores, s.mounts[nodeMount(i)].Dir())
 	}
-	if s.nats, err = testenv.StartNATSProcs(ctx, testenv.NATSProcsOptions{Nodes: s.spec.Nodes, StoreDirs: stores, SyncInterval: s.spec.SyncInterval, Logf: s.logf}); err != nil {
+	if s.nats, err = natsenv.StartNATSProcs(ctx, natsenv.NATSProcsOptions{Nodes: s.spec.Nodes, StoreDirs: stores, SyncInterval: s.spec.SyncInterval, Logf: s.logf}); err != nil {
 		return err
 	}
 	if err := s.waitHealthy(ctx); err != nil {
@@ -551,7 +552,7 @@ func (s *powerStack) load(ctx context.Context, pub *jsinbox.Publisher, intents [
 			if i < len(seg)-burst {
 				<-tick.C
 			}
-			if err := pub.Publish(ctx, in); err != nil {
+			if err := pub.PublishAsync(ctx, in); err != nil {
 				return err
 			}
 		}

@@ -80,7 +80,7 @@ func (r *run) produceBatches(ctx context.Context, intents []inbox.Intent, each f
 	fp.Attach(p)
 	for i, in := range intents {
 		each(i)
-		if err := p.Publish(ctx, in); err != nil {
+		if err := p.PublishAsync(ctx, in); err != nil {
 			return err
 		}
 	}

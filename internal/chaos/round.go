@@ -25,13 +25,14 @@ import (
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
 type run struct {
 	o    Options
 	pg   *testenv.Postgres
-	nats *testenv.NATS
+	nats *natsenv.NATS
 	js   jetstream.JetStream
 	pool *pgxpool.Pool
 	// sqlite is the two-hop run's SQLite file, when it runs there (pool
@@ -63,7 +64,7 @@ func runOne(ctx context.Context, pg *testenv.Postgres, o Options, prod, cons str
 		r.faults[f] = &atomic.Int64{}
 	}
 	var err error
-	if r.nats, err = testenv.StartNATS(testenv.NATSOptions{}); err != nil {
+	if r.nats, err = natsenv.StartNATS(natsenv.NATSOptions{}); err != nil {
 		return Row{}, nil, err
 	}
 	defer r.nats.Close()

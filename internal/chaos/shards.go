@@ -32,6 +32,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/shard"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
@@ -289,7 +290,7 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 	}
 	r := &shardRun{o: o, dice: rand.New(rand.NewPCG(o.Seed, 0x5ba4d)), faults: map[string]int{},
 		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	nsrv, err := testenv.StartNATS(testenv.NATSOptions{})
+	nsrv, err := natsenv.StartNATS(natsenv.NATSOptions{})
 	if err != nil {
 		return nil, err
 	}

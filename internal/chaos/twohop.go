@@ -32,6 +32,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
@@ -117,7 +118,7 @@ func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 		r.faults[f] = &atomic.Int64{}
 	}
 	var err error
-	if r.nats, err = testenv.StartNATS(testenv.NATSOptions{}); err != nil {
+	if r.nats, err = natsenv.StartNATS(natsenv.NATSOptions{}); err != nil {
 		return nil, err
 	}
 	defer r.nats.Close()

@@ -26,6 +26,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 func TestMain(m *testing.M) {
@@ -54,7 +55,7 @@ func migrate(ctx context.Context, dbURL string) error {
 
 func TestProducerJSONL(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	input := strings.Join([]string{
 		`{"id":"a-1","payload":{"account":1,"amount":5}}`,
 		`{"payload":{"account":1,"amount":5}}`,
@@ -104,7 +105,7 @@ func TestProducerJSONL(t *testing.T) {
 // it stored, once.
 func TestProducerBatches(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{SyncAlways: true})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{SyncAlways: true})
 	var out, errOut bytes.Buffer
 	if err := Producer(context.Background(), []string{"-count", "3000", "-batch", "500", "-prefix", "pb"}, mapEnv(map[string]string{"NATS_URL": srv.URL()}),
 		nil, &out, &errOut); err != nil {
@@ -281,7 +282,7 @@ func TestConsumerCommandServesAndDrains(t *testing.T) {
 // prints them.
 func TestTracingOffUnlessConfigured(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	for _, traceOn := range []bool{false, true} {
 		env := map[string]string{"NATS_URL": srv.URL()}
 		if traceOn {
@@ -299,7 +300,7 @@ func TestTracingOffUnlessConfigured(t *testing.T) {
 
 // commandPipeline starts a nats-server and a migrated database and publishes
 // n intents with the producer command.
-func commandPipeline(t *testing.T, n int, prefix string) (*testenv.NATS, string, *pgxpool.Pool, jetstream.JetStream) {
+func commandPipeline(t *testing.T, n int, prefix string) (*natsenv.NATS, string, *pgxpool.Pool, jetstream.JetStream) {
 	t.Helper()
 	ctx := context.Background()
 	// Migrated as jetinbox migrate would, with accounts opened.

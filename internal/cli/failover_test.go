@@ -16,6 +16,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestConsumerCommandThroughFailover runs the consumer command on a
@@ -30,7 +31,7 @@ func TestConsumerCommandThroughFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		t.Fatal(err)

@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestHealthzReportsAConnectionClosedForGood: /healthz is what a supervisor
@@ -18,7 +18,7 @@ import (
 // 503 then, for the consumer, the relay and the producer alike.
 func TestHealthzReportsAConnectionClosedForGood(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		t.Fatal(err)

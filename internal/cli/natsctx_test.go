@@ -18,7 +18,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // writeContext writes a nats CLI context file under dir/nats/context.
@@ -87,7 +87,7 @@ func TestNATSContextAndPrecedence(t *testing.T) {
 
 	// The context's user and password reach the server, and the password
 	// never reaches -h or the logs.
-	srv := testenv.NewNATS(t, testenv.NATSOptions{Configure: func(o *server.Options) { o.Username, o.Password = "alice", "ctx-secret" }})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{Configure: func(o *server.Options) { o.Username, o.Password = "alice", "ctx-secret" }})
 	writeContext(t, cfg, "local", `{"url":"`+srv.URL()+`","user":"alice","password":"ctx-secret"}`)
 	env := mapEnv(map[string]string{"HOME": home, "NATS_CONTEXT": "local", "NATS_PASSWORD": "env-secret-never-shown"})
 	var logs bytes.Buffer
@@ -145,7 +145,7 @@ func TestInboxPrefix(t *testing.T) {
 		}
 	}
 
-	srv := testenv.NewNATS(t, testenv.NATSOptions{Configure: func(o *server.Options) {
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{Configure: func(o *server.Options) {
 		o.Users = []*server.User{{Username: "p", Password: "pw", Permissions: &server.Permissions{
 			Publish:   &server.SubjectPermission{Allow: []string{"$JS.API.INFO"}},
 			Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX_p.>"}},
@@ -184,7 +184,7 @@ func TestInboxPrefix(t *testing.T) {
 // an event prefix, Windows certificate stores) are refused by name.
 func TestNATSContextConnectionFields(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{Configure: func(o *server.Options) { o.JetStreamDomain = "hub" }})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{Configure: func(o *server.Options) { o.JetStreamDomain = "hub" }})
 	home := t.TempDir()
 	cfg := filepath.Join(home, ".config")
 	log := slog.New(slog.DiscardHandler)

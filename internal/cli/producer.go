@@ -284,7 +284,7 @@ func reportFailures(w io.Writer, f []jsinbox.Failure, lineOf map[lineKey]int) {
 	fmt.Fprintf(w, "not published (%d):\n", len(f))
 	for _, x := range f {
 		what := "not published"
-		if errors.Is(x.Err, jsinbox.ErrConflict) {
+		if errors.Is(x.Err, inbox.ErrConflict) {
 			what = "conflict"
 		}
 		if line := lineOf[lineKey{x.ID, x.Fingerprint}]; line > 0 {
@@ -318,7 +318,7 @@ func publishGenerated(ctx context.Context, pub *jsinbox.Publisher, intents []inb
 				return ctx.Err()
 			}
 		}
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			return err
 		}
 	}
@@ -394,7 +394,7 @@ func publishJSONL(ctx context.Context, pub *jsinbox.Publisher, r io.Reader, subj
 					if _, seen := lineOf[k]; !seen {
 						lineOf[k] = n // failures are reported by line
 					}
-					if err := pub.Publish(ctx, in); err != nil {
+					if err := pub.PublishAsync(ctx, in); err != nil {
 						return bad, err
 					}
 				}

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestProducerJSONLInput: a leading BOM is accepted; an oversize line is
@@ -17,7 +17,7 @@ import (
 // is rejected rather than rewritten to U+FFFD.
 func TestProducerJSONLInput(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	input := strings.Join([]string{
 		"\xEF\xBB\xBF" + `{"id":"b-1","payload":{"account":1,"amount":5}}`,
 		`{"id":"b-big","payload":"` + strings.Repeat("x", maxLine) + `"}`,
@@ -46,7 +46,7 @@ func TestProducerJSONLInput(t *testing.T) {
 // waits on a quiet stdin prints the counts so far and exits 1.
 func TestProducerInterruptedPrintsCounts(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	pr, pw := io.Pipe()
 	defer pw.Close()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestProducerWarnsOnlyAboutItself: the producer's config warnings are about
@@ -15,10 +15,10 @@ import (
 // never about consumer settings such as MaxDeliver.
 func TestProducerWarnsOnlyAboutItself(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL()})
 	// The defaults fit the default window: no warning at all.
-	fresh := mapEnv(map[string]string{"NATS_URL": testenv.NewNATS(t, testenv.NATSOptions{}).URL()})
+	fresh := mapEnv(map[string]string{"NATS_URL": natsenv.NewNATS(t, natsenv.NATSOptions{}).URL()})
 	var errOut bytes.Buffer
 	if err := Producer(context.Background(), []string{"-count", "3", "-log-format", "text"}, fresh, nil, io.Discard, &errOut); err != nil ||
 		strings.Contains(errOut.String(), "WARN") {

@@ -9,11 +9,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // streamMsgs is how many messages stream holds on srv.
-func streamMsgs(t *testing.T, srv *testenv.NATS, stream string) uint64 {
+func streamMsgs(t *testing.T, srv *natsenv.NATS, stream string) uint64 {
 	t.Helper()
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
@@ -37,7 +37,7 @@ func TestProducerConflict(t *testing.T) {
 	for _, batch := range []string{"1", "0", "10"} {
 		t.Run("batch="+batch, func(t *testing.T) {
 			t.Parallel()
-			srv := testenv.NewNATS(t, testenv.NATSOptions{})
+			srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 			input := strings.Join([]string{
 				`{"id":"c-1","payload":{"account":1,"amount":5}}`,
 				`{"id":"c-2","payload":{"account":2,"amount":7}}`,
@@ -51,7 +51,7 @@ func TestProducerConflict(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), "1 intents not published (1 reused an ID") || ExitCode(err) != 1 {
 				t.Fatalf("err = %v (exit %d), want 1 conflict and exit 1\nstdout: %s\nstderr:\n%s", err, ExitCode(err), out.String(), errOut.String())
 			}
-			if !strings.Contains(errOut.String(), "line 4: conflict: id c-2 ") || !strings.Contains(errOut.String(), "different payload") {
+			if !strings.Contains(errOut.String(), "line 4: conflict: id c-2 ") || !strings.Contains(errOut.String(), "different subject or payload") {
 				t.Errorf("stderr does not report line 4 as a conflict:\n%s", errOut.String())
 			}
 			if !strings.Contains(out.String(), "published 4 ") || !strings.Contains(out.String(), "server-side duplicates 1  conflicts 1 ") {
@@ -70,7 +70,7 @@ func TestProducerConflict(t *testing.T) {
 // passing for published.
 func TestProducerPinsStream(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL()})
 	var out, errOut bytes.Buffer
 	if err := Producer(context.Background(), []string{"-stream", "ORDERS", "-subject", "orders", "-count", "20"}, env, nil, &out, &errOut); err != nil {

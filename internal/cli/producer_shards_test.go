@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/internal/shard"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestProducerShards: producer -shards creates the partitioned stream with
@@ -24,7 +24,7 @@ import (
 // usage error.
 func TestProducerShards(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	env := mapEnv(map[string]string{"NATS_URL": srv.URL()})
 	mapFile := filepath.Join(t.TempDir(), "shards.json")
 	if err := os.WriteFile(mapFile, []byte(`{"stream": "PSHARDS", "subject": "ps", "partitions": 8, "scope": "ledger", "durable_prefix": "ledger",

@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // tlsFiles writes a CA and a server certificate for 127.0.0.1 and returns
@@ -76,7 +77,7 @@ func TestTLSAndNkeyAuth(t *testing.T) {
 	caFile, srvTLS := tlsFiles(t)
 	goodSeedFile, goodPub, goodSeed := nkeyFile(t)
 	badSeedFile, _, badSeed := nkeyFile(t)
-	srv := testenv.NewNATS(t, testenv.NATSOptions{Configure: func(o *server.Options) {
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{Configure: func(o *server.Options) {
 		o.TLSConfig, o.TLS, o.TLSTimeout = srvTLS, true, 2
 		o.Nkeys = []*server.NkeyUser{{Nkey: goodPub}}
 	}})

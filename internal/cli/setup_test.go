@@ -13,6 +13,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestConsumerSaysWhatToCreate: a server without the stream, and a durable
@@ -21,7 +22,7 @@ import (
 func TestConsumerSaysWhatToCreate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	dbURL := testenv.NewDatabase(t)
 	if err := migrate(ctx, dbURL); err != nil {
 		t.Fatal(err)
@@ -34,7 +35,7 @@ func TestConsumerSaysWhatToCreate(t *testing.T) {
 		return Consumer(cctx, []string{"-http", ""}, env, io.Discard, &stderr)
 	}
 	err := run()
-	if ExitCode(err) != 2 || !strings.Contains(err.Error(), "stream INTENTS not found: create it with jetinbox's producer") ||
+	if ExitCode(err) != 2 || !strings.Contains(err.Error(), "stream INTENTS not found: create it with jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{Name: \"INTENTS\"})") ||
 		!strings.Contains(err.Error(), "nats stream add INTENTS --config deploy/jetstream/intents-stream.json") {
 		t.Fatalf("no stream: exit %d, err %v", ExitCode(err), err)
 	}

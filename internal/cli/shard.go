@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/effects"
@@ -90,7 +91,7 @@ func (s *Store) ShardLedgerProcessor(m *shard.Map, cfg inbox.Config, dryRun bool
 		return nil, err
 	}
 	cfg.Scope = m.Scope
-	var st inbox.Store[pgx.Tx] = pginbox.New(s.PG)
+	var st driver.Store[pgx.Tx] = pginbox.New(s.PG)
 	if dryRun {
 		st = rollbackStore[pgx.Tx]{st}
 	}

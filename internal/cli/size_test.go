@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestStreamSizesAsSettings: the producer creates the intents and
@@ -43,7 +43,7 @@ func TestStreamSizesAsSettings(t *testing.T) {
 		t.Errorf("bad JETINBOX_DLQ_MAX_BYTES: %v", err)
 	}
 
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	var out bytes.Buffer
 	err := Producer(context.Background(), []string{"-count", "10", "-stream-max-bytes", "1GiB", "-stream-max-msgs", "1000", "-stream-max-age", "48h", "-stream-max-msg-size", "16KiB"},
 		mapEnv(map[string]string{"NATS_URL": srv.URL(), "JETINBOX_DLQ_MAX_BYTES": "64MiB"}), strings.NewReader(""), &out, io.Discard)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
@@ -172,13 +173,13 @@ func (s *Store) OpenListen(ctx context.Context, dbURL string, log *slog.Logger) 
 // rejection, so that the intent, published again, is decided again (a
 // re-drive after the cause was fixed). It returns the status the row had,
 // "" if there was none; an applied row stays as it is.
-func (s *Store) ReleaseRejected(ctx context.Context, scope, id string) (inbox.RowStatus, error) {
+func (s *Store) ReleaseRejected(ctx context.Context, scope, id string) (driver.RowStatus, error) {
 	var status string
 	if s.SQLite == nil {
 		err := s.PG.QueryRow(ctx, `WITH del AS (
 	DELETE FROM inbox WHERE scope = $1 AND message_id = $2 AND status = 'rejected' RETURNING status
 ) SELECT coalesce((SELECT status FROM del), (SELECT status FROM inbox WHERE scope = $1 AND message_id = $2), '')`, scope, id).Scan(&status)
-		return inbox.RowStatus(status), err
+		return driver.RowStatus(status), err
 	}
 	tx, err := s.SQLite.BeginTx(ctx, nil)
 	if err != nil {
@@ -192,12 +193,12 @@ func (s *Store) ReleaseRejected(ctx context.Context, scope, id string) (inbox.Ro
 	case err != nil:
 		return "", err
 	}
-	if inbox.RowStatus(status) == inbox.RowRejected {
+	if driver.RowStatus(status) == driver.RowRejected {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM inbox WHERE scope = ? AND message_id = ? AND status = 'rejected'`, scope, id); err != nil {
 			return "", err
 		}
 	}
-	return inbox.RowStatus(status), tx.Commit()
+	return driver.RowStatus(status), tx.Commit()
 }
 
 // Kind is [StorePostgres] or [StoreSQLite].
@@ -360,7 +361,7 @@ func (s *Store) ledgerProcessor(cfg inbox.Config, dryRun bool, followUps string)
 				return nil, err
 			}
 		}
-		var st inbox.Store[pgx.Tx] = pginbox.New(s.PG)
+		var st driver.Store[pgx.Tx] = pginbox.New(s.PG)
 		if dryRun {
 			st = rollbackStore[pgx.Tx]{st}
 		}
@@ -375,7 +376,7 @@ func (s *Store) ledgerProcessor(cfg inbox.Config, dryRun bool, followUps string)
 			return nil, err
 		}
 	}
-	var st inbox.Store[*sql.Tx] = sqliteinbox.New(s.SQLite)
+	var st driver.Store[*sql.Tx] = sqliteinbox.New(s.SQLite)
 	if dryRun {
 		st = rollbackStore[*sql.Tx]{st}
 	}
@@ -383,7 +384,7 @@ func (s *Store) ledgerProcessor(cfg inbox.Config, dryRun bool, followUps string)
 }
 
 // rollbackStore is a store whose Commit rolls back.
-type rollbackStore[TX any] struct{ inbox.Store[TX] }
+type rollbackStore[TX any] struct{ driver.Store[TX] }
 
 // Commit rolls tx back.
 func (s rollbackStore[TX]) Commit(ctx context.Context, tx TX) error { return s.Rollback(ctx, tx) }

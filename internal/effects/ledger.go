@@ -388,7 +388,7 @@ func (l *Ledger) emit(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, errs
 	// fails and the processor applies its messages one at a time, where
 	// Add tells a repeat from a conflict.
 	if err := pgoutbox.AddFresh(ctx, tx, out...); err != nil {
-		if errors.Is(err, outbox.ErrConflict) || errors.Is(err, inbox.ErrBadIntent) {
+		if errors.Is(err, inbox.ErrConflict) || errors.Is(err, inbox.ErrBadIntent) {
 			return inbox.Permanent(fmt.Errorf("effects: follow-ups: %w", err))
 		}
 		return fmt.Errorf("effects: follow-ups: %w", err)

@@ -228,7 +228,7 @@ func (s *SQLiteLedger) emit(ctx context.Context, tx *sql.Tx, msgs []inbox.Messag
 			Payload: in.AppendJSON(make([]byte, 0, 48)), Parent: msgs[i].ID})
 	}
 	if err := sqliteoutbox.Add(ctx, tx, out...); err != nil {
-		if errors.Is(err, outbox.ErrConflict) || errors.Is(err, inbox.ErrBadIntent) {
+		if errors.Is(err, inbox.ErrConflict) || errors.Is(err, inbox.ErrBadIntent) {
 			return inbox.Permanent(fmt.Errorf("effects: follow-ups: %w", err))
 		}
 		return fmt.Errorf("effects: follow-ups: %w", err)

@@ -27,6 +27,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/intake"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
 	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
@@ -47,7 +48,7 @@ type world struct {
 }
 
 func newStream(t *testing.T) jetstream.JetStream {
-	ns := testenv.NewNATS(t, testenv.NATSOptions{})
+	ns := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	nc, err := nats.Connect(ns.URL())
 	if err != nil {
 		t.Fatal(err)

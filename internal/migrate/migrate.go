@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/jetinbox/jetinbox/inbox"
 )
 
 type Migration struct {
@@ -84,16 +86,8 @@ func Script(component string, ms []Migration) string {
 	return b.String()
 }
 
-// State is one migration as the database and the files see it.
-type State struct {
-	Component string
-	Version   int
-	Name      string
-	// Applied: the database records it. Pending: a file the database has
-	// not applied. Edited: applied with other SQL than the file's now.
-	// Unknown: the database records a version no file has (a newer
-	// release applied it).
-	Applied, Pending, Edited, Unknown bool
-}
+// State is one migration as the database and the files see it: the
+// stores return it as it is.
+type State = inbox.MigrationState
 
 // Status compares the files of component with what the database recorded.

@@ -16,13 +16,14 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
 
 // Env is a running pipeline's servers and clients. Everything is closed
 // when the test ends.
 type Env struct {
-	NATS  *testenv.NATS
+	NATS  *natsenv.NATS
 	DBURL string
 	Pool  *pgxpool.Pool
 	NC    *nats.Conn
@@ -45,7 +46,7 @@ func New(t testing.TB, stream jsinbox.StreamConfig, accounts int) *Env {
 func Start(t testing.TB) *Env {
 	t.Helper()
 	ctx := context.Background()
-	e := &Env{NATS: testenv.NewNATS(t, testenv.NATSOptions{}), DBURL: testenv.NewDatabase(t)}
+	e := &Env{NATS: natsenv.NewNATS(t, natsenv.NATSOptions{}), DBURL: testenv.NewDatabase(t)}
 	var err error
 	if e.Pool, err = pginbox.NewPool(ctx, e.DBURL); err != nil {
 		t.Fatal(err)

@@ -13,7 +13,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestRunnerSharesBudgetOverOwned: the shard's memory budget is shared out
@@ -27,7 +27,7 @@ func TestRunnerSharesBudgetOverOwned(t *testing.T) {
 	if _, err := pool.Exec(ctx, `INSERT INTO jetinbox_partitions (scope, partition, owned) VALUES ($1, 2, true), ($1, 3, true)`, m.Scope); err != nil {
 		t.Fatal(err)
 	}
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		t.Fatal(err)

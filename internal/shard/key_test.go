@@ -12,14 +12,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestPartitionMatchesServer publishes IDs through a real server's
 // transform and holds Partition to the partition token it stored: the
 // consumers' check is only as good as this copy of the server's function.
 func TestPartitionMatchesServer(t *testing.T) {
-	n := testenv.NewNATS(t, testenv.NATSOptions{})
+	n := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	nc, err := nats.Connect(n.URL())
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 )
 
@@ -52,7 +53,7 @@ func holdBatch(t *testing.T, m *Map, pool *pgxpool.Pool, p int) pgx.Tx {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tx.Rollback(ctx) }) //nolint:errcheck // after Commit, a no-op
-	if _, err := pginbox.ClaimTx(ctx, tx, m.Scope, []inbox.Claim{{ID: id, Fingerprint: inbox.Fingerprint(msg.Payload), Subject: msg.Subject, StreamSeq: 1}}); err != nil {
+	if _, err := pginbox.ClaimTx(ctx, tx, m.Scope, []driver.Claim{{ID: id, Fingerprint: inbox.Fingerprint(msg.Payload), Subject: msg.Subject, StreamSeq: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	errs := make([]error, 1)

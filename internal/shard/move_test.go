@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
@@ -45,7 +46,7 @@ func TestMoveWaitsForBatchesInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // the pool cannot close while it is open
-	if _, err := pginbox.ClaimTx(ctx, tx, m.Scope, []inbox.Claim{{ID: id, Fingerprint: inbox.Fingerprint(msg.Payload), Subject: msg.Subject, StreamSeq: 1}}); err != nil {
+	if _, err := pginbox.ClaimTx(ctx, tx, m.Scope, []driver.Claim{{ID: id, Fingerprint: inbox.Fingerprint(msg.Payload), Subject: msg.Subject, StreamSeq: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	errs := make([]error, 1)

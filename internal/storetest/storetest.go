@@ -1,6 +1,6 @@
 // Package storetest is the conformance suite of the inbox stores: the
 // guarantee tests of the inbox and the ledger, the crash points and the
-// mutation tests, written once against [inbox.Store] and run on every
+// mutation tests, written once against [driver.Store] and run on every
 // store (PostgreSQL and SQLite) by that store's tests.
 package storetest
 
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/hook"
@@ -32,7 +33,7 @@ type Harness[TX any] struct {
 	Ledger func() inbox.Handler[TX]
 	// PlantBlindClaim breaks s (a store DB.Store returned): its claim
 	// skips IDs already there yet reports every claim fresh.
-	PlantBlindClaim func(s inbox.Store[TX])
+	PlantBlindClaim func(s driver.Store[TX])
 	// Abort runs a statement in tx that fails for this message alone
 	// with a data error; AbortReason is a part of its message.
 	Abort       func(ctx context.Context, tx TX) error
@@ -52,7 +53,7 @@ type Harness[TX any] struct {
 type DB[TX any] struct {
 	// Store returns a new store on the database, as another process would
 	// hold: its own connections.
-	Store func() inbox.Store[TX]
+	Store func() driver.Store[TX]
 	// Snapshot reads what the database holds now.
 	Snapshot func(t testing.TB) Snapshot
 	// Migrate migrates the inbox and the ledger again; CheckSchema checks
@@ -121,7 +122,7 @@ func Statuses(out []inbox.Outcome) string {
 	return strings.Join(s, ",")
 }
 
-func (s suite[TX]) processor(t testing.TB, st inbox.Store[TX], h inbox.Handler[TX]) *inbox.Processor[TX] {
+func (s suite[TX]) processor(t testing.TB, st driver.Store[TX], h inbox.Handler[TX]) *inbox.Processor[TX] {
 	t.Helper()
 	if h == nil {
 		h = s.h.Ledger()
@@ -188,14 +189,14 @@ func assertClean[TX any](t *testing.T, db DB[TX], want map[string]inbox.Message)
 	}
 }
 
-func claimOne[TX any](t *testing.T, st inbox.Store[TX], scope string, c inbox.Claim) inbox.ClaimResult {
+func claimOne[TX any](t *testing.T, st driver.Store[TX], scope string, c driver.Claim) driver.ClaimResult {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := st.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := st.Claim(ctx, tx, scope, []inbox.Claim{c})
+	res, err := st.Claim(ctx, tx, scope, []driver.Claim{c})
 	if err != nil {
 		_ = st.Rollback(ctx, tx)
 		t.Fatal(err)
@@ -210,25 +211,25 @@ func (s suite[TX]) claimStates(t *testing.T) {
 	db := s.h.Open(t)
 	st := db.Store()
 	fp := inbox.Fingerprint([]byte("a"))
-	c := inbox.Claim{ID: "m1", Fingerprint: fp, StreamSeq: 7, Subject: "x.y"}
-	if r := claimOne(t, st, "s", c); r.State != inbox.ClaimFresh {
+	c := driver.Claim{ID: "m1", Fingerprint: fp, StreamSeq: 7, Subject: "x.y"}
+	if r := claimOne(t, st, "s", c); r.State != driver.ClaimFresh {
 		t.Fatalf("first claim: %v", r.State)
 	}
-	if r := claimOne(t, st, "s", c); r.State != inbox.ClaimDuplicate || r.PriorStatus != inbox.RowApplied || r.PriorSeq != 7 || r.PriorSubject != "x.y" {
+	if r := claimOne(t, st, "s", c); r.State != driver.ClaimDuplicate || r.PriorStatus != driver.RowApplied || r.PriorSeq != 7 || r.PriorSubject != "x.y" {
 		t.Fatalf("second claim: %+v", r)
 	}
 	// The subject is part of the intent's identity: the same ID and
 	// payload on another subject is a reuse of the ID, not a repeat.
 	other := c
 	other.Subject = "x.z"
-	if r := claimOne(t, st, "s", other); r.State != inbox.ClaimConflict || r.PriorSubject != "x.y" {
+	if r := claimOne(t, st, "s", other); r.State != driver.ClaimConflict || r.PriorSubject != "x.y" {
 		t.Fatalf("same payload, other subject: %+v, want a conflict", r)
 	}
 	c.Fingerprint = inbox.Fingerprint([]byte("b"))
-	if r := claimOne(t, st, "s", c); r.State != inbox.ClaimConflict {
+	if r := claimOne(t, st, "s", c); r.State != driver.ClaimConflict {
 		t.Fatalf("other payload: %v", r.State)
 	}
-	if r := claimOne(t, st, "other", c); r.State != inbox.ClaimFresh {
+	if r := claimOne(t, st, "other", c); r.State != driver.ClaimFresh {
 		t.Fatalf("other scope: %v", r.State)
 	}
 	// One call with copies of one ID, and an ID already there.
@@ -238,7 +239,7 @@ func (s suite[TX]) claimStates(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Rollback(ctx, tx) //nolint:errcheck
-	res, err := st.Claim(ctx, tx, "s", []inbox.Claim{
+	res, err := st.Claim(ctx, tx, "s", []driver.Claim{
 		{ID: "n1", Fingerprint: fp}, {ID: "m1", Fingerprint: fp, Subject: "x.y"}, {ID: "n1", Fingerprint: fp}, {ID: "n1", Fingerprint: c.Fingerprint},
 		{ID: "n1", Fingerprint: fp, Subject: "x.z"},
 	})
@@ -246,7 +247,7 @@ func (s suite[TX]) claimStates(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := fmt.Sprint(res[0].State, res[1].State, res[2].State, res[2].InBatch, res[2].First, res[3].State, res[4].State)
-	if want := fmt.Sprint(inbox.ClaimFresh, inbox.ClaimDuplicate, inbox.ClaimDuplicate, true, 0, inbox.ClaimConflict, inbox.ClaimConflict); got != want {
+	if want := fmt.Sprint(driver.ClaimFresh, driver.ClaimDuplicate, driver.ClaimDuplicate, true, 0, driver.ClaimConflict, driver.ClaimConflict); got != want {
 		t.Fatalf("batch claim: %s, want %s", got, want)
 	}
 }
@@ -260,15 +261,15 @@ func (s suite[TX]) concurrentClaim(t *testing.T) {
 			db := s.h.Open(t)
 			st1, st2 := db.Store(), db.Store()
 			ctx := context.Background()
-			c := inbox.Claim{ID: "same", Fingerprint: inbox.Fingerprint([]byte("p"))}
+			c := driver.Claim{ID: "same", Fingerprint: inbox.Fingerprint([]byte("p"))}
 			tx1, err := st1.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if r, err := st1.Claim(ctx, tx1, "s", []inbox.Claim{c}); err != nil || r[0].State != inbox.ClaimFresh {
+			if r, err := st1.Claim(ctx, tx1, "s", []driver.Claim{c}); err != nil || r[0].State != driver.ClaimFresh {
 				t.Fatalf("first claim: %v %v", r, err)
 			}
-			got := make(chan inbox.ClaimState, 1)
+			got := make(chan driver.ClaimState, 1)
 			go func() {
 				tx2, err := st2.Begin(ctx)
 				if err != nil {
@@ -277,7 +278,7 @@ func (s suite[TX]) concurrentClaim(t *testing.T) {
 					return
 				}
 				defer st2.Rollback(ctx, tx2) //nolint:errcheck
-				r, err := st2.Claim(ctx, tx2, "s", []inbox.Claim{c})
+				r, err := st2.Claim(ctx, tx2, "s", []driver.Claim{c})
 				if err != nil {
 					t.Error(err)
 					got <- 0
@@ -290,11 +291,11 @@ func (s suite[TX]) concurrentClaim(t *testing.T) {
 				t.Fatalf("second claim returned %v while the first was open", st)
 			case <-time.After(300 * time.Millisecond):
 			}
-			want := inbox.ClaimDuplicate
+			want := driver.ClaimDuplicate
 			if commit {
 				err = st1.Commit(ctx, tx1)
 			} else {
-				err, want = st1.Rollback(ctx, tx1), inbox.ClaimFresh
+				err, want = st1.Rollback(ctx, tx1), driver.ClaimFresh
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -352,7 +353,7 @@ func (s suite[TX]) mixedBatch(t *testing.T) {
 	}
 	// Redelivering a rejected message reports the stored rejection again.
 	out, err = p.Process(ctx, batch[3:4])
-	if err != nil || out[0].Status != inbox.StatusRejected || !out[0].Redelivered || out[0].Reason == "" {
+	if err != nil || out[0].Status != inbox.StatusRejected || !out[0].AlreadyInInbox || out[0].Reason == "" {
 		t.Fatalf("redelivered poison: %+v, %v", out[0], err)
 	}
 }
@@ -509,7 +510,7 @@ func (s suite[TX]) twoProcessors(t *testing.T) {
 // a store of the database with the ledger; a mutation swaps in a broken
 // part.
 type scenario[TX any] struct {
-	store   func(db DB[TX]) inbox.Store[TX]
+	store   func(db DB[TX]) driver.Store[TX]
 	handler func(db DB[TX]) inbox.Handler[TX]
 	// next is told each batch before it is processed.
 	next func(batch []inbox.Message)
@@ -571,7 +572,7 @@ func (s suite[TX]) scenarioClean(t *testing.T) {
 // effects of the batch about to be processed as soon as the transaction
 // begins, before the claim has looked at the inbox.
 type effectsFirst[TX any] struct {
-	inbox.Store[TX]
+	driver.Store[TX]
 	inner inbox.Handler[TX]
 	batch []inbox.Message
 }
@@ -592,7 +593,7 @@ func (b *effectsFirst[TX]) Begin(ctx context.Context) (TX, error) {
 // outsideTx is the bug "effect outside the inbox transaction": a handler
 // that applies the effect in a transaction of its own and commits it.
 type outsideTx[TX any] struct {
-	st    inbox.Store[TX]
+	st    driver.Store[TX]
 	inner inbox.Handler[TX]
 }
 
@@ -618,11 +619,11 @@ func (s suite[TX]) mutations(t *testing.T) {
 	}
 	ms := []mutation{
 		{"effect-before-claim", scenario[TX]{
-			store: func(db DB[TX]) inbox.Store[TX] { first.Store = db.Store(); return first },
+			store: func(db DB[TX]) driver.Store[TX] { first.Store = db.Store(); return first },
 			next:  func(b []inbox.Message) { first.batch = b },
 		}},
 		{"blind-claim", scenario[TX]{
-			store: func(db DB[TX]) inbox.Store[TX] { st := db.Store(); s.h.PlantBlindClaim(st); return st },
+			store: func(db DB[TX]) driver.Store[TX] { st := db.Store(); s.h.PlantBlindClaim(st); return st },
 		}},
 	}
 	if s.h.SecondWriter {

@@ -17,7 +17,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 	"github.com/jetinbox/jetinbox/outbox"
 	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
@@ -130,7 +130,7 @@ func TestChainOnSQLite(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	nc, err := nats.Connect(testenv.NewNATS(t, testenv.NATSOptions{}).URL())
+	nc, err := nats.Connect(natsenv.NewNATS(t, natsenv.NATSOptions{}).URL())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,12 +13,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/internal/effects"
 )
 
 // row is an inbox row as verify reads it.
 type row struct {
-	status  inbox.RowStatus
+	status  driver.RowStatus
 	fp      []byte
 	subject string
 	reason  string
@@ -173,7 +174,7 @@ func (c *checker) chunk(msgs []Message) error {
 			continue // dead-lettered itself
 		}
 		rw, ok := rows[m.ID]
-		if ok && rw.status == inbox.RowApplied && rw.subject == m.Subject {
+		if ok && rw.status == driver.RowApplied && rw.subject == m.Subject {
 			if fp := inbox.Fingerprint(m.Payload); string(rw.fp) == string(fp[:]) {
 				continue // applied, or a duplicate of the applied one
 			}
@@ -182,7 +183,7 @@ func (c *checker) chunk(msgs []Message) error {
 		// redelivery): the consumer terminates it without a second dead
 		// letter. The row's stream sequence names the message that was
 		// dead-lettered.
-		if ok && rw.status == inbox.RowRejected && c.dl.at(rw.seq, m.ID) {
+		if ok && rw.status == driver.RowRejected && c.dl.at(rw.seq, m.ID) {
 			continue
 		}
 		if since, ok := c.awaiting.seqs[m.Seq]; ok {
@@ -230,7 +231,7 @@ func (c *checker) read(ids []string) (map[string]row, map[string]int, error) {
 		if err := dbRows.Scan(&id, &status, &rw.fp, &rw.reason, &seq, &rw.subject); err != nil {
 			return nil, nil, fmt.Errorf("verify: inbox: %w", err)
 		}
-		rw.status, rw.seq = inbox.RowStatus(status), uint64(max(seq, 0))
+		rw.status, rw.seq = driver.RowStatus(status), uint64(max(seq, 0))
 		rows[id] = rw
 	}
 	if err := dbRows.Err(); err != nil {
@@ -272,10 +273,10 @@ func cutReason(reason string) string {
 func (c *checker) judge(id string, rw row, hasRow bool, n int, fps map[[32]byte][]byte) {
 	r := c.r
 	r.DistinctIDs++
-	applied := hasRow && rw.status == inbox.RowApplied
+	applied := hasRow && rw.status == driver.RowApplied
 	if hasRow {
 		c.judgedRows++
-		if rw.status == inbox.RowRejected {
+		if rw.status == driver.RowRejected {
 			r.Rejected++
 			r.RejectedByReason[cutReason(rw.reason)]++
 		}
@@ -327,7 +328,7 @@ func (c *checker) match(id string, fps map[[32]byte][]byte) {
 // towards the balances.
 func (c *checker) matched(rw row, payload []byte) {
 	c.matchedRows++
-	if !c.o.Ledger || c.partial || rw.status != inbox.RowApplied {
+	if !c.o.Ledger || c.partial || rw.status != driver.RowApplied {
 		return
 	}
 	if in, err := effects.ParseIntent(payload); err == nil {

@@ -32,7 +32,7 @@ func TestVerifyChunksGiveTheSameReport(t *testing.T) {
 	publish := func(ins ...inbox.Intent) {
 		t.Helper()
 		for _, in := range ins {
-			if err := pub.Publish(ctx, in); err != nil {
+			if err := pub.PublishAsync(ctx, in); err != nil {
 				t.Fatal(err)
 			}
 		}

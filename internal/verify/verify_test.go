@@ -31,7 +31,7 @@ func settledPipeline(t *testing.T, n int) (jetstream.JetStream, *pgxpool.Pool) {
 	pub, _ := jsinbox.NewPublisher(js, jsinbox.PublisherConfig{})
 	defer pub.Close()
 	for _, in := range pipeline.Generate(pipeline.Load{Count: n, Accounts: 16, Prefix: "v"}) {
-		if err := pub.Publish(ctx, in); err != nil {
+		if err := pub.PublishAsync(ctx, in); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -171,7 +171,7 @@ func TestVerifyTrustsDeadLettersByHeader(t *testing.T) {
 	publish := func(ins ...inbox.Intent) {
 		t.Helper()
 		for _, in := range ins {
-			if err := pub.Publish(ctx, in); err != nil {
+			if err := pub.PublishAsync(ctx, in); err != nil {
 				t.Fatal(err)
 			}
 		}

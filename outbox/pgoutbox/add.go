@@ -19,7 +19,6 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/pgcopy"
-	"github.com/jetinbox/jetinbox/outbox"
 )
 
 // Querier is what [Add] writes and reads through, with one query for the
@@ -48,7 +47,7 @@ const existingSQL = `SELECT id, subject, fingerprint FROM outbox WHERE id = ANY(
 //
 // An ID already in the outbox with the same subject and payload is a repeat
 // of the same work and is left alone (no second message); with another
-// subject or payload Add returns an error wrapping [outbox.ErrConflict]: roll the
+// subject or payload Add returns an error wrapping [inbox.ErrConflict]: roll the
 // transaction back (or back to a savepoint), since the call's other new rows
 // are in it. A sent row is remembered until retention deletes it (see
 // [Store.Prune]). Bad input wraps [inbox.ErrBadIntent] ([inbox.Intent.Validate]); nothing is written then either.
@@ -71,7 +70,7 @@ func Add(ctx context.Context, tx Querier, intents ...inbox.Intent) error {
 		fp := inbox.Fingerprint(in.Payload)
 		if j, ok := seen[in.ID]; ok {
 			if subjects[j] != in.Subject || !bytes.Equal(fps[j], fp[:]) {
-				return fmt.Errorf("%w: %s twice in one call, with different contents", outbox.ErrConflict, in.ID)
+				return fmt.Errorf("%w: %s twice in one call, with different contents", inbox.ErrConflict, in.ID)
 			}
 			continue
 		}
@@ -132,7 +131,7 @@ func Add(ctx context.Context, tx Querier, intents ...inbox.Intent) error {
 	}
 	if len(conflicts) > 0 {
 		slices.Sort(conflicts)
-		return fmt.Errorf("%w: %s (%d in all); roll the transaction back", outbox.ErrConflict, conflicts[0], len(conflicts))
+		return fmt.Errorf("%w: %s (%d in all); roll the transaction back", inbox.ErrConflict, conflicts[0], len(conflicts))
 	}
 	return nil
 }

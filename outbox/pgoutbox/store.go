@@ -105,9 +105,10 @@ func (s *Store) CheckSchema(ctx context.Context) error {
 // Pending rows and rows marked failed are never deleted. It returns an
 // error wrapping [inbox.ErrUnsafeHorizon], deleting nothing, unless
 // OlderThan is strictly longer than ReplayHorizon + Margin (see
-// [outbox.CheckPrune]).
+// [outbox.PruneOptions.Checked]).
 func (s *Store) Prune(ctx context.Context, opts outbox.PruneOptions) (int64, error) {
-	if err := outbox.CheckPrune(&opts); err != nil {
+	opts, err := opts.Checked()
+	if err != nil {
 		return 0, err
 	}
 	var cutoff time.Time

@@ -12,7 +12,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
-	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/outbox"
 	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
 )
@@ -29,7 +29,7 @@ func Example() {
 		}
 	}
 	// The example's own server and file; a service uses its own.
-	srv, err := testenv.StartNATS(testenv.NATSOptions{})
+	srv, err := natsenv.StartNATS(natsenv.NATSOptions{})
 	must(err)
 	defer srv.Close()
 	nc, err := nats.Connect(srv.URL())

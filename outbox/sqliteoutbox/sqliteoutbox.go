@@ -104,7 +104,7 @@ func (s *Store) CheckSchema(ctx context.Context) error {
 
 // Add writes intents to the outbox in tx, as pgoutbox.Add does on PostgreSQL:
 // an ID already there with the same subject and payload is left alone, with
-// another one the error wraps outbox.ErrConflict (roll tx back), bad input
+// another one the error wraps inbox.ErrConflict (roll tx back), bad input
 // wraps inbox.ErrBadIntent.
 func Add(ctx context.Context, tx *sql.Tx, intents ...inbox.Intent) error {
 	now := time.Now().UnixMicro()
@@ -134,7 +134,7 @@ ON CONFLICT (id) DO NOTHING`, in.ID, in.Subject, payload, fp[:], in.Parent, now)
 			return fmt.Errorf("outbox: add: %s: %w", in.ID, err)
 		}
 		if subject != in.Subject || !bytes.Equal(have, fp[:]) {
-			return fmt.Errorf("%w: %s; roll the transaction back", outbox.ErrConflict, in.ID)
+			return fmt.Errorf("%w: %s; roll the transaction back", inbox.ErrConflict, in.ID)
 		}
 	}
 	return nil
@@ -282,11 +282,12 @@ WHERE lease_token = ?1 AND lease_until = ?2 AND id IN (`+placeholders(len(t.rows
 }
 
 // Prune deletes sent outbox rows created longer than opts.OlderThan ago,
-// with outbox.CheckPrune's horizon check; pending and failed rows stay.
+// with outbox.PruneOptions.Checked's horizon check; pending and failed rows stay.
 // The cut-off comes from this machine's clock, the one created_at was
 // written with.
 func (s *Store) Prune(ctx context.Context, opts outbox.PruneOptions) (int64, error) {
-	if err := outbox.CheckPrune(&opts); err != nil {
+	opts, err := opts.Checked()
+	if err != nil {
 		return 0, err
 	}
 	cutoff := time.Now().Add(-opts.OlderThan).UnixMicro()

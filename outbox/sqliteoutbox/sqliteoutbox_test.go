@@ -21,6 +21,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/hook"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
 	"github.com/jetinbox/jetinbox/internal/testenv"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
 	"github.com/jetinbox/jetinbox/outbox/sqliteoutbox"
@@ -57,7 +58,7 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	ctx := context.Background()
 	db := newDB(t)
-	srv := testenv.NewNATS(t, testenv.NATSOptions{})
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +134,7 @@ func TestSQLiteAddAndRelay(t *testing.T) {
 	}
 	other := ins[3]
 	other.Payload = []byte("other")
-	if err := e.add(t, other); !errors.Is(err, outbox.ErrConflict) {
+	if err := e.add(t, other); !errors.Is(err, inbox.ErrConflict) {
 		t.Fatalf("another payload: %v", err)
 	}
 	if err := e.add(t, inbox.Intent{ID: "x", Subject: "a.>"}); !errors.Is(err, inbox.ErrBadIntent) {

@@ -1,4 +1,0 @@
-package jsinbox
-
-// APIPrefix is apiPrefix, for tests.
-var APIPrefix = apiPrefix
