@@ -11,6 +11,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
@@ -52,8 +53,13 @@ type RelayConfig struct {
 	// waits.
 	NoListen bool
 	// Logger receives a line per failed round and per row refused for
-	// good. Default: discard.
+	// good, and is the publisher's unless Publisher.Logger is set.
+	// Default: discard.
 	Logger *slog.Logger
+	// TracerProvider, when set, traces each publish (the publisher's,
+	// unless Publisher.TracerProvider is set): the same field as on the
+	// processor, the consumer and the publisher.
+	TracerProvider trace.TracerProvider
 	// Observer, if set, is told after each round that marked rows sent
 	// how long each row waited from its transaction's start to being
 	// marked (by the database's clock on PostgreSQL, the relay machine's
@@ -186,6 +192,12 @@ func NewRelay(src Source, js jetstream.JetStream, cfg RelayConfig) (*Relay, erro
 		return nil, errors.New("outbox: relay: a source and a JetStream client are required")
 	}
 	r := &Relay{src: src, js: js, cfg: cfg}
+	if cfg.Publisher.Logger == nil {
+		cfg.Publisher.Logger = cfg.Logger
+	}
+	if cfg.Publisher.TracerProvider == nil {
+		cfg.Publisher.TracerProvider = cfg.TracerProvider
+	}
 	pub, err := jsinbox.NewPublisher(js, cfg.Publisher)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: relay: %w", err)
