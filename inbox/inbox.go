@@ -40,6 +40,18 @@ var (
 	// ErrUnsafeHorizon is returned by a store's Prune for a retention horizon shorter
 	// than the horizon over which messages can come back.
 	ErrUnsafeHorizon = errors.New("inbox: retention horizon shorter than the redelivery/replay horizon")
+	// ErrCommitNotReplicated wraps a COMMIT that PostgreSQL answered with
+	// success and the warning that its wait for the synchronous standby
+	// was cancelled: committed on the primary only, so a standby promoted
+	// now may lack it. Whatever rests on it (an ack, a sent mark, an HTTP
+	// answer) must wait; its outcome is unknown.
+	ErrCommitNotReplicated = errors.New("commit not confirmed by the synchronous standby (its wait was cancelled; committed locally only)")
+	// ErrCommitsUnwatched says a PostgreSQL pool's connections do not
+	// report the warning of a cancelled wait for the synchronous standby:
+	// the pool was made without pginbox.WatchCommits (pginbox.NewPool), or
+	// an OnNotice handler set after it dropped the watch.
+	ErrCommitsUnwatched = errors.New("the database's connections do not report warnings of commits the synchronous standby never confirmed; " +
+		"make its pool with pginbox.NewPool, or call pginbox.WatchCommits on its configuration, and keep that OnNotice handler when setting one of your own (call the previous one)")
 )
 
 // Message is one delivery of an intent, as the transport received it.

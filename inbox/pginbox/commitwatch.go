@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/pgwatch"
 )
 
@@ -19,11 +20,11 @@ import (
 // [inbox.ErrOutcomeUnknown] and nothing of it is acked; the redelivery
 // finds the rows and acks them once a commit of its own has waited for the
 // standby (see [Store.ReadPriorCommits]).
-var ErrCommitNotReplicated = pgwatch.ErrNotReplicated
+var ErrCommitNotReplicated = inbox.ErrCommitNotReplicated
 
 // ErrCommitsUnwatched is wrapped by [Store.CheckCommitWatch] for a pool
 // not made with [WatchCommits].
-var ErrCommitsUnwatched = pgwatch.ErrUnwatched
+var ErrCommitsUnwatched = inbox.ErrCommitsUnwatched
 
 // WatchCommits sets up cfg, the connection configuration of a pool
 // (pgxpool.Config.ConnConfig) or of a single connection, so that the

@@ -13,26 +13,24 @@ package pgwatch
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/jetinbox/jetinbox/inbox"
 )
 
 // ErrNotReplicated is wrapped by [Commit] when the server answered a COMMIT
-// with success and a warning: the transaction committed on this server,
-// but its wait for the synchronous standby was cancelled, so a standby
-// promoted now may lack it. Its outcome, for whatever a failover may
-// bring, is unknown.
-var ErrNotReplicated = errors.New("commit not confirmed by the synchronous standby (its wait was cancelled; committed locally only)")
+// with success and a warning (inbox.ErrCommitNotReplicated).
+var ErrNotReplicated = inbox.ErrCommitNotReplicated
 
 // ErrUnwatched is wrapped by [Check] for a database whose connections do
-// not report the warning of a cancelled wait for the synchronous standby.
-var ErrUnwatched = errors.New("the database's connections do not report warnings of commits the synchronous standby never confirmed; " +
-	"make its pool with pginbox.WatchCommits (or pgoutbox.WatchCommits) on its configuration, and keep that OnNotice handler when setting one of your own (call the previous one)")
+// not report the warning of a cancelled wait for the synchronous standby
+// (inbox.ErrCommitsUnwatched).
+var ErrUnwatched = inbox.ErrCommitsUnwatched
 
 // key is the connection's CustomData entry of its watch.
 const key = "jetinbox.pgwatch"

@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/internal/pgwatch"
 )
 
@@ -16,11 +17,11 @@ import (
 // them back as pending, a relay publishes them again with the same IDs,
 // which the stream's duplicate window drops (and, past it, the consumer's
 // inbox acks as duplicates).
-var ErrCommitNotReplicated = pgwatch.ErrNotReplicated
+var ErrCommitNotReplicated = inbox.ErrCommitNotReplicated
 
 // ErrCommitsUnwatched is wrapped by [Store.CheckCommitWatch] for a pool
 // not made with [WatchCommits].
-var ErrCommitsUnwatched = pgwatch.ErrUnwatched
+var ErrCommitsUnwatched = inbox.ErrCommitsUnwatched
 
 // WatchCommits sets up cfg, the connection configuration of a pool
 // (pgxpool.Config.ConnConfig) or of a connection, so that the store sees
