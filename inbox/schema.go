@@ -20,4 +20,4 @@ type MigrationState struct {
 
 // ErrNotMigrated is returned by a store's CheckSchema when the inbox tables
 // are missing or older than this library.
-var ErrNotMigrated = errors.New("inbox: schema not migrated (run `jetinbox migrate` or apply MigrationSQL)")
+var ErrNotMigrated = errors.New("inbox: schema not migrated (call the store's Migrate, as pginbox.New(pool).Migrate(ctx), or run `jetinbox migrate`, or apply its MigrationSQL)")
