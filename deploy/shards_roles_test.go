@@ -511,8 +511,12 @@ func TestShardsUnderShippedRoles(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if info, err := rc.Info(ctx); err != nil || info.NumPending == 0 {
-				return fmt.Errorf("rescue durable %+v (%v): the advisory is not pending", info, err)
+			// Pending, or delivered and not acked (a shard's last pull
+			// request may have taken it as the shard stopped): either way
+			// not settled, above the durable's ack floor, which is what
+			// verify reads.
+			if info, err := rc.Info(ctx); err != nil || info.NumPending+uint64(info.NumAckPending) == 0 {
+				return fmt.Errorf("rescue durable %+v (%v): the advisory is neither pending nor waiting for its ack", info, err)
 			}
 			return nil
 		})
