@@ -316,9 +316,36 @@ func startNATSCluster(t *testing.T, fsys files, fx *secretsFixture) string {
 	// Loopback instead of the container network; everything else as parsed.
 	// JetStream clustering needs the routes configured up front, so the
 	// route ports are picked before the servers start; client ports are the
-	// servers' own pick.
+	// servers' own pick. A port picked free can be taken by another test
+	// before its server listens (the server then never gets ready): the
+	// cluster is started again on new ports, a few times.
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		urls, stop, err := startNATSNodes(t, nodes)
+		if err == nil {
+			t.Cleanup(stop)
+			return urls
+		}
+		stop()
+		lastErr = err
+		t.Logf("NATS cluster, attempt %d: %v; again on new ports", attempt+1, err)
+	}
+	t.Fatalf("%v (set JETINBOX_NATS_LOG=1 to see its log)", lastErr)
+	return ""
+}
+
+// startNATSNodes starts the nodes on loopback with route ports of their
+// own; stop shuts down what it started, also on an error.
+func startNATSNodes(t *testing.T, nodes map[string]string) (string, func(), error) {
+	t.Helper()
 	routePorts := freePorts(t, len(natsNodes))
 	var clientURLs []string
+	var started []*server.Server
+	stop := func() {
+		for _, s := range started {
+			s.Shutdown()
+		}
+	}
 	for i, n := range natsNodes {
 		opts, err := validateNATSNode(nodes[n], n)
 		if err != nil {
@@ -343,13 +370,13 @@ func startNATSCluster(t *testing.T, fsys files, fx *secretsFixture) string {
 			s.ConfigureLogger()
 		}
 		go s.Start()
-		t.Cleanup(s.Shutdown)
-		if !s.ReadyForConnections(10 * time.Second) {
-			t.Fatalf("%s not ready (set JETINBOX_NATS_LOG=1 to see its log)", n)
+		started = append(started, s)
+		if !s.ReadyForConnections(30 * time.Second) {
+			return "", stop, fmt.Errorf("%s not ready", n)
 		}
 		clientURLs = append(clientURLs, fmt.Sprintf("tls://localhost:%d", s.Addr().(*net.TCPAddr).Port))
 	}
-	return strings.Join(clientURLs, ",")
+	return strings.Join(clientURLs, ","), stop, nil
 }
 
 // applyJetStream creates the streams and consumers of defs as the operator
