@@ -200,7 +200,7 @@ func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error { return pgwatch.Co
 // to confirm all WAL before it, the answer to be replayed included. A
 // transaction that wrote nothing would commit without waiting.
 func (s *Store) ReadPriorCommits(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, 'jetinbox.durable', '')`); err != nil {
+	if err := pgwatch.ReadPriorCommits(ctx, tx); err != nil {
 		return fmt.Errorf("idempotency: confirm the stored answer: %w", err)
 	}
 	return nil

@@ -83,13 +83,8 @@ func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error { return pgwatch.Co
 // row committed earlier, perhaps by a commit whose wait for the standby
 // was cancelled.
 func (s *Store) ReadPriorCommits(ctx context.Context, tx pgx.Tx) error {
-	_, err := tx.Exec(ctx, durableSQL)
-	return err
+	return pgwatch.ReadPriorCommits(ctx, tx)
 }
-
-// durableSQL gives a transaction that wrote nothing a commit that waits
-// for the flush and the synchronous standby.
-const durableSQL = `SELECT pg_logical_emit_message(true, 'jetinbox.durable', '')`
 
 func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }
 

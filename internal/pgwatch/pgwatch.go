@@ -193,3 +193,16 @@ func Check(ctx context.Context, db DB) error {
 	}
 	return nil
 }
+
+// ReadPriorCommits writes an empty transactional logical-decoding message
+// (prefix "jetinbox.durable", seen only by logical decoding consumers) in
+// tx, so that its COMMIT writes a record, flushes and waits for the
+// synchronous standby to confirm all WAL before it, as a writing
+// transaction's does. A transaction ID alone does not do it: PostgreSQL
+// commits a transaction that wrote no WAL without flushing or waiting.
+// Whatever rests on an earlier commit (a duplicate's ack, a replayed
+// answer, a resumed fence) calls it before its own COMMIT.
+func ReadPriorCommits(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, 'jetinbox.durable', '')`)
+	return err
+}

@@ -122,7 +122,7 @@ func MoveWith(ctx context.Context, m *Map, p int, from, to Side, o MoveOptions) 
 	// whose wait was cancelled (committed on the source's primary only)
 	// stops the move. Else a failover of the source after the target took
 	// the partition would bring back a source that owns it too.
-	if _, err := tx.Exec(ctx, durableSQL); err != nil {
+	if err := pgwatch.ReadPriorCommits(ctx, tx); err != nil {
 		return res, fmt.Errorf("shard: fence partition %d in the source %s: %w", p, from.Name, err)
 	}
 	if err := pgwatch.Commit(ctx, tx); err != nil {
@@ -384,12 +384,6 @@ func Unfence(ctx context.Context, m *Map, p int, src, target Side) (bool, error)
 	}
 	return true, nil
 }
-
-// durableSQL makes a transaction that may have changed no row write WAL,
-// so that its COMMIT flushes and waits for the synchronous standby as a
-// writing one does (the inbox store does the same before acking
-// duplicates).
-const durableSQL = `SELECT pg_logical_emit_message(true, 'jetinbox.durable', '')`
 
 func owns(ctx context.Context, db *pgxpool.Pool, scope string, p int) (bool, error) {
 	var owned bool
