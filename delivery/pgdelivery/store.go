@@ -207,7 +207,7 @@ FROM deliveries WHERE state = $1 AND ($2 = '' OR endpoint = $2) ORDER BY id LIMI
 func (s *Store) Redrive(ctx context.Context, endpoint string, ids []int64) (int64, error) {
 	tag, err := s.db.Exec(ctx, `UPDATE deliveries SET state = 'pending', next_at = now(), first_attempt_at = NULL, attempts = 0,
 	leased_by = NULL, lease_until = NULL, done_at = NULL
-WHERE state = 'dead' AND ($1 = '' OR endpoint = $1) AND (cardinality($2::bigint[]) = 0 OR id = ANY($2))`, endpoint, ids)
+WHERE state = 'dead' AND ($1 = '' OR endpoint = $1) AND (coalesce(cardinality($2::bigint[]), 0) = 0 OR id = ANY($2))`, endpoint, ids)
 	if err != nil {
 		return 0, fmt.Errorf("delivery: redrive: %w", err)
 	}
