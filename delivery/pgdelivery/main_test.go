@@ -3,6 +3,7 @@ package pgdelivery_test
 import (
 	"context"
 	"net/http"
+	"runtime"
 	"net/http/httptest"
 	"sync"
 	"testing"
@@ -154,3 +155,12 @@ func endpoint(name, url string) delivery.Endpoint {
 }
 
 func jitterFast() jitter.Policy { return jitter.Policy{Base: 10 * time.Millisecond, Cap: 50 * time.Millisecond} }
+
+type runtimeMem struct{ heap uint64 }
+
+func (m *runtimeMem) read() {
+	runtime.GC()
+	var s runtime.MemStats
+	runtime.ReadMemStats(&s)
+	m.heap = s.HeapAlloc
+}
