@@ -3,8 +3,8 @@ package pgdelivery_test
 import (
 	"context"
 	"net/http"
-	"runtime"
 	"net/http/httptest"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -68,8 +68,8 @@ func appendInt(b []byte, i int) []byte {
 // call is one request a receiver saw.
 type call struct {
 	key, id, sig, ts string
-	body          string
-	at            time.Time
+	body             string
+	at               time.Time
 }
 
 // receiver is a test HTTP receiver that records every request and answers
@@ -154,7 +154,9 @@ func endpoint(name, url string) delivery.Endpoint {
 	return delivery.Endpoint{Name: name, URL: url, Timeout: delivery.Duration(2 * time.Second), KeyRetention: delivery.Duration(time.Hour)}
 }
 
-func jitterFast() jitter.Policy { return jitter.Policy{Base: 10 * time.Millisecond, Cap: 50 * time.Millisecond} }
+func jitterFast() jitter.Policy {
+	return jitter.Policy{Base: 10 * time.Millisecond, Cap: 50 * time.Millisecond}
+}
 
 type runtimeMem struct{ heap uint64 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -37,6 +38,11 @@ import (
 // sequence holds another ID or subject, or nothing any more (aged out), is
 // refused and reported, and the command exits 1.
 func DLQ(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
+	for i, a := range args {
+		if a == "-deliveries" || a == "--deliveries" {
+			return deliveryDLQ(ctx, slices.Delete(slices.Clone(args), i, i+1), env, stdout, stderr)
+		}
+	}
 	fs := cli.NewFlagSet("jetinbox dlq", "List one scope's dead letters with counts by reason (the default), -show one, or -redrive a selection\n"+
 		"after fixing the cause: each intent is published again with its original ID so the inbox decides again\n"+
 		"(its rejected inbox row is deleted first; an applied ID stays applied). What is published is the original read back\n"+

@@ -29,6 +29,7 @@ func TestExitCodeConvention(t *testing.T) {
 		"replay":     {"-batch", "x"},
 		"prune":      {"-margin", "soon"},
 		"relay":      {"-batch", "x"},
+		"deliver":    {"-lease", "soon"},
 		"bench":      {"-n", "x"},
 		"chaos":      {"-intents", "x"},
 		"jitter":     {"-clients", "x"},

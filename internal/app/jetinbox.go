@@ -21,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetinbox/jetinbox/delivery/pgdelivery"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
@@ -46,6 +47,7 @@ func commands() map[string]command {
 		"dlq":      {"list a scope's dead letters by reason, -show one, -redrive a selection after fixing the cause", DLQ},
 		"migrate":  {"apply the inbox, ledger and outbox schemas (-print shows the SQL instead)", Migrate},
 		"relay":    {"publish the outbox's pending rows (follow-ups, services' own intents) with their IDs and mark them sent", Relay},
+		"deliver":  {"send the deliveries effects decided (webhooks, APIs) with stable idempotency keys until their outcome is known", Deliver},
 		"verify":   {"check a stream against one scope's inbox and ledger: lost, duplicated, unexpected", Verify},
 		"intake":   {intake.Summary, intake.Main},
 		"consumer": {"the consumer (same as the consumer binary), for one-binary deployments and jetinbox bench", func(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
@@ -102,7 +104,7 @@ func Jetinbox(ctx context.Context, args []string, env cli.Env, stdin io.Reader, 
 
 // ownUsage names the commands whose usage text (cli.NewFlagSet) already
 // ends with the exit-code convention; the dispatcher adds it to the others'.
-var ownUsage = map[string]bool{"demo": true, "accounts": true, "dlq": true, "migrate": true, "verify": true, "consumer": true, "replay": true, "prune": true, "relay": true, "partitions": true, "intake": true}
+var ownUsage = map[string]bool{"demo": true, "accounts": true, "dlq": true, "migrate": true, "verify": true, "consumer": true, "replay": true, "prune": true, "relay": true, "deliver": true, "partitions": true, "intake": true}
 
 // Migrate applies the schemas, or prints them.
 func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
@@ -123,7 +125,7 @@ func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdou
 			fmt.Fprint(stdout, sqliteinbox.New(nil).MigrationSQL(), effects.MigrationSQLSQLite(), sqliteinbox.New(nil).Outbox().MigrationSQL())
 			return nil
 		}
-		fmt.Fprint(stdout, pginbox.New(nil).MigrationSQL(), effects.MigrationSQL(), pginbox.New(nil).Outbox().MigrationSQL())
+		fmt.Fprint(stdout, pginbox.New(nil).MigrationSQL(), effects.MigrationSQL(), pginbox.New(nil).Outbox().MigrationSQL(), pgdelivery.New(nil).MigrationSQL())
 		return nil
 	}
 	if err := cli.RequireDatabase(*dbURL); err != nil {
@@ -144,6 +146,14 @@ func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdou
 	o, err := store.Outbox().Migrate(ctx)
 	if err != nil {
 		return err
+	}
+	if store.PG != nil {
+		dl, err := pgdelivery.New(store.PG).Migrate(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "applied %d inbox, %d ledger and %d outbox migrations; %d delivery migrations\n", n, m, o, dl)
+		return nil
 	}
 	fmt.Fprintf(stdout, "applied %d inbox, %d ledger and %d outbox migrations\n", n, m, o)
 	return nil

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/deliverchaos"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
 )
@@ -84,6 +85,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		if a == "-http" || a == "--http" {
 			return HTTPMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
+		}
+		if a == "-deliver" || a == "--deliver" {
+			return deliverchaos.Main(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
 		}
 		if a == "-power-loss" || a == "--power-loss" {
 			return PowerLossMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
