@@ -216,6 +216,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
+	for _, e := range d.eps {
+		e.client.CloseIdleConnections()
+	}
 	return nil
 }
 

@@ -41,6 +41,9 @@ type Route struct {
 	// MaxBody is the largest request body accepted (413 above). Default
 	// 1 MiB.
 	MaxBody int64
+	// Webhooks, if set, makes the route a Standard Webhooks receiver:
+	// signatures verified, webhook-id the key (see [Webhooks]).
+	Webhooks *Webhooks
 }
 
 // Config is what every route of a service shares.
@@ -146,6 +149,12 @@ func (h *Handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var key string
 	vs := r.Header.Values(Header)
+	if h.route.Webhooks != nil {
+		if !h.webhook(w, r) {
+			return
+		}
+		vs = r.Header.Values(Header)
+	}
 	switch {
 	case len(vs) > 1:
 		h.observe(OutcomeBadKey)
@@ -289,6 +298,33 @@ func (h *Handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.observe(OutcomeStored)
 	}
 	rec.sendTo(w, status)
+}
+
+// webhook verifies a Standard Webhooks request and makes its webhook-id
+// the request's Idempotency-Key; false when it answered already.
+func (h *Handler[Tx]) webhook(w http.ResponseWriter, r *http.Request) bool {
+	body, err := io.ReadAll(io.LimitReader(r.Body, h.route.MaxBody+1))
+	if err != nil || int64(len(body)) > h.route.MaxBody {
+		h.observe(OutcomeRefused)
+		Problem(w, http.StatusRequestEntityTooLarge, "body-too-large", fmt.Sprintf("the body is unreadable or larger than %d bytes", h.route.MaxBody))
+		return false
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	id, err := h.route.Webhooks.Verify(r.Header, body)
+	if err != nil {
+		h.observe(OutcomeRefused)
+		Problem(w, http.StatusUnauthorized, "bad-webhook-signature", err.Error())
+		return false
+	}
+	if vs := r.Header.Values(Header); len(vs) > 0 {
+		if k, err := ParseKey(vs[0]); len(vs) > 1 || err != nil || k != id {
+			h.observe(OutcomeBadKey)
+			Problem(w, http.StatusBadRequest, "bad-idempotency-key", "Idempotency-Key differs from webhook-id")
+			return false
+		}
+	}
+	r.Header.Set(Header, FormatKey(id))
+	return true
 }
 
 // run calls the handler, turning a panic into an error (the transaction
