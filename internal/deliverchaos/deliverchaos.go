@@ -62,6 +62,8 @@ type Row struct {
 	Safe                             bool
 	Deliveries, Lost, AppliedTwice   int
 	Requests, Faults, Kills, Pending int
+	// PGRestarts counts the PostgreSQL restarts during the row.
+	PGRestarts int
 }
 
 // Clean reports no loss, no duplicate and nothing left pending.
@@ -140,9 +142,9 @@ func Check(res []Row) error {
 // Print writes the table.
 func Print(w io.Writer, res []Row) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "row\tdeliveries\trequests\treceiver faults\tdispatcher kills\tlost\tapplied twice\tpending\tverdict\t")
+	fmt.Fprintln(tw, "row\tdeliveries\trequests\treceiver faults\tdispatcher kills\tpg restarts\tlost\tapplied twice\tpending\tverdict\t")
 	for _, r := range res {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t\n", r.Name, r.Deliveries, r.Requests, r.Faults, r.Kills, r.Lost, r.AppliedTwice, r.Pending, r.Verdict())
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t\n", r.Name, r.Deliveries, r.Requests, r.Faults, r.Kills, r.PGRestarts, r.Lost, r.AppliedTwice, r.Pending, r.Verdict())
 	}
 	tw.Flush()
 }
@@ -241,11 +243,15 @@ func runRow(ctx context.Context, o Options, pg *testenv.Postgres, spec rowSpec, 
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		n, _, err := st.Backlog(ctx)
+		if err != nil {
+			o.progress("deliver chaos: %s: backlog: %v", spec.name, err)
+		}
 		if err == nil && n == 0 {
 			break
 		}
 		if err == nil && !restarted && n < int64(o.Deliveries)/2 {
 			restarted = true
+			row.PGRestarts++
 			o.progress("deliver chaos: %s: restarting PostgreSQL with %d deliveries pending", spec.name, n)
 			if err := pg.Stop(); err != nil {
 				return row, fmt.Errorf("stop PostgreSQL: %w", err)

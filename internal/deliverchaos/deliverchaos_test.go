@@ -18,6 +18,7 @@ func TestChaosDeliverSmoke(t *testing.T) {
 	}
 	o := Defaults()
 	o.Deliveries = 40
+	o.Progress = testWriter{t}
 	o.Drop, o.Late, o.Fail500, o.Crash, o.Kill = 0.1, 0.1, 0.1, 0.03, 0.1
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -28,7 +29,16 @@ func TestChaosDeliverSmoke(t *testing.T) {
 	var b bytes.Buffer
 	Print(&b, res)
 	t.Log("\n" + b.String())
+	for _, r := range res {
+		if o.RestartPG && r.PGRestarts == 0 {
+			t.Errorf("%s: PostgreSQL was not restarted", r.Name)
+		}
+	}
 	if err := Check(res); err != nil {
 		t.Fatal(err)
 	}
 }
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(bytes.TrimSpace(p))); return len(p), nil }
