@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 )
@@ -280,7 +281,7 @@ func LoadRoutes(path string) (Routes, error) {
 	return r, nil
 }
 
-// Match returns the endpoints subject is routed to.
+// Match returns the endpoints subject is routed to, sorted, each once.
 func (r Routes) Match(subject string) []string {
 	var out []string
 	for pat, names := range r {
@@ -288,7 +289,18 @@ func (r Routes) Match(subject string) []string {
 			out = append(out, names...)
 		}
 	}
-	return out
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// Endpoints returns every endpoint name the routes use, sorted, each once.
+func (r Routes) Endpoints() []string {
+	var out []string
+	for _, names := range r {
+		out = append(out, names...)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 func subjectMatch(pat, subj string) bool {

@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/jetinbox/jetinbox/delivery"
+	"github.com/jetinbox/jetinbox/delivery/pgdelivery"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/jscheck"
@@ -49,6 +51,8 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		"keep it well inside the memory limit (env JETINBOX_MAX_BYTES; 0: 64MiB)")
 	var relay consumerRelay
 	relay.register(fs, env)
+	routesFile := fs.String("deliveries", "", "a routes file ({\"subject\": [\"endpoint\", …]}, '*' and '>' wildcards): every applied message whose subject matches gets a delivery row per endpoint "+
+		"in the inbox transaction, its payload sent by `jetinbox deliver` (PostgreSQL; needs the delivery schema: jetinbox migrate)")
 	var sf ShardFlags
 	sf.Register(fs, env)
 	w := defaultWaits()
@@ -73,8 +77,8 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		if err := RequireDatabase(*dbURL); err != nil {
 			return err
 		}
-	} else if relay.run || relay.followUps != "" {
-		return UsageError{Err: errors.New("-shards runs the ledger alone: -relay and -follow-ups are not supported on a shard")}
+	} else if relay.run || relay.followUps != "" || *routesFile != "" {
+		return UsageError{Err: errors.New("-shards runs the ledger alone: -relay, -follow-ups and -deliveries are not supported on a shard")}
 	}
 	if *maxDeliver < 1 {
 		return UsageError{Err: errors.New("-max-deliver must be at least 1: unlimited deliveries never dead-letter a failing message")}
@@ -143,6 +147,19 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	}
 	if err := store.RefuseSharded(ctx, *scope, "consumer"); err != nil {
 		return err
+	}
+	if *routesFile != "" {
+		routes, err := delivery.LoadRoutes(*routesFile)
+		if err != nil {
+			return UsageError{Err: fmt.Errorf("-deliveries: %w", err)}
+		}
+		if store.PG == nil {
+			return UsageError{Err: errors.New("-deliveries: deliveries are kept in PostgreSQL only")}
+		}
+		if err := pgdelivery.New(store.PG).CheckSchema(ctx); err != nil {
+			return UsageError{Err: fmt.Errorf("-deliveries: %w", err)}
+		}
+		store.Deliveries = routes
 	}
 	nc, js, err := nf.Connect("jetinbox-consumer", w.natsReconnect, log)
 	if err != nil {

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/jetinbox/jetinbox/delivery"
+	"github.com/jetinbox/jetinbox/delivery/pgdelivery"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
@@ -76,6 +78,10 @@ type Store struct {
 	// server ([BehindPooler]): the pool runs without named prepared
 	// statements, and a relay cannot LISTEN on it.
 	Pooled bool
+	// Deliveries, if set, routes the subjects of applied messages to
+	// delivery endpoints: the ledger processor adds a delivery row per
+	// matched endpoint in the inbox transaction (consumer -deliveries).
+	Deliveries delivery.Routes
 
 	// listen is the pool a relay LISTENs on, when not PG (see
 	// [Store.OpenListen]).
@@ -364,6 +370,9 @@ func (s *Store) ledgerProcessor(cfg inbox.Config, dryRun bool, followUps string)
 		var st driver.Store[pgx.Tx] = pginbox.New(s.PG)
 		if dryRun {
 			st = rollbackStore[pgx.Tx]{st}
+		}
+		if s.Deliveries != nil {
+			return inbox.NewProcessor(st, pgdelivery.Routed(l, s.Deliveries), cfg)
 		}
 		return inbox.NewProcessor(st, l, cfg)
 	}
