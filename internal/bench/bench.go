@@ -24,6 +24,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
+	"github.com/jetinbox/jetinbox/internal/deliverchaos"
 	"github.com/jetinbox/jetinbox/internal/effects"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
@@ -74,6 +75,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		if a == "-cluster" || a == "--cluster" {
 			return ClusterMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
+		}
+		if a == "-deliver" || a == "--deliver" {
+			return deliverchaos.BenchMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
 		}
 		// -shards 1,2,4 switches to the sharded run (shards.go).
 		if name, v, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "="); strings.HasPrefix(a, "-") && name == "shards" {
