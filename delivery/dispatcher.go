@@ -237,6 +237,12 @@ func (d *Dispatcher) loop(ctx context.Context, e *endpointState) {
 			continue
 		}
 		n, retryAt := e.br.slots(time.Now(), free)
+		if n == free && e.br.State() == BreakerClosed {
+			// Lease one round ahead, so a freed slot does not wait for a
+			// lease of its own: each extra row waits at most one call,
+			// well inside the lease (longer than twice the timeout).
+			n += cap(e.sem)
+		}
 		if n == 0 {
 			if !sleep(ctx, nil, time.Until(retryAt)) {
 				return
@@ -269,8 +275,25 @@ func (d *Dispatcher) loop(ctx context.Context, e *endpointState) {
 			continue
 		}
 		idle = 0
-		for _, r := range rows {
-			e.sem <- struct{}{}
+	rows:
+		for i, r := range rows {
+			select {
+			case e.sem <- struct{}{}:
+			default:
+				// A row leased ahead of the free slots: wait for one,
+				// unless the dispatcher stops or the breaker opened; then
+				// give the rest back, due now, unsent.
+				if ctx.Err() == nil && e.br.State() == BreakerClosed {
+					select {
+					case e.sem <- struct{}{}:
+					case <-ctx.Done():
+					}
+				}
+				if ctx.Err() != nil || e.br.State() != BreakerClosed {
+					d.release(ctx, e, rows[i:])
+					break rows
+				}
+			}
 			calls.Add(1)
 			go func() {
 				defer calls.Done()
@@ -283,6 +306,17 @@ func (d *Dispatcher) loop(ctx context.Context, e *endpointState) {
 				}()
 				d.deliver(ctx, e, r)
 			}()
+		}
+	}
+}
+
+// release gives rows leased ahead back unsent: pending, due now.
+func (d *Dispatcher) release(ctx context.Context, e *endpointState, rows []Delivery) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	for _, r := range rows {
+		if err := d.st.Record(rctx, d.cfg.Owner, r.ID, Result{State: StatePending, Reason: "not sent: leased ahead, given back"}); err != nil {
+			d.log.Warn("delivery: give back a row leased ahead (its lease runs out instead)", "endpoint", e.Name, "id", r.ID, "err", err)
 		}
 	}
 }
