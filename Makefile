@@ -24,7 +24,7 @@ lint: oldest-go
 # with it whenever the machine's Go is of that release (no other toolchain
 # is fetched).
 OLDEST_GO := 1.26
-LIB_PKGS := ./inbox/... ./inboxtest/... ./outbox/... ./jitter/... ./metrics/... ./effects/...
+LIB_PKGS := ./inbox/... ./inboxtest/... ./outbox/... ./delivery/... ./jitter/... ./metrics/... ./effects/...
 oldest-go:
 	@dir=$$($(GO) list -m -f '{{.GoVersion}}'); case "$$dir" in $(OLDEST_GO)|$(OLDEST_GO).*) ;; \
 	  *) echo "go.mod says go $$dir, want the older supported release $(OLDEST_GO)"; exit 1;; esac
