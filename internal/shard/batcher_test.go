@@ -84,7 +84,7 @@ func TestOneBatcherAcrossMoves(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := &Runner{JS: js, Pool: pools[name], Map: &m, Proc: NewProcessor(inner, &m), Poll: 50 * time.Millisecond, PartitionBatches: true,
+		r := &Runner{JS: js, Pool: pools[name], Map: &m, Proc: NewProcessor(inner, &m), Poll: 50 * time.Millisecond,
 			Consumer: jsinbox.ConsumerConfig{AckWait: 5 * time.Second, Nak: fastNak}}
 		runners[name] = r
 		wg.Add(1)
