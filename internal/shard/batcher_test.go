@@ -24,7 +24,8 @@ import (
 var fastNak = jitter.Policy{Kind: jitter.Decorrelated, Base: 20 * time.Millisecond, Cap: 200 * time.Millisecond}
 
 // applyRows is an effect that writes a row per message in the batch's
-// transaction (so a rolled-back batch leaves none), and remembers the most
+// transaction (so a rolled-back batch leaves none) with whether its
+// partition's row said owned in that transaction, and remembers the most
 // partitions one batch held.
 type applyRows struct {
 	m       *Map
@@ -35,16 +36,20 @@ type applyRows struct {
 func (a *applyRows) Handle(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, _ []error) error {
 	parts := map[int]bool{}
 	ids := make([]string, len(msgs))
+	ps := make([]int, len(msgs))
 	for i, m := range msgs {
 		ids[i] = m.ID
-		if ps, err := ParseStored(a.m.Subject, m.Subject); err == nil {
-			parts[ps.Partition] = true
+		if p, err := ParseStored(a.m.Subject, m.Subject); err == nil {
+			parts[p.Partition] = true
+			ps[i] = p.Partition
 		}
 	}
 	a.mu.Lock()
 	a.maxPart = max(a.maxPart, len(parts))
 	a.mu.Unlock()
-	_, err := tx.Exec(ctx, `INSERT INTO applied (id) SELECT unnest($1::text[])`, ids)
+	_, err := tx.Exec(ctx, `INSERT INTO applied (id, owned)
+SELECT u.id, coalesce((SELECT owned FROM jetinbox_partitions WHERE scope = $3 AND partition = u.p), false)
+FROM unnest($1::text[], $2::int[]) AS u(id, p)`, ids, ps, a.m.Scope)
 	return err
 }
 
@@ -76,7 +81,7 @@ func TestOneBatcherAcrossMoves(t *testing.T) {
 		wg.Wait()
 	}()
 	for _, name := range []string{"a", "b"} {
-		if _, err := pools[name].Exec(ctx, `CREATE TABLE applied (id text NOT NULL)`); err != nil {
+		if _, err := pools[name].Exec(ctx, `CREATE TABLE applied (id text NOT NULL, owned bool NOT NULL)`); err != nil {
 			t.Fatal(err)
 		}
 		effects[name] = &applyRows{m: &m}
@@ -84,7 +89,11 @@ func TestOneBatcherAcrossMoves(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := &Runner{JS: js, Pool: pools[name], Map: &m, Proc: NewProcessor(inner, &m), Poll: 50 * time.Millisecond,
+		// The partition table is read once a second: for up to a second
+		// after a move the source's runner still takes the partition's
+		// messages, and only the fence in each batch's transaction keeps
+		// it from applying them.
+		r := &Runner{JS: js, Pool: pools[name], Map: &m, Proc: NewProcessor(inner, &m), Poll: time.Second,
 			Consumer: jsinbox.ConsumerConfig{AckWait: 5 * time.Second, Nak: fastNak}}
 		runners[name] = r
 		wg.Add(1)
@@ -106,7 +115,7 @@ func TestOneBatcherAcrossMoves(t *testing.T) {
 				published <- err
 				return
 			}
-			if i%50 == 0 {
+			if i%10 == 0 {
 				time.Sleep(20 * time.Millisecond) // let batches of a few partitions form while moves run
 			}
 		}
@@ -119,7 +128,7 @@ func TestOneBatcherAcrossMoves(t *testing.T) {
 		p        int
 		from, to string
 	}{{0, "a", "b"}, {5, "b", "a"}, {0, "b", "a"}} {
-		time.Sleep(150 * time.Millisecond)
+		time.Sleep(400 * time.Millisecond)
 		if _, err := Move(ctx, &m, mv.p, side(mv.from), side(mv.to)); err != nil {
 			t.Fatalf("move %d %s→%s: %v", mv.p, mv.from, mv.to, err)
 		}
@@ -162,6 +171,12 @@ func TestOneBatcherAcrossMoves(t *testing.T) {
 			}
 			if total != n {
 				t.Errorf("%d applies of %d intents", total, n)
+			}
+			for name, p := range pools {
+				var outside int
+				if err := p.QueryRow(ctx, `SELECT count(*) FROM applied WHERE NOT owned`).Scan(&outside); err != nil || outside != 0 {
+					t.Errorf("shard %s applied %d intents of partitions it did not own in that transaction (%v)", name, outside, err)
+				}
 			}
 			break
 		}
