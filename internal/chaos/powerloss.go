@@ -67,6 +67,15 @@ type PowerRowSpec struct {
 	PGSettings []string
 	// SQLiteNormal opens the SQLite file with synchronous=NORMAL.
 	SQLiteNormal bool
+	// PartitionOther, in a one-node row, cuts the routes between another
+	// node and the stream leader before the power goes out, and heals
+	// them once the node is back.
+	PartitionOther bool
+	// Damage replaces the power cut: one node is killed, its newest .blk
+	// file of the intents stream is damaged while it is down (bits
+	// flipped, or the file truncated, by turns, truncated first), and it
+	// starts again on it.
+	Damage bool
 }
 
 // PowerRows are the configurations of a power-loss run, in table order.
@@ -79,12 +88,20 @@ var PowerRows = []PowerRowSpec{
 		Settings: "R3, all nodes, PostgreSQL and consumers lose power together; sync_interval always; fsync, synchronous_commit on"},
 	{Name: "shipped-r3-one", Shipped: true, Nodes: 3, SyncInterval: "always", OneNode: true,
 		Settings: "R3, one node loses power at a time, the rest runs; sync_interval always; fsync, synchronous_commit on"},
+	{Name: "shipped-r3-one-partitioned", Shipped: true, Nodes: 3, SyncInterval: "always", OneNode: true, PartitionOther: true,
+		Settings: "R3, one node loses power while another is cut off from the stream leader; sync_interval always; fsync, synchronous_commit on"},
+	{Name: "shipped-r3-damaged-blk", Shipped: true, Nodes: 3, SyncInterval: "always", Damage: true,
+		Settings: "R3, one node's newest .blk of the stream truncated or bit-flipped while it is down; sync_interval always"},
 	{Name: "unsafe-nats-sync", Nodes: 1,
 		Settings: "UNSAFE: 1 node; nats default sync_interval (2m); PostgreSQL as shipped"},
 	{Name: "unsafe-pg-commit", Nodes: 1, SyncInterval: "always", PGSettings: []string{"synchronous_commit=off"},
 		Settings: "UNSAFE: 1 node; PostgreSQL synchronous_commit=off (fsync on, wal_writer_delay default); nats as shipped"},
 	{Name: "unsafe-sqlite-normal", Nodes: 1, SyncInterval: "always", SQLite: true, SQLiteNormal: true,
 		Settings: "UNSAFE: 1 node; SQLite WAL, synchronous=NORMAL; nats as shipped"},
+	{Name: "unsafe-r3-nats-sync", Nodes: 3,
+		Settings: "UNSAFE: R3, all nodes, PostgreSQL and consumers lose power together; nats default sync_interval (2m)"},
+	{Name: "unsafe-r1-damaged-blk", Nodes: 1, SyncInterval: "always", Damage: true,
+		Settings: "UNSAFE: R1, the node's newest .blk of the stream truncated or bit-flipped while it is down; sync_interval always"},
 }
 
 // PowerOptions configures a power-loss run.
@@ -288,6 +305,9 @@ type powerStack struct {
 	dbURL  string // what the consumers open
 
 	consumers []*powerConsumer
+	// damages counts the damage rows' cuts: odd ones truncate, even ones
+	// flip bits.
+	damages int
 }
 
 func (s *powerStack) say(format string, a ...any) {
@@ -596,6 +616,12 @@ func (s *powerStack) load(ctx context.Context, pub *jsinbox.Publisher, intents [
 // drops what was not synced, and everything starts again on what is left.
 func (s *powerStack) cut(ctx context.Context, node int, seed uint64) (string, error) {
 	t0 := time.Now()
+	if s.spec.Damage {
+		return s.damage(ctx, node, seed)
+	}
+	if s.spec.OneNode && s.spec.PartitionOther {
+		return s.cutPartitioned(ctx, node, seed)
+	}
 	if s.spec.OneNode {
 		if err := s.nats.Kill(node); err != nil {
 			return "", err
