@@ -253,6 +253,9 @@ func WritePowerTable(w io.Writer, rows []PowerRow) {
 			fmt.Fprint(w, " clean")
 		case r.Spec.Shipped:
 			fmt.Fprint(w, " NOT CLEAN")
+		case r.Lost == 0 && r.Verify != nil && !r.Verify.Clean():
+			fmt.Fprintf(w, " every acknowledged intent was applied, but the stream lost messages: verify reports %d violations (%d inbox rows and effects whose message is gone, %d messages never applied)",
+				r.Verify.ViolationCount(), r.Verify.Unexpected, r.Verify.Lost)
 		case r.Lost == 0:
 			fmt.Fprint(w, " no loss seen this run")
 		default:
@@ -509,6 +512,10 @@ func (s *powerStack) run(ctx context.Context, row *PowerRow, round uint64) error
 	row.Unacknowledged, row.AppliedOnce, row.Duplicated, row.DeadLettered, row.Lost, row.Unexpected = c.Unacknowledged, c.AppliedOnce, c.Duplicated, c.DeadLettered, c.Lost, c.Unexpected
 	if row.Verify, err = verify.RunOn(ctx, js, db, verify.Options{Scope: effects.DefaultScope, Durable: powerDurable, Ledger: true}); err != nil {
 		return err
+	}
+	if s.spec.Damage {
+		row.Notes = append(row.Notes, fmt.Sprintf("verify on the end state: %d stream messages; %d inbox rows and ledger entries whose stream message is gone (unexpected), %d stream messages neither applied nor dead-lettered (lost), %d duplicated, %d balance mismatches",
+			row.Verify.StreamMessages, row.Verify.Unexpected, row.Verify.Lost, row.Verify.Duplicated, row.Verify.BalanceMismatches))
 	}
 	var restarts int
 	for _, c := range s.consumers {

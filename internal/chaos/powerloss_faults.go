@@ -100,21 +100,9 @@ func (s *powerStack) damage(ctx context.Context, node int, seed uint64) (string,
 		return "", fmt.Errorf("n%d after the damage: %w", node+1, err)
 	}
 	aMsgs, _, aLast, _ := s.nats.StreamState(node, stream)
-	var said []string
-	for _, line := range strings.Split(s.nats.Log(node), "\n") {
-		low := strings.ToLower(line)
-		if strings.Contains(low, "corrupt") || strings.Contains(low, "checksum") || strings.Contains(low, "lost") || strings.Contains(low, "truncat") {
-			if k := strings.Index(line, "] "); k >= 0 {
-				line = line[k+2:]
-			}
-			if len(said) < 2 && !slices.Contains(said, line) {
-				said = append(said, line)
-			}
-		}
-	}
-	logged := "the server logged nothing about it"
-	if len(said) > 0 {
-		logged = "the server logged: " + strings.Join(said, " | ")
+	logged := "the server logged no warning since its start"
+	if said := startWarnings(s.nats.Log(node), 2); len(said) > 0 {
+		logged = "the server warned: " + strings.Join(said, " | ")
 	}
 	return fmt.Sprintf("n%d killed, %s; n%d's replica before %d msgs (last seq %d), healthy after %.1fs with %d msgs (last seq %d); %s",
 		node+1, what, node+1, bMsgs, bLast, time.Since(t0).Seconds(), aMsgs, aLast, logged), nil
@@ -177,4 +165,32 @@ func damageBlock(path string, truncate bool, seed uint64) (string, error) {
 		what = fmt.Sprintf("%s (%d bytes): 8 bits flipped at offsets %s", filepath.Base(path), size, strings.Join(at, ","))
 	}
 	return what, errors.Join(f.Sync())
+}
+
+// startWarnings returns up to n distinct warnings and errors a server
+// logged since its last start, without their time stamps.
+func startWarnings(log string, n int) []string {
+	lines := strings.Split(log, "\n")
+	for k := len(lines) - 1; k >= 0; k-- {
+		if strings.Contains(lines[k], "Starting nats-server") {
+			lines = lines[k:]
+			break
+		}
+	}
+	var said []string
+	for _, line := range lines {
+		if !strings.Contains(line, "[WRN]") && !strings.Contains(line, "[ERR]") {
+			continue
+		}
+		if k := max(strings.Index(line, "[WRN]"), strings.Index(line, "[ERR]")); k >= 0 {
+			line = strings.Join(strings.Fields(line[k:]), " ")
+		}
+		if len(line) > 160 {
+			line = line[:160] + "…"
+		}
+		if len(said) < n && !slices.Contains(said, line) {
+			said = append(said, line)
+		}
+	}
+	return said
 }

@@ -51,7 +51,7 @@ func (c *NATSProcs) BlackHole(i int) error {
 // CutOneWay makes node to stop hearing node from, while from still hears
 // to: on every route between them (either may have dialed) the bytes from
 // from to to are dropped, the other direction flows, nothing is closed.
-// HealOneWay ends it.
+// HealLink ends it.
 func (c *NATSProcs) CutOneWay(from, to int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -64,8 +64,22 @@ func (c *NATSProcs) CutOneWay(from, to int) {
 	c.logfLocked("%s no longer hears %s", c.nodes[to].name, c.nodes[from].name)
 }
 
-// HealOneWay mends the routes between a and b (either direction cut).
-func (c *NATSProcs) HealOneWay(a, b int) error {
+// CutLink cuts the routes between a and b only (both directions, their
+// connections closed and refused), as Partition does for every route of
+// one node: a and b each still reach the others. HealLink ends it.
+func (c *NATSProcs) CutLink(a, b int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, pair := range [][2]int{{a, b}, {b, a}} {
+		if p := c.proxies[pair]; p != nil {
+			p.Cut()
+		}
+	}
+	c.logfLocked("cut the routes between %s and %s", c.nodes[a].name, c.nodes[b].name)
+}
+
+// HealLink mends the routes between a and b, after CutOneWay or CutLink.
+func (c *NATSProcs) HealLink(a, b int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var err error
@@ -106,4 +120,15 @@ func (c *NATSProcs) RemoveServer(ctx context.Context, via, i int) error {
 	}
 	c.logf("removed server %s from the cluster", c.Name(i))
 	return nil
+}
+
+// StreamState is node i's replica of stream as its monitoring port shows
+// it: messages, first and last sequence; ok false if it holds none or
+// does not answer.
+func (c *NATSProcs) StreamState(i int, stream string) (msgs, first, last uint64, ok bool) {
+	d := c.streamDetail(i, stream)
+	if d == nil {
+		return 0, 0, 0, false
+	}
+	return d.State.Msgs, d.State.FirstSeq, d.State.LastSeq, true
 }
