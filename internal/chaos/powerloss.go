@@ -186,7 +186,8 @@ func PowerLossMain(ctx context.Context, args []string, stdout, stderr io.Writer)
 			"data on a FUSE filesystem that forgets what was not fsynced; at each cut every process gets SIGKILL\n"+
 			"(nats-server, PostgreSQL, the consumers), the filesystems drop their unsynced writes and everything\n"+
 			"restarts on what is left. One row per configuration: the shipped settings must lose nothing, the\n"+
-			"unsafe ones show what they lose. Needs root and /dev/fuse (Debian's fuse3).")
+			"unsafe ones show what they lose. The damaged-blk rows kill a node instead and truncate or flip bits\n"+
+			"in its newest .blk file of the stream before it starts again. Needs root and /dev/fuse (Debian's fuse3).")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
