@@ -275,8 +275,10 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 	}
 	if r.cl, err = natsenv.StartNATSProcs(ctx, natsenv.NATSProcsOptions{Nodes: 3, SyncInterval: syncInterval,
 		// Clients through proxies, so that a black hole reaches them; the
-		// system account for removing a server.
-		ClientProxies: true, SystemAccount: true}); err != nil {
+		// system account for removing a server. Only when a phase needs
+		// them: the other phases run as they always have.
+		ClientProxies: slices.Contains(o.Faults, "stream-leader-black-hole"),
+		SystemAccount: slices.Contains(o.Faults, "server-remove") || slices.Contains(o.Faults, "membership-partition")}); err != nil {
 		return nil, nil, nil, err
 	}
 	defer r.cl.Close()
