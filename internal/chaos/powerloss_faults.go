@@ -31,21 +31,17 @@ func (s *powerStack) cutPartitioned(ctx context.Context, node int, seed uint64) 
 	if err != nil {
 		return "", err
 	}
+	// A node that is neither the one to lose power nor the leader (when
+	// the leader is the one, either of the other two).
 	other := -1
 	for i := range s.spec.Nodes {
-		if i != node && (i != l || node == l) {
+		if i != node && i != l {
 			other = i
-			if i != l {
-				break
-			}
+			break
 		}
 	}
-	if other == l { // node is the leader: cut another node off from it
-		for i := range s.spec.Nodes {
-			if i != node && i != l {
-				other = i
-			}
-		}
+	if other < 0 {
+		return "", fmt.Errorf("no node besides n%d and n%d (leader) to cut off", node+1, l+1)
 	}
 	s.nats.CutLink(other, l)
 	time.Sleep(300 * time.Millisecond) // the publishing meets the partition first
