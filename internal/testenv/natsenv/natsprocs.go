@@ -364,7 +364,11 @@ func (c *NATSProcs) Start(i int) error {
 	n.cmd, n.done, n.paused = cmd, done, false
 	c.mu.Unlock()
 	c.logf("started %s (pid %d)", n.name, cmd.Process.Pid)
-	deadline := time.Now().Add(30 * time.Second)
+	// A node that exits is seen at once; one that is merely slow (a
+	// race-built server on a loaded machine replaying its store) gets a
+	// generous ceiling.
+	const ready = 3 * time.Minute
+	deadline := time.Now().Add(ready)
 	for {
 		select {
 		case <-done:
@@ -380,7 +384,7 @@ func (c *NATSProcs) Start(i int) error {
 		}
 		if time.Now().After(deadline) {
 			_ = c.Kill(i)
-			return fmt.Errorf("testenv: node %s not ready after 30s:\n%s", n.name, n.log)
+			return fmt.Errorf("testenv: node %s not ready after %v:\n%s", n.name, ready, n.log)
 		}
 	}
 }
