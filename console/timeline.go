@@ -472,8 +472,14 @@ func streamHop(ctx context.Context, s *Sources, q *Query) ([]Fact, error) {
 		}
 	}
 	var out []Fact
+	shown := map[uint64]bool{}
 	for seq := range q.Seqs {
-		if _, ok := found[seq]; ok || seq == 0 {
+		if seq == 0 {
+			continue
+		}
+		if m, ok := found[seq]; ok {
+			shown[seq] = true
+			out = append(out, copyFact(s.Stream, m, time.Time{}))
 			continue
 		}
 		raw, err := st.GetMsg(ctx, seq)
@@ -491,7 +497,7 @@ func streamHop(ctx context.Context, s *Sources, q *Query) ([]Fact, error) {
 				What: fmt.Sprintf("stream seq %d holds another intent (%s), not this one", seq, Safe([]byte(m.ID), 200))})
 			continue
 		}
-		found[seq] = m
+		found[seq], shown[seq] = m, true
 		out = append(out, copyFact(s.Stream, m, raw.Time))
 	}
 	seqs := make([]uint64, 0, len(found))
@@ -500,8 +506,8 @@ func streamHop(ctx context.Context, s *Sources, q *Query) ([]Fact, error) {
 	}
 	sort.Slice(seqs, func(i, j int) bool { return seqs[i] < seqs[j] })
 	for _, seq := range seqs {
-		if q.Seqs[seq] {
-			continue // read by sequence above
+		if shown[seq] {
+			continue
 		}
 		q.Seqs[seq] = true
 		m := found[seq]
