@@ -45,7 +45,7 @@ type Overview struct {
 	DeadReasons []kv
 	Outbox      string
 
-	Horizons []string
+	Horizons  []string
 	HorizonOK bool
 	Charts    template.HTML
 }

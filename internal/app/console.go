@@ -215,4 +215,3 @@ func readToken(path string) (string, error) {
 	}
 	return t, nil
 }
-
