@@ -105,5 +105,5 @@ func shoot(ctx context.Context, url, follow string) ([]byte, error) {
 	if err := chromedp.Do(ctx, acts...); err != nil {
 		return nil, err
 	}
-	return chromedp.Run(ctx, chromedp.FullScreenshot(90))
+	return chromedp.Run(ctx, chromedp.FullScreenshot(100)) // 100: PNG; less is JPEG
 }
