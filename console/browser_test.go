@@ -71,6 +71,7 @@ func newRig(t *testing.T) *rig {
 		{ID: "to-999", Subject: "intents.1", Payload: []byte(`{"account":999,"amount":42}`)},
 		{ID: "xss", Subject: "intents.1", Payload: []byte(xssPayload)},
 		{ID: "dup-1", Subject: "intents.2", Payload: []byte(`{"account":2,"amount":7}`)},
+		{ID: "conf-1", Subject: "intents.3", Payload: []byte(`{"account":3,"amount":1}`)},
 	} {
 		if _, err := pub.Publish(ctx, in); err != nil {
 			t.Fatal(err)
@@ -79,8 +80,13 @@ func newRig(t *testing.T) *rig {
 	// dup-1 again after the duplicate window: a second stream message the
 	// inbox settles as a duplicate.
 	time.Sleep(window + 200*time.Millisecond)
-	if _, err := pub.Publish(ctx, inbox.Intent{ID: "dup-1", Subject: "intents.2", Payload: []byte(`{"account":2,"amount":7}`)}); err != nil {
-		t.Fatal(err)
+	for _, in := range []inbox.Intent{
+		{ID: "dup-1", Subject: "intents.2", Payload: []byte(`{"account":2,"amount":7}`)},
+		{ID: "conf-1", Subject: "intents.3", Payload: []byte(`{"account":3,"amount":1000}`)}, // another payload: a conflict
+	} {
+		if _, err := e.JS.PublishMsg(ctx, &nats.Msg{Subject: in.Subject, Data: in.Payload, Header: nats.Header{jetstream.MsgIDHeader: {in.ID}}}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	settle(t, e.JS)
 
@@ -257,8 +263,12 @@ func TestConsole(t *testing.T) {
 				t.Errorf("intent %s: verdict %q, want it to start with %q", c.id, got, c.want)
 			}
 		}
-		if got := text(t, bctx, r.base+"intent?id=dup-1", "#verdict"); !strings.Contains(got, "1 copies in the stream were settled as duplicates") {
+		if got := text(t, bctx, r.base+"intent?id=dup-1", "#verdict"); !strings.Contains(got, "another copy in the stream was settled as a duplicate") {
 			t.Errorf("dup-1: %q: want the second copy named", got)
+		}
+		if got := text(t, bctx, r.base+"intent?id=conf-1", "#verdict"); !strings.HasPrefix(got, "applied once") ||
+			!strings.Contains(got, "conflict: the ID was published 1 time(s) with another payload") || strings.Contains(got, "duplicate") {
+			t.Errorf("conf-1: %q: want applied once and the conflict, no duplicate", got)
 		}
 		if got := text(t, bctx, r.base+"intent?id=to-999", "#timeline"); !strings.Contains(got, "unknown account 999") || !strings.Contains(got, "INTENTS_DLQ seq") {
 			t.Errorf("to-999 timeline lacks the reason or the dead letter's source:\n%s", got)

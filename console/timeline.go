@@ -213,10 +213,22 @@ func verdict(fs []Fact, window uint64) (string, string) {
 		case n > 1:
 			return fmt.Sprintf("DUPLICATED: %d ledger entries for one applied inbox row (stream seq %d)%s", n, a.Seq, suffix), "bad"
 		}
-		copies := len(has["in-stream"])
+		conflicting := map[uint64]bool{}
+		for _, f := range has["conflict"] {
+			conflicting[f.Seq] = true
+		}
+		copies := 0
+		for _, f := range has["in-stream"] {
+			if !conflicting[f.Seq] {
+				copies++
+			}
+		}
 		note := ""
-		if copies > 1 {
-			note = fmt.Sprintf(", %d copies in the stream were settled as duplicates", copies-1)
+		switch {
+		case copies == 2:
+			note = ", another copy in the stream was settled as a duplicate"
+		case copies > 2:
+			note = fmt.Sprintf(", %d more copies in the stream were settled as duplicates", copies-1)
 		}
 		return fmt.Sprintf("applied once at %s (stream seq %d)%s%s", fmtTime(a.At), a.Seq, note, suffix), "ok"
 	case len(has["rejected"]) > 0 || len(has["dead"]) > 0:
