@@ -20,15 +20,20 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/console"
+	"github.com/jetinbox/jetinbox/idempotency/pgidempotency"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/dlq"
+	"github.com/jetinbox/jetinbox/internal/intake"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
 	"github.com/jetinbox/jetinbox/internal/pipelinetest"
+	"github.com/jetinbox/jetinbox/outbox"
 )
 
 const (
+	tenantToken   = "acme-tenant-token-0123456789"
+	httpKey       = "order-8812"
 	operatorToken = "console-test-operator-token"
 	window        = 500 * time.Millisecond
 	// The hostile payload: run, it would set the title and a global.
@@ -88,13 +93,60 @@ func newRig(t *testing.T) *rig {
 			t.Fatal(err)
 		}
 	}
-	settle(t, e.JS)
-
 	store, err := cli.OpenStore(ctx, e.DBURL, 2, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(store.Close)
+
+	// The first hop over HTTP: jetinbox intake's server takes an intent
+	// under an Idempotency-Key (twice: the retry replays), its relay
+	// publishes the outbox row into the stream.
+	if _, err := store.Outbox().Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgidempotency.New(e.Pool).Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	in, err := intake.NewPG(e.Pool, intake.Config{Tenants: []intake.Tenant{{Name: "acme", TokenSHA256: intake.HashToken(tenantToken)}}, SubjectPrefix: "intents."})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ins := httptest.NewServer(in)
+	t.Cleanup(ins.Close)
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodPost, ins.URL+intake.Route, strings.NewReader(`{"subject": "intents.4", "payload": {"account": 4, "amount": 3}}`))
+		req.Header.Set("Authorization", "Bearer "+tenantToken)
+		req.Header.Set("Idempotency-Key", httpKey)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusAccepted {
+			t.Fatalf("intake: %d %s", res.StatusCode, b)
+		}
+	}
+	rctx, rcancel := context.WithCancel(ctx)
+	_, rdone, err := cli.StartRelay(rctx, store, e.JS, outbox.RelayConfig{Stream: jsinbox.DefaultStream})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rcancel(); <-rdone })
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		var pending int
+		if err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`).Scan(&pending); err != nil {
+			t.Fatal(err)
+		}
+		if pending == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the relay never published the intake's outbox row")
+		}
+	}
+	settle(t, e.JS)
 	h, err := console.New(console.Config{Prefix: "/console", JS: e.JS, ReadPG: e.Pool, OperatorToken: operatorToken,
 		Redrive: &console.Redrive{JS: e.JS, Store: store}})
 	if err != nil {
@@ -265,6 +317,20 @@ func TestConsole(t *testing.T) {
 		}
 		if got := text(t, bctx, r.base+"intent?id=dup-1", "#verdict"); !strings.Contains(got, "another copy in the stream was settled as a duplicate") {
 			t.Errorf("dup-1: %q: want the second copy named", got)
+		}
+		if got := text(t, bctx, r.base+"intent?key="+httpKey, "#verdict"); !strings.HasPrefix(got, "applied once") {
+			t.Errorf("Idempotency-Key %s: verdict %q, want applied once", httpKey, got)
+		}
+		if got := text(t, bctx, r.base+"intent?key="+httpKey, "#timeline"); !strings.Contains(got, `Idempotency-Key "order-8812" by "acme" answered 202`) ||
+			!strings.Contains(got, "table idempotency_keys") || !strings.Contains(got, "published at") || !strings.Contains(got, "ledger entry: account 4, amount 3") {
+			t.Errorf("Idempotency-Key %s: the timeline lacks the key, its outbox row or the effect:\n%s", httpKey, got)
+		}
+		// By the intake's intent ID, the key is found through its hash.
+		tl := text(t, bctx, r.base+"intent?key="+httpKey, "#timeline")
+		if id := regexp.MustCompile(`idem:[0-9a-f]{48}`).FindString(tl); id == "" {
+			t.Errorf("no intent ID in the key's timeline:\n%s", tl)
+		} else if got := text(t, bctx, r.base+"intent?id="+id, "#timeline"); !strings.Contains(got, `Idempotency-Key "order-8812"`) {
+			t.Errorf("intent %s: the timeline lacks its key:\n%s", id, got)
 		}
 		if got := text(t, bctx, r.base+"intent?id=conf-1", "#verdict"); !strings.HasPrefix(got, "applied once") ||
 			!strings.Contains(got, "conflict: the ID was published 1 time(s) with another payload") || strings.Contains(got, "duplicate") {
