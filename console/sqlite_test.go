@@ -77,6 +77,15 @@ func TestConsoleSQLite(t *testing.T) {
 	}
 	hs := httptest.NewServer(h)
 	t.Cleanup(hs.Close)
+	// No operator credential, no re-drive role: read-only.
+	res, err := http.PostForm(hs.URL+"/dlq/redrive", map[string][]string{"seq": {"1"}, "confirm": {"yes"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusForbidden {
+		t.Errorf("re-drive on a read-only console: %d, want 403", res.StatusCode)
+	}
 	for path, want := range map[string]string{
 		"/":                 "applied</th><td>1<",
 		"/intent?id=ok-1":   "applied once at",
