@@ -141,6 +141,8 @@ type Console struct {
 	token  [32]byte
 	log    *slog.Logger
 
+	verifying sync.Mutex // held by the one verify run at a time
+
 	mu       sync.Mutex
 	sessions map[string]time.Time
 	samples  samples

@@ -229,6 +229,13 @@ func (c *Console) verify(w http.ResponseWriter, r *http.Request) {
 		c.render(w, r, "verify", p)
 		return
 	}
+	// One run at a time: a page (or another site's <img>) asking again
+	// and again cannot pile full reads of the stream on the servers.
+	if !c.verifying.TryLock() {
+		c.fail(w, r, http.StatusTooManyRequests, "a verify run is under way; try again when it has finished")
+		return
+	}
+	defer c.verifying.Unlock()
 	p.Ran = true
 	var rg verify.Range
 	var err error
