@@ -278,7 +278,8 @@ func TestConsole(t *testing.T) {
 	})
 
 	needChromium(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// A ceiling for a loaded CI machine, not a budget.
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	bctx, bcancel, err := console.Browser(ctx)
 	if err != nil {
