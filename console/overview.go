@@ -146,7 +146,7 @@ func (c *Console) readOverview(ctx context.Context) *Overview {
 	if o.Outbox == "" {
 		o.Outbox = "no outbox table"
 	}
-	dead, err := dlq.Read(ctx, c.cfg.JS, c.cfg.Stream, c.cfg.Scope)
+	dead, err := dlq.ReadDirect(ctx, c.cfg.JS, c.cfg.Stream, c.cfg.Scope)
 	if err != nil && !strings.Contains(err.Error(), "not found") {
 		bad("dead letters", err)
 	}

@@ -68,7 +68,7 @@ const maxListed = 500
 func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	p := dlqPage{Filter: q.Get("q"), Status: q.Get("status")}
-	dead, err := dlq.Read(r.Context(), c.cfg.JS, c.cfg.Stream, c.cfg.Scope)
+	dead, err := dlq.ReadDirect(r.Context(), c.cfg.JS, c.cfg.Stream, c.cfg.Scope)
 	if err != nil {
 		p.Err = Safe([]byte(err.Error()), 1000)
 	}
@@ -95,7 +95,7 @@ func (c *Console) deadLetter(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, "seq: want a dead-letter stream sequence")
 		return
 	}
-	dead, err := dlq.Read(r.Context(), c.cfg.JS, c.cfg.Stream, c.cfg.Scope)
+	dead, err := dlq.ReadDirect(r.Context(), c.cfg.JS, c.cfg.Stream, c.cfg.Scope)
 	if err != nil {
 		c.fail(w, r, http.StatusBadGateway, Safe([]byte(err.Error()), 1000))
 		return
@@ -120,7 +120,7 @@ func (c *Console) picked(r *http.Request) ([]dlq.Letter, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	dead, err := dlq.Read(r.Context(), c.cfg.JS, c.cfg.Stream, c.cfg.Scope)
+	dead, err := dlq.ReadDirect(r.Context(), c.cfg.JS, c.cfg.Stream, c.cfg.Scope)
 	if err != nil {
 		return nil, "", err
 	}

@@ -90,10 +90,11 @@ type SourceDB struct {
 func (s SourceDB) db() db { return db{name: s.Name, pg: s.PG, lite: s.SQLite} }
 
 // DeadLetters returns the scope's dead letters, read once per timeline
-// through the dlq package.
+// through the dlq package, with direct gets (the verifier's NATS user may
+// create no consumer).
 func (s *Sources) DeadLetters(ctx context.Context) ([]dlq.Letter, error) {
 	if !s.deadRead {
-		s.deadLetters, s.deadErr = dlq.Read(ctx, s.JS, s.Stream, s.Scope)
+		s.deadLetters, s.deadErr = dlq.ReadDirect(ctx, s.JS, s.Stream, s.Scope)
 		s.deadRead = true
 	}
 	return s.deadLetters, s.deadErr
