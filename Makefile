@@ -3,7 +3,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test lint oldest-go unit cluster deploy bench-smoke demo stress
+.PHONY: test lint oldest-go unit cluster deploy bench-smoke demo stress screenshots
 
 test: lint unit cluster deploy bench-smoke
 
@@ -55,6 +55,11 @@ bench-smoke:
 
 demo:
 	$(GO) run ./cmd/jetinbox demo
+
+# The console's pictures in docs/console/, taken by headless Chromium on a
+# demo run (not by hand).
+screenshots:
+	$(GO) run ./cmd/jetinbox demo -intents 2000 -http=false -console -screenshots docs/console
 
 # The unit and cluster phases twice beside a CPU hog on one of the cores,
 # listing every test that failed in any run (ROUNDS=, HOGS= change it).
