@@ -30,6 +30,7 @@ func TestExitCodeConvention(t *testing.T) {
 		"prune":      {"-margin", "soon"},
 		"relay":      {"-batch", "x"},
 		"deliver":    {"-lease", "soon"},
+		"console":    {"-retention", "soon"},
 		"bench":      {"-n", "x"},
 		"chaos":      {"-intents", "x"},
 		"jitter":     {"-clients", "x"},
