@@ -44,6 +44,7 @@ type Overview struct {
 	DeadTotal   int
 	DeadReasons []kv
 	Outbox      string
+	Deliveries  string
 
 	Horizons  []string
 	HorizonOK bool
@@ -145,6 +146,11 @@ func (c *Console) readOverview(ctx context.Context) *Overview {
 	}
 	if o.Outbox == "" {
 		o.Outbox = "no outbox table"
+	}
+	if msg, err := deliveryBacklog(ctx, c.sources()); err != nil {
+		bad("outgoing calls", err)
+	} else if o.Deliveries = msg; msg == "" {
+		o.Deliveries = "no deliveries table"
 	}
 	dead, err := dlq.ReadDirect(ctx, c.cfg.JS, c.cfg.Stream, c.cfg.Scope)
 	if err != nil && !strings.Contains(err.Error(), "not found") {

@@ -110,8 +110,9 @@ type HopSource struct {
 
 // DefaultHops are the timeline's sources: the HTTP key, the intake's
 // outbox row, the inbox row, conflicts, dead letters, the stream's copies,
-// their deliveries, the effect, and follow-ups. A new hop (outgoing
-// deliveries, say) is one more HopSource appended to this list.
+// their deliveries, the effect, follow-ups, and the calls to other
+// services the effect decided (outgoing deliveries). A new hop is one more
+// HopSource appended to this list.
 func DefaultHops() []HopSource {
 	return []HopSource{
 		{"http key", keyHop},
@@ -123,6 +124,7 @@ func DefaultHops() []HopSource {
 		{"delivery", deliveryHop},
 		{"effect", effectHop},
 		{"follow-up", followUpHop},
+		{"outgoing call", outgoingHop},
 	}
 }
 

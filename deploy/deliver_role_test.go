@@ -131,4 +131,27 @@ func TestDeliverUnderItsRole(t *testing.T) {
 			t.Errorf("as jetinbox_deliver %q: %v, want permission denied", q, err)
 		}
 	}
+	// The verifier (the console's reads) sees where deliveries stand and
+	// the backlog, never a payload or an answer body, and changes nothing.
+	verifier, err := pgxpool.New(ctx, dsn("jetinbox_verifier"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer verifier.Close()
+	if _, _, err := pgdelivery.New(verifier).Backlog(ctx); err != nil {
+		t.Errorf("Backlog as jetinbox_verifier: %v", err)
+	}
+	if _, err := verifier.Exec(ctx, `SELECT endpoint, idem_key, state, attempts, last_status, reason, created_at, last_at FROM deliveries`); err != nil {
+		t.Errorf("where deliveries stand, as jetinbox_verifier: %v", err)
+	}
+	for _, q := range []string{
+		`SELECT payload FROM deliveries`,
+		`SELECT last_body FROM deliveries`,
+		`UPDATE deliveries SET state = 'dead'`,
+		`DELETE FROM deliveries`,
+	} {
+		if _, err := verifier.Exec(ctx, q); err == nil || !strings.Contains(err.Error(), "permission denied") {
+			t.Errorf("as jetinbox_verifier %q: %v, want permission denied", q, err)
+		}
+	}
 }

@@ -20,6 +20,9 @@
 --   jetinbox_consumer   (from roles.sql) adds deliveries in the inbox
 --                       transaction (`consumer -deliveries`): INSERT of a
 --                       new row's columns, SELECT for ON CONFLICT.
+--   jetinbox_verifier   (from roles.sql) the console's reads: SELECT of
+--                       where each delivery stands, not of its payload
+--                       or the receiver's answer.
 
 DO $$
 BEGIN
@@ -46,4 +49,10 @@ GRANT UPDATE (state, next_at, leased_by, lease_until, attempts, first_attempt_at
 GRANT SELECT ON TABLE jetinbox.jetinbox_migrations TO jetinbox_deliver;
 GRANT SELECT ON TABLE jetinbox.deliveries TO jetinbox_consumer;
 GRANT INSERT (scope, message_id, endpoint, idem_key, payload) ON TABLE jetinbox.deliveries TO jetinbox_consumer;
+-- The console's reads (an intent's outgoing deliveries, the backlog) run as
+-- the verifier: where each delivery stands, never its payload or the
+-- receiver's answer body.
+REVOKE ALL ON TABLE jetinbox.deliveries FROM jetinbox_verifier;
+GRANT SELECT (id, scope, message_id, endpoint, idem_key, state, attempts, created_at, next_at, first_attempt_at, last_status, last_at, reason, done_at)
+  ON TABLE jetinbox.deliveries TO jetinbox_verifier;
 COMMIT;
