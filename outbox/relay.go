@@ -36,9 +36,12 @@ type RelayConfig struct {
 	// Stream is the relay's. Its Retry bounds how long one round retries
 	// a publish before leaving the row pending for a later round; the
 	// default is shorter than the publisher's own (5 retries, 30 s in
-	// all), since the round's rows stay locked meanwhile. Batch > 1 sends
-	// JetStream atomic batches.
+	// all), since the round's rows stay locked meanwhile. Its Batch is the
+	// group commit of PublishEach; PublishAtomic gathers its own batches.
 	Publisher jsinbox.PublisherConfig
+	// Publish is how a round publishes its rows: [PublishAtomic] (the
+	// default) or [PublishEach].
+	Publish PublishMode
 	// Idle times the waits between rounds when there is nothing to send:
 	// a relay wakes at once on a notification from PostgreSQL, and polls
 	// after these jittered waits (growing from Base to Cap while idle)
@@ -144,6 +147,10 @@ type RelayStats struct {
 	// a round that outlived its lease). That relay publishes them again
 	// and marks them; they are not counted as sent or failed here.
 	TakenOver int64
+	// Batches: atomic batches the stream stored as a whole (see
+	// [PublishAtomic] and [jsinbox.PublisherConfig].Batch); Fallbacks:
+	// batches it refused as a whole, whose rows went again one by one.
+	Batches, Fallbacks int64
 }
 
 // Relay publishes the outbox's pending rows to JetStream and marks them sent.
@@ -158,6 +165,7 @@ type Relay struct {
 	pub *jsinbox.Publisher
 
 	rounds, sent, duplicates, failed, retried, takenOver atomic.Int64
+	batches, fallbacks                                   atomic.Int64
 
 	// hook, nil unless a harness attached one (internal/hook), stops the
 	// relay at its points; it is attached to the publisher too.
@@ -212,7 +220,7 @@ func NewRelay(src Source, js jetstream.JetStream, cfg RelayConfig) (*Relay, erro
 // Stats returns the counters so far.
 func (r *Relay) Stats() RelayStats {
 	return RelayStats{Rounds: r.rounds.Load(), Sent: r.sent.Load(), Duplicates: r.duplicates.Load(), Failed: r.failed.Load(), Retried: r.retried.Load(),
-		TakenOver: r.takenOver.Load()}
+		TakenOver: r.takenOver.Load(), Batches: r.batches.Load(), Fallbacks: r.fallbacks.Load()}
 }
 
 // commitWatcher is a source that can tell whether its pool reports a
@@ -376,40 +384,20 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 		return len(batch), &hook.Crash{Point: hook.RelayBeforePublish}
 	}
 	pub := r.publisher()
-	before := len(pub.Failures())
-	dupBefore := pub.Stats().Duplicates
-	refused := map[string]string{}
-	for _, in := range batch {
-		if err := pub.PublishAsync(ctx, in); err != nil {
-			if errors.Is(err, inbox.ErrBadIntent) {
-				refused[in.ID] = err.Error()
-				continue
-			}
-			return len(batch), fmt.Errorf("outbox: relay: publish: %w", err)
-		}
+	ps := pub.Stats()
+	var out outcome
+	if r.cfg.Publish == PublishEach {
+		out, err = r.publishEach(ctx, pub, batch)
+	} else {
+		out, err = r.publishAll(ctx, pub, batch)
 	}
-	if r.fires(hook.RelayPubAckWait) {
-		// The process dies with publishes in flight: some stored, some
-		// not, none marked.
-		if err := r.renewPublisher(); err != nil {
-			return len(batch), err
-		}
-		return len(batch), &hook.Crash{Point: hook.RelayPubAckWait}
+	if err != nil {
+		return len(batch), err
 	}
-	if err := pub.Flush(ctx); err != nil {
-		return len(batch), fmt.Errorf("outbox: relay: waiting for PubAcks: %w", err)
-	}
-	failures := pub.Failures()
-	pending := 0
-	unsent := map[string]bool{}
-	for _, f := range failures[before:] {
-		if errors.Is(f.Err, inbox.ErrConflict) || errors.Is(f.Err, jsinbox.ErrWrongStream) {
-			refused[f.ID] = f.Err.Error()
-			continue
-		}
-		unsent[f.ID] = true
-		pending++
-	}
+	refused, unsent, pending := out.refused, out.unsent, len(out.unsent)
+	ps2 := pub.Stats()
+	r.batches.Add(ps2.Batches - ps.Batches)
+	r.fallbacks.Add(ps2.BatchFallbacks - ps.BatchFallbacks)
 	if r.fires(hook.RelayBeforeMark) {
 		return len(batch), &hook.Crash{Point: hook.RelayBeforeMark}
 	}
@@ -448,11 +436,11 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 	r.sent.Add(int64(sentN))
 	r.failed.Add(int64(failedN))
 	r.retried.Add(int64(pending))
-	r.duplicates.Add(pub.Stats().Duplicates - dupBefore)
+	r.duplicates.Add(out.duplicates)
 	if r.cfg.Observer != nil && len(lags) > 0 {
 		r.cfg.Observer.ObserveSent(lags)
 	}
-	if len(failures) > 10_000 {
+	if out.renew {
 		if err := r.renewPublisher(); err != nil {
 			return len(batch), err
 		}
