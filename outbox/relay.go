@@ -42,6 +42,11 @@ type RelayConfig struct {
 	// Publish is how a round publishes its rows: [PublishAtomic] (the
 	// default) or [PublishEach].
 	Publish PublishMode
+	// Sequential, with PublishAtomic, makes each round mark and commit its
+	// rows before the next round takes any. By default, while rows keep
+	// coming (a round took Batch rows), a round's marks overlap the next
+	// round's take and publish (see [Relay.Drain]).
+	Sequential bool
 	// Idle times the waits between rounds when there is nothing to send:
 	// a relay wakes at once on a notification from PostgreSQL, and polls
 	// after these jittered waits (growing from Base to Cap while idle)
@@ -261,6 +266,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		cancel()
 	}
 	idle, fail := r.cfg.Idle.NewBackOff(), r.cfg.Retry.NewBackOff()
+	full := false // the last round took Batch rows: drain the backlog
 	for {
 		if err := jsinbox.ClosedForGood(r.js.Conn()); err != nil {
 			return fmt.Errorf("outbox: relay: %w", err) // every round would fail
@@ -272,7 +278,16 @@ func (r *Relay) Run(ctx context.Context) error {
 				r.cfg.Logger.Warn("outbox: relay: listening for new rows failed; polling until it works", "err", err)
 			}
 		}
-		n, err := r.Round(ctx)
+		var (
+			n   int
+			err error
+		)
+		if full {
+			n, err = r.Drain(ctx)
+		} else {
+			n, err = r.Round(ctx)
+		}
+		full = err == nil && n >= r.cfg.Batch
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -366,22 +381,45 @@ func (r *Relay) renewPublisher() error {
 // in a test or a one-off job, never at the same time as Run or another
 // Round of the same relay (use another Relay for that).
 func (r *Relay) Round(ctx context.Context) (int, error) {
+	rd, err := r.send(ctx)
+	if rd == nil {
+		return 0, err
+	}
+	defer rd.taken.Abandon(context.WithoutCancel(ctx)) // after Finish this is a no-op
+	if err != nil {
+		return len(rd.batch), err
+	}
+	return len(rd.batch), r.mark(ctx, rd)
+}
+
+// round is a round between its publishes and its marks.
+type round struct {
+	taken Taken
+	batch []inbox.Intent
+	out   outcome
+}
+
+// send takes a round's rows and publishes them: the first half of a
+// round. It returns nil when it took nothing; otherwise the caller
+// abandons rd.taken once done with it (after Finish that does nothing).
+func (r *Relay) send(ctx context.Context) (*round, error) {
 	taken, err := r.src.Take(ctx, r.cfg.Batch)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: relay: %w", err)
+		return nil, fmt.Errorf("outbox: relay: %w", err)
 	}
-	defer taken.Abandon(context.WithoutCancel(ctx)) // after Finish this is a no-op
 	rows := taken.Rows()
 	batch := make([]inbox.Intent, len(rows))
 	for i, row := range rows {
 		batch[i] = inbox.Intent{ID: row.ID, Subject: row.Subject, Payload: row.Payload}
 	}
 	if len(batch) == 0 {
-		return 0, nil
+		taken.Abandon(context.WithoutCancel(ctx))
+		return nil, nil
 	}
+	rd := &round{taken: taken, batch: batch}
 	r.rounds.Add(1)
 	if r.fires(hook.RelayBeforePublish) {
-		return len(batch), &hook.Crash{Point: hook.RelayBeforePublish}
+		return rd, &hook.Crash{Point: hook.RelayBeforePublish}
 	}
 	pub := r.publisher()
 	ps := pub.Stats()
@@ -392,14 +430,22 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 		out, err = r.publishAll(ctx, pub, batch)
 	}
 	if err != nil {
-		return len(batch), err
+		return rd, err
 	}
-	refused, unsent, pending := out.refused, out.unsent, len(out.unsent)
 	ps2 := pub.Stats()
 	r.batches.Add(ps2.Batches - ps.Batches)
 	r.fallbacks.Add(ps2.BatchFallbacks - ps.BatchFallbacks)
+	rd.out = out
+	return rd, nil
+}
+
+// mark marks a round's rows by their outcomes and commits: the second
+// half of a round.
+func (r *Relay) mark(ctx context.Context, rd *round) error {
+	batch, taken, out := rd.batch, rd.taken, rd.out
+	refused, unsent, pending := out.refused, out.unsent, len(out.unsent)
 	if r.fires(hook.RelayBeforeMark) {
-		return len(batch), &hook.Crash{Point: hook.RelayBeforeMark}
+		return &hook.Crash{Point: hook.RelayBeforeMark}
 	}
 	ids := make([]string, 0, len(batch))
 	for _, in := range batch {
@@ -431,7 +477,7 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 	if err != nil {
 		// Unknown outcome at worst: the rows are published, and sent
 		// again with the same IDs if the marks did not commit.
-		return len(batch), fmt.Errorf("outbox: relay: mark: %w", err)
+		return fmt.Errorf("outbox: relay: mark: %w", err)
 	}
 	r.sent.Add(int64(sentN))
 	r.failed.Add(int64(failedN))
@@ -442,11 +488,11 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 	}
 	if out.renew {
 		if err := r.renewPublisher(); err != nil {
-			return len(batch), err
+			return err
 		}
 	}
 	if pending > 0 {
-		return len(batch), fmt.Errorf("outbox: relay: %d of %d rows not acknowledged in time; they stay pending", pending, len(batch))
+		return fmt.Errorf("outbox: relay: %d of %d rows not acknowledged in time; they stay pending", pending, len(batch))
 	}
-	return len(batch), nil
+	return nil
 }

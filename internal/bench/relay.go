@@ -43,9 +43,10 @@ type RelayOptions struct {
 
 // relayModes maps a mode's name to the relay configuration it changes.
 var relayModes = map[string]func(*outbox.RelayConfig){
-	"one":    func(c *outbox.RelayConfig) { c.Publish, c.Publisher.Batch = outbox.PublishEach, 1 },
-	"each":   func(c *outbox.RelayConfig) { c.Publish = outbox.PublishEach },
-	"atomic": func(c *outbox.RelayConfig) { c.Publish = outbox.PublishAtomic },
+	"one":        func(c *outbox.RelayConfig) { c.Publish, c.Publisher.Batch = outbox.PublishEach, 1 },
+	"each":       func(c *outbox.RelayConfig) { c.Publish = outbox.PublishEach },
+	"atomic":     func(c *outbox.RelayConfig) { c.Publish = outbox.PublishAtomic },
+	"atomic-seq": func(c *outbox.RelayConfig) { c.Publish, c.Sequential = outbox.PublishAtomic, true },
 }
 
 // RelayMain is `jetinbox bench -relay`.
@@ -59,7 +60,7 @@ func RelayMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.IntVar(&o.Rounds, "rounds", 3, "rounds; rates are medians, ratios paired round by round")
 	fs.IntVar(&o.Rate, "rate", 1000, "rows/s emitted in the emit-to-publish phase")
 	fs.DurationVar(&o.Latency, "latency", 5*time.Second, "length of each emit-to-publish phase (0 skips them)")
-	fs.StringVar(&modes, "modes", "each,atomic", "relay publish modes, the first the baseline: one (a publish and PubAck per row), each (each row through the publisher's group commit: the relay before atomic rounds), atomic (a round's rows as atomic batches: the default)")
+	fs.StringVar(&modes, "modes", "each,atomic", "relay publish modes, the first the baseline: one (a publish and PubAck per row), each (each row through the publisher's group commit: the relay before atomic rounds), atomic (a round's rows as atomic batches, a round's marks overlapping the next round: the default), atomic-seq (atomic, rounds one after the other)")
 	fs.StringVar(&syncs, "sync", "default,always", "JetStream sync settings to run: default (fsync every 2 minutes), always (fsync every write, as deploy/ runs NATS)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage of jetinbox bench -relay: the outbox relay draining rows into a stream on embedded NATS and a throwaway PostgreSQL (fsync on),\n"+
@@ -79,7 +80,7 @@ func RelayMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	for _, m := range o.Modes {
 		if relayModes[m] == nil {
-			errs = append(errs, fmt.Errorf("-modes: %q: want one, each or atomic", m))
+			errs = append(errs, fmt.Errorf("-modes: %q: want one, each, atomic or atomic-seq", m))
 		}
 	}
 	for _, s := range o.Syncs {
@@ -191,7 +192,7 @@ func relaySync(ctx context.Context, pg *testenv.Postgres, sync string, o RelayOp
 			}
 			start := time.Now()
 			for {
-				k, err := r.Round(ctx)
+				k, err := r.Drain(ctx)
 				if err != nil {
 					r.Close()
 					return fmt.Errorf("relay %s: %w", m, err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
 	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
@@ -107,5 +108,42 @@ func TestRelayAtomicBatchMarksEachRowByItsOwnOutcome(t *testing.T) {
 	}
 	if s := r.Stats(); s.Sent != 197 || s.Batches != 1 || s.Fallbacks != 1 {
 		t.Fatalf("stats %+v after a round of 100 rows that fit: want 197 sent and 1 atomic batch stored", s)
+	}
+}
+
+// TestRelayDrainOverlapsAndSurvivesACrash: while rows keep coming, a
+// round's marks overlap the next round's take and publish. A relay that
+// dies marking its third round of 100 has sent 200 rows and left 300
+// pending; the stream holds 300 rows, or 400 if the fourth round took and
+// published its rows while the third was marking. The next relay sends
+// every pending row again with its ID; the stream holds each row once, and
+// the rows it already held come back as duplicates.
+func TestRelayDrainOverlapsAndSurvivesACrash(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ids := e.add(t, "d", 500)
+	fp := failpoint.New()
+	fp.EnableEvery(failpoint.RelayBeforeMark, 3, 1)
+	first := quickRelay(t, e, outbox.RelayConfig{Batch: 100})
+	fp.Attach(first)
+	if err := first.Run(context.Background()); !failpoint.IsCrash(err) {
+		t.Fatalf("first relay: %v, want a crash marking its third round", err)
+	}
+	stored := len(e.copies(t))
+	if n := e.pending(t); n != 300 || (stored != 300 && stored != 400) || first.Stats().Sent != 200 {
+		t.Fatalf("after the crash: %d rows pending, %d in the stream, %d sent; want 300, 300 or 400, and 200", n, stored, first.Stats().Sent)
+	}
+	second := quickRelay(t, e, outbox.RelayConfig{Batch: 100})
+	if n, err := second.Drain(context.Background()); n != 0 || err != nil {
+		t.Fatalf("drain: %d, %v", n, err)
+	}
+	got := e.copies(t)
+	for _, id := range ids {
+		if got[id] != 1 {
+			t.Fatalf("%s: %d copies in the stream", id, got[id])
+		}
+	}
+	if s := second.Stats(); s.Sent != 300 || s.Duplicates != int64(stored-200) || e.pending(t) != 0 {
+		t.Fatalf("second relay: %+v, %d pending; want 300 sent, %d of them duplicates, none pending", s, e.pending(t), stored-200)
 	}
 }
