@@ -3,7 +3,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test lint oldest-go unit cluster deploy bench-smoke demo stress
+.PHONY: test lint oldest-go unit cluster deploy bench-smoke demo stress screenshots
 
 test: lint unit cluster deploy bench-smoke
 
@@ -12,6 +12,10 @@ test: lint unit cluster deploy bench-smoke
 # beside the other packages' tests starve each other on a 2-core machine;
 # the power-loss run's servers and consumers are processes of their own.
 CLUSTER := Cluster|LeaderElections|PowerLoss
+# Only the packages that hold such a test: linking and starting the other
+# packages' race-built test binaries to run nothing cost a minute and a half.
+# deploy is a module of its own and has a phase of its own.
+CLUSTER_PKGS := $(shell grep -rlE '^func (Test|Example)[A-Za-z0-9_]*($(CLUSTER))' --include='*_test.go' --exclude-dir=deploy --exclude-dir=.git . | xargs -rn1 dirname | sort -u)
 
 lint: oldest-go
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -36,19 +40,26 @@ unit:
 	$(GO) test -race -count=1 -timeout 12m -skip '$(CLUSTER)' $(PKGS)
 
 cluster:
-	$(GO) test -race -count=1 -timeout 12m -p 1 -run '$(CLUSTER)' $(PKGS)
+	$(GO) test -race -count=1 -timeout 12m -p 1 -run '$(CLUSTER)' $(if $(filter ./...,$(PKGS)),$(CLUSTER_PKGS),$(PKGS))
 
 # deploy/ is its own module (its validators pull in Prometheus, Kubernetes
 # and compose-go); every shipped config file is parsed and checked there.
 deploy:
 	cd deploy && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
 
-# Every Go benchmark once, so they keep compiling and running.
+# Every Go benchmark once, so they keep compiling and running; only the
+# packages that have one are linked.
+BENCH_PKGS := $(shell grep -rlE '^func Benchmark' --include='*_test.go' --exclude-dir=deploy --exclude-dir=.git . | xargs -rn1 dirname | sort -u)
 bench-smoke:
-	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x $(PKGS)
+	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x $(if $(filter ./...,$(PKGS)),$(BENCH_PKGS),$(PKGS))
 
 demo:
 	$(GO) run ./cmd/jetinbox demo
+
+# The console's pictures in docs/console/, taken by headless Chromium on a
+# demo run (not by hand).
+screenshots:
+	$(GO) run ./cmd/jetinbox demo -intents 2000 -http=false -console -screenshots docs/console
 
 # The unit and cluster phases twice beside a CPU hog on one of the cores,
 # listing every test that failed in any run (ROUNDS=, HOGS= change it).

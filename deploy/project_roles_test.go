@@ -478,6 +478,10 @@ func TestProjectUnderShippedRoles(t *testing.T) {
 		}
 	})
 
+	t.Run("console", func(t *testing.T) {
+		consoleUnderVerifier(t, ctx, one, fx, dsns["jetinbox_verifier"], stream, durable, admin.nc)
+	})
+
 	// An operator who upgrades without the advisory stream: the consumer
 	// may not create it, and refuses to start instead of running without
 	// rescues.

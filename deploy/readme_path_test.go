@@ -395,7 +395,7 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 			}
 			consumer = cmd
 			go func() { waited <- consumer.Wait(); close(exited) }()
-			if err := waitApplied(ctx, adminJS, defs.intents.Name, defs.ledger.Durable, defs.advisories.Name, exited); err != nil {
+			if err := waitApplied(ctx, adminJS, defs.intents.Name, defs.ledger.Durable, defs.advisories.Name, exited, 0); err != nil {
 				t.Fatalf("%s: %v\n%s", line, err, lastOutputLines(consumerOut.String(), 30))
 			}
 			t.Logf("%s (as %v): applied everything in %v", line, readmeRoles[name], time.Since(began).Round(time.Millisecond))
@@ -486,10 +486,11 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 	// -redrive` deletes its rejected inbox row as jetinbox_maintainer. (The
 	// stream still remembers the ID for its duplicate window, so the copy
 	// is dropped and reported; the row is gone either way.)
-	if _, err := adminJS.Publish(ctx, "intents.ledger", []byte(`{"account":1,"amount":"five"}`), jetstream.WithMsgID("readme-poison")); err != nil {
+	poison, err := adminJS.Publish(ctx, "intents.ledger", []byte(`{"account":1,"amount":"five"}`), jetstream.WithMsgID("readme-poison"))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := waitApplied(ctx, adminJS, defs.intents.Name, defs.ledger.Durable, defs.advisories.Name, exited); err != nil {
+	if err := waitApplied(ctx, adminJS, defs.intents.Name, defs.ledger.Durable, defs.advisories.Name, exited, poison.Sequence); err != nil {
 		t.Fatalf("the poison intent: %v\n%s", err, lastOutputLines(consumerOut.String(), 30))
 	}
 	migrator := pg.as("jetinbox_migrator", passwords["jetinbox_migrator"])
@@ -525,8 +526,11 @@ func TestReadmePathUnderShippedRoles(t *testing.T) {
 
 // waitApplied waits until the durable has nothing pending or unacked, and
 // neither has the rescue consumer of the same name: everything published
-// was applied or dead-lettered. exited closes if the consumer stops first.
-func waitApplied(ctx context.Context, js jetstream.JetStream, stream, durable, advisories string, exited <-chan struct{}) error {
+// was applied or dead-lettered. The durable's ack floor must also reach
+// atLeast (a stream sequence; 0 for none): a consumer info read between the
+// PubAck and the server's count of the new message can show nothing
+// pending. exited closes if the consumer stops first.
+func waitApplied(ctx context.Context, js jetstream.JetStream, stream, durable, advisories string, exited <-chan struct{}, atLeast uint64) error {
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	var last error
@@ -540,6 +544,9 @@ func waitApplied(ctx context.Context, js jetstream.JetStream, stream, durable, a
 				ci := c.CachedInfo()
 				if s == stream && ci.Delivered.Stream == 0 {
 					return fmt.Errorf("%s/%s: nothing delivered yet", s, durable)
+				}
+				if s == stream && ci.AckFloor.Stream < atLeast {
+					return fmt.Errorf("%s/%s: ack floor at stream sequence %d, waiting for %d", s, durable, ci.AckFloor.Stream, atLeast)
 				}
 				if ci.NumPending != 0 || ci.NumAckPending != 0 {
 					return fmt.Errorf("%s/%s: %d pending, %d unacked", s, durable, ci.NumPending, ci.NumAckPending)

@@ -88,6 +88,11 @@ type ConsumerConfig struct {
 	// Observer that also has a method Attach(*Consumer) (metrics.Consumer
 	// does, for its gauges) is attached by NewConsumer.
 	Observer Observer
+	// Batcher, when set, forms this consumer's batches together with
+	// those of the other consumers given it (a shard's partition
+	// durables, see [Batcher]); BatchSize and InFlight are then the
+	// batcher's. Default: the consumer forms its own.
+	Batcher *Batcher
 
 	// Logger receives the consumer's lines: one at Info when Run starts
 	// consuming (stream, durable, scope, store), and warnings about the
@@ -221,6 +226,11 @@ type Consumer struct {
 	// hook, nil unless a harness attached one (internal/hook), drops the
 	// acks of a batch; the processor's own hook crashes it.
 	hook hook.Func
+
+	// With a Batcher: the messages handed to it and not yet settled or
+	// handed back (Run waits for them), and what a crashed batch calls.
+	pending atomic.Int64
+	onCrash func(error)
 }
 
 func init() {
@@ -333,6 +343,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	onCrash := func(err error) {
 		crashOnce.Do(func() { crashed = err; c.crashed.Store(true); close(crash); stop() })
 	}
+	c.onCrash = onCrash
 	stopRescue, err := c.startRescue(context.WithoutCancel(ctx), rescueCons, onCrash)
 	if err != nil {
 		stop()
@@ -360,11 +371,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.ready.Store(false)
 		stopRescue()
 		wg.Wait()
+		for c.pending.Load() > 0 { // what the Batcher holds of this consumer's
+			time.Sleep(5 * time.Millisecond)
+		}
 	}()
 	defer stop() // first: a batch holding a dead letter lets go
 
 	for {
-		msgs := make(chan jetstream.Msg, c.cfg.BatchSize)
+		msgs := make(chan delivery, c.cfg.BatchSize)
 		stopped := make(chan struct{})
 		stoppedCtx, stopWaiting := context.WithCancel(context.WithoutCancel(ctx))
 		cc, err := cons.Consume(func(m jetstream.Msg) {
@@ -382,8 +396,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 				c.handBack(work, m)
 				return
 			}
+			if b := c.cfg.Batcher; b != nil {
+				c.pending.Add(1)
+				select {
+				case b.in <- delivery{m: m, c: c, at: time.Now()}:
+				case <-stopped:
+					c.pending.Add(-1)
+					c.budget.Release(n)
+					c.handBack(work, m)
+				}
+				return
+			}
 			select {
-			case msgs <- m:
+			case msgs <- delivery{m: m, c: c, at: time.Now()}:
 			case <-stopped:
 				c.budget.Release(n)
 				c.handBack(work, m)
@@ -405,7 +430,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 		// Closed fires when we stop or drain the subscription below, and
 		// also when the client stops it by itself: only the latter can
 		// happen while formBatches waits.
-		reason := c.formBatches(ctx, work, msgs, cc.Closed(), slots, &wg, onCrash, crash)
+		var reason stopReason
+		if c.cfg.Batcher != nil {
+			reason = c.waitShared(ctx, cc.Closed(), crash)
+		} else {
+			reason = c.formBatches(ctx, work, msgs, cc.Closed(), slots, &wg, onCrash, crash)
+		}
 		if reason == stopShutdown {
 			c.draining.Store(true)
 		}
@@ -425,9 +455,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 			for drained := false; !drained; {
 				select {
-				case m := <-msgs:
-					c.budget.Release(c.held(m))
-					c.handBack(work, m)
+				case d := <-msgs:
+					c.budget.Release(c.held(d.m))
+					c.handBack(work, d.m)
 				default:
 					drained = true
 				}

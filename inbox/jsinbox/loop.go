@@ -25,7 +25,7 @@ const (
 
 // formBatches forms batches adaptively: it takes a free slot, waits for one
 // message, then takes whatever else has already arrived, up to BatchSize.
-func (c *Consumer) formBatches(ctx, work context.Context, msgs chan jetstream.Msg, ended <-chan struct{}, slots chan struct{}, wg *sync.WaitGroup, onCrash func(error), crash chan struct{}) stopReason {
+func (c *Consumer) formBatches(ctx, work context.Context, msgs chan delivery, ended <-chan struct{}, slots chan struct{}, wg *sync.WaitGroup, onCrash func(error), crash chan struct{}) stopReason {
 	for {
 		if c.dbDown.Load() {
 			return stopDBDown
@@ -37,11 +37,11 @@ func (c *Consumer) formBatches(ctx, work context.Context, msgs chan jetstream.Ms
 		case <-crash:
 			return stopCrash
 		}
-		var batch []jetstream.Msg
+		var batch []delivery
 		fetchStart := time.Now()
 		select {
 		case m := <-msgs:
-			batch = append(make([]jetstream.Msg, 0, c.cfg.BatchSize), m)
+			batch = append(make([]delivery, 0, c.cfg.BatchSize), m)
 		case <-ctx.Done():
 			<-slots
 			return stopShutdown
@@ -66,8 +66,8 @@ func (c *Consumer) formBatches(ctx, work context.Context, msgs chan jetstream.Ms
 		go func() {
 			defer func() {
 				var n int64
-				for _, m := range batch {
-					n += c.held(m)
+				for _, d := range batch {
+					n += c.held(d.m)
 				}
 				c.budget.Release(n)
 				c.inFlight.Add(-1)
@@ -77,7 +77,7 @@ func (c *Consumer) formBatches(ctx, work context.Context, msgs chan jetstream.Ms
 			if c.crashed.Load() {
 				return // a dead process acks nothing
 			}
-			if err := c.processBatch(work, batch, fetchStart); err != nil {
+			if err := processDeliveries(work, batch, fetchStart); err != nil {
 				onCrash(err)
 			}
 		}()
@@ -86,7 +86,7 @@ func (c *Consumer) formBatches(ctx, work context.Context, msgs chan jetstream.Ms
 
 // keepAlive sends InProgress for every message of a batch each AckWait/2,
 // so the server does not redeliver a batch that is still working.
-func (c *Consumer) keepAlive(batch []jetstream.Msg, stop chan struct{}) {
+func (c *Consumer) keepAlive(batch []delivery, stop chan struct{}) {
 	if c.cfg.KeepAlive < 0 {
 		return
 	}
@@ -95,8 +95,8 @@ func (c *Consumer) keepAlive(batch []jetstream.Msg, stop chan struct{}) {
 	for {
 		select {
 		case <-tick.C:
-			for _, m := range batch {
-				_ = m.InProgress()
+			for _, d := range batch {
+				_ = d.m.InProgress()
 			}
 		case <-stop:
 			return

@@ -29,6 +29,19 @@ type BatchReport struct {
 	Err error
 	// Began and Ended bracket the transaction (Ended is after COMMIT).
 	Began, Ended time.Time
+	// Received and Acked are set for an [AckObserver] only: when the NATS
+	// client handed each message to the consumer, and when the batch's
+	// acks were handed to the connection.
+	Received []time.Time
+	Acked    time.Time
+}
+
+// AckObserver is an [Observer] that is also told when a batch's acks were
+// sent, with when each of its messages was received: latency split by
+// stage (jetinbox bench). ObserveAcked runs on the batch's goroutine.
+type AckObserver interface {
+	Observer
+	ObserveAcked(BatchReport)
 }
 
 // ConsumerStats counts what a Consumer did.

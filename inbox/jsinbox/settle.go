@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -56,10 +57,26 @@ func putMessages(msgs []inbox.Message) {
 // processBatch runs one batch through the inbox and settles every message
 // with JetStream. It returns an error only for a simulated crash.
 func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetchStart time.Time) error {
+	ds := make([]delivery, len(batch))
+	now := time.Now()
+	for i, m := range batch {
+		ds[i] = delivery{m: m, c: c, at: now}
+	}
+	return processDeliveries(ctx, ds, fetchStart)
+}
+
+// processDeliveries runs one batch through the inbox in one transaction and
+// settles every message with the consumer whose durable delivered it: a
+// shard's [Batcher] forms batches of several partition durables. The
+// first message's consumer runs the processor (every consumer of a batch
+// shares it), traces and observes the batch. It returns an error only for
+// a simulated crash.
+func processDeliveries(ctx context.Context, batch []delivery, fetchStart time.Time) error {
+	c := batch[0].c
 	if c.cfg.TracerProvider != nil {
 		links := make([]trace.Link, 0, min(len(batch), 64))
-		for _, m := range batch[:min(len(batch), 64)] {
-			if l, ok := extractLink(m.Headers()); ok {
+		for _, d := range batch[:min(len(batch), 64)] {
+			if l, ok := extractLink(d.m.Headers()); ok {
 				links = append(links, l)
 			}
 		}
@@ -73,22 +90,28 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 	}
 	msgs := getMessages(len(batch))
 	defer putMessages(msgs)
-	for i, m := range batch {
-		msgs[i] = InboxMessage(m)
-		msgs[i].Final = c.cfg.MaxDeliver > 0 && msgs[i].Deliveries >= uint64(c.cfg.MaxDeliver)
+	// The consumers of the batch, each once: most batches have one.
+	cons := []*Consumer{c}
+	for i, d := range batch {
+		msgs[i] = InboxMessage(d.m)
+		msgs[i].Final = d.c.cfg.MaxDeliver > 0 && msgs[i].Deliveries >= uint64(d.c.cfg.MaxDeliver)
 		if msgs[i].Deliveries > 1 {
-			c.redeliveries.Add(1)
+			d.c.redeliveries.Add(1)
+		}
+		d.c.received.Add(1)
+		if d.c != cons[len(cons)-1] && !slices.Contains(cons, d.c) {
+			cons = append(cons, d.c)
 		}
 	}
-	c.received.Add(int64(len(batch)))
 	stopProgress := make(chan struct{})
 	go c.keepAlive(batch, stopProgress)
 	defer close(stopProgress) // keep the batch alive while it is settled too
 	began := time.Now()
 	out, err := c.proc.Process(ctx, msgs)
 	c.batches.Add(1)
+	report := BatchReport{Messages: msgs, Outcomes: out, Err: err, Began: began, Ended: time.Now()}
 	if c.cfg.Observer != nil {
-		c.cfg.Observer.ObserveBatch(BatchReport{Messages: msgs, Outcomes: out, Err: err, Began: began, Ended: time.Now()})
+		c.cfg.Observer.ObserveBatch(report)
 	}
 
 	var crash *hook.Crash
@@ -99,13 +122,22 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 	if err != nil {
 		c.failedBatches.Add(1)
 		if c.pauseAfter(ctx, err, out) {
-			c.dbDown.Store(true)
+			for _, k := range cons {
+				k.dbDown.Store(true)
+			}
 		}
 		c.cfg.Logger.Warn("jsinbox: batch failed; naking with jittered delay", "batch", len(batch), "err", err)
 	} else {
-		c.batchOK.Store(true)
+		for _, k := range cons {
+			k.batchOK.Store(true)
+		}
 	}
-	skipAck := c.hook != nil && c.hook(hook.SkipAck)
+	// Each consumer's hook is asked once per batch.
+	skip := make([]bool, len(cons))
+	for j, k := range cons {
+		skip[j] = k.hook != nil && k.hook(hook.SkipAck)
+	}
+	skipAck := func(k *Consumer) bool { return skip[slices.Index(cons, k)] }
 	if c.cfg.TracerProvider != nil {
 		var ack trace.Span
 		ctx, ack = c.tracer.Start(ctx, "jetinbox.ack")
@@ -114,33 +146,42 @@ func (c *Consumer) processBatch(ctx context.Context, batch []jetstream.Msg, fetc
 	// Acks and naks first, then what goes to the dead-letter stream: a
 	// dead letter held on an outage must not hold back its neighbours' acks.
 	var later []int
-	for i, m := range batch {
-		o := out[i]
+	for i, d := range batch {
+		o, m, k := out[i], d.m, d.c
 		switch {
 		case o.Ackable():
 			if o.Status == inbox.StatusApplied {
-				c.applied.Add(1)
+				k.applied.Add(1)
 			} else {
-				c.duplicates.Add(1)
+				k.duplicates.Add(1)
 			}
-			if !skipAck {
+			if !skipAck(k) {
 				if err := m.Ack(); err != nil {
-					c.cfg.Logger.Debug("jsinbox: ack failed; the message will be redelivered and found in the inbox",
+					k.cfg.Logger.Debug("jsinbox: ack failed; the message will be redelivered and found in the inbox",
 						"id", msgs[i].ID, "stream_seq", msgs[i].StreamSeq, "deliveries", msgs[i].Deliveries, "err", err)
 				}
 			}
 		case o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict || msgs[i].Final:
 			later = append(later, i)
 		default:
-			c.naks.Add(1)
-			_ = m.NakWithDelay(c.cfg.Nak.Delay(int(max(msgs[i].Deliveries, 1))))
+			k.naks.Add(1)
+			_ = m.NakWithDelay(k.cfg.Nak.Delay(int(max(msgs[i].Deliveries, 1))))
 		}
 	}
+	if a, ok := c.cfg.Observer.(AckObserver); ok {
+		report.Received = make([]time.Time, len(batch))
+		for i, d := range batch {
+			report.Received[i] = d.at
+		}
+		report.Acked = time.Now()
+		a.ObserveAcked(report)
+	}
 	for _, i := range later {
+		k := batch[i].c
 		if o := out[i]; o.Status == inbox.StatusRejected || o.Status == inbox.StatusConflict {
-			c.settleRejected(ctx, batch[i], &msgs[i], o)
+			k.settleRejected(ctx, batch[i].m, &msgs[i], o)
 		} else {
-			c.lastTry(ctx, batch[i], &msgs[i], o)
+			k.lastTry(ctx, batch[i].m, &msgs[i], o)
 		}
 	}
 	return nil

@@ -41,18 +41,21 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 		"Embedded nats-server unless NATS_URL is set. The inbox: DATABASE_URL if set, else a throwaway PostgreSQL\n"+
 		"if its server binaries are installed, else a SQLite file in a temporary directory; -store picks.", stderr)
 	var (
-		n          = fs.Int("intents", 20000, "distinct intents to publish")
-		accounts   = fs.Int("accounts", 100, "ledger accounts")
-		consumers  = fs.Int("consumers", 2, "consumer processes on the one durable")
-		dupFrac    = fs.Float64("replay-fraction", 0.02, "fraction of intents an upstream system publishes again after the duplicate window")
-		timeout    = fs.Duration("timeout", 3*time.Minute, "give up waiting for the pipeline to settle after this long")
-		verbose    = fs.Bool("v", false, "log what the consumers do (dead letters, crashes, retries)")
-		syncAlways = fs.Bool("sync-always", true, "embedded server fsyncs every JetStream write, as production must (sync_interval: always)")
-		cluster    = fs.Bool("cluster", false, "run on three embedded nats-servers with R3 streams and consumers, and kill the stream leader halfway through publishing")
-		httpHop    = fs.Bool("http", demoHTTPDefault(), "then run the first hop over HTTP: clients POST intents with an Idempotency-Key through a lossy proxy to jetinbox intake processes (needs the PostgreSQL server binaries; on by default where they are)")
-		scope      = cli.ScopeFlag(fs, env)
-		durable    = cli.DurableFlag(fs, env)
-		storeFlag  = fs.String("store", "", "where the inbox lives: sqlite (a file in a temporary directory), postgres (a throwaway server), or a database URL "+
+		n           = fs.Int("intents", 20000, "distinct intents to publish")
+		accounts    = fs.Int("accounts", 100, "ledger accounts")
+		consumers   = fs.Int("consumers", 2, "consumer processes on the one durable")
+		dupFrac     = fs.Float64("replay-fraction", 0.02, "fraction of intents an upstream system publishes again after the duplicate window")
+		timeout     = fs.Duration("timeout", 3*time.Minute, "give up waiting for the pipeline to settle after this long")
+		verbose     = fs.Bool("v", false, "log what the consumers do (dead letters, crashes, retries)")
+		syncAlways  = fs.Bool("sync-always", true, "embedded server fsyncs every JetStream write, as production must (sync_interval: always)")
+		cluster     = fs.Bool("cluster", false, "run on three embedded nats-servers with R3 streams and consumers, and kill the stream leader halfway through publishing")
+		httpHop     = fs.Bool("http", demoHTTPDefault(), "then run the first hop over HTTP: clients POST intents with an Idempotency-Key through a lossy proxy to jetinbox intake processes (needs the PostgreSQL server binaries; on by default where they are)")
+		scope       = cli.ScopeFlag(fs, env)
+		durable     = cli.DurableFlag(fs, env)
+		withConsole = fs.Bool("console", false, "after the verified result, keep the operator console up on the run's servers and print its URL and the pages of telling IDs (Ctrl-C ends it)")
+		consoleAddr = fs.String("console-listen", "127.0.0.1:0", "-console: address to serve it on (loopback by default)")
+		shots       = fs.String("screenshots", "", "-console: take a PNG of each console page into this directory with headless Chromium, then exit")
+		storeFlag   = fs.String("store", "", "where the inbox lives: sqlite (a file in a temporary directory), postgres (a throwaway server), or a database URL "+
 			"(postgres://… or sqlite:///path); default: DATABASE_URL, else postgres if its server binaries are installed, else sqlite")
 	)
 	if err := cli.Parse(fs, args); err != nil {
@@ -79,6 +82,7 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 		defer sayMu.Unlock()
 		fmt.Fprintf(stderr, "%6.1fs  %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
 	}
+	userCtx := ctx
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 
@@ -272,6 +276,11 @@ func Demo(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, 
 	fmt.Fprintf(stdout, "\nfinished in %.1fs\n", time.Since(start).Seconds())
 	if !rep.Clean() || rep.AppliedOnce != len(intents) {
 		return errDemoFailed
+	}
+	if *withConsole {
+		return demoConsole(userCtx, demoConsoleRun{js: js, store: store, stream: streamOpts.Name, scope: *scope, durable: *durable,
+			applied: intents[len(intents)/2].ID, replayed: intents[0].ID, dead: poison[3].ID, conflict: conflict.ID,
+			fleet: fleet, listen: *consoleAddr, screenshots: *shots}, stdout)
 	}
 	return nil
 }

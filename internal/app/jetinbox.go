@@ -44,6 +44,7 @@ func commands() map[string]command {
 		"demo":     {"the all-in-one run: embedded JetStream, a throwaway PostgreSQL (or a SQLite file), producer, two consumers, faults, verified result", Demo},
 		"accounts": {"open ledger accounts (-open 1-1024), or list them with their balances (-list)", Accounts},
 		"dlq":      {"list a scope's dead letters by reason, -show one, -redrive a selection after fixing the cause", DLQ},
+		"console":  {"serve the operator console: overview, an intent's timeline by ID or HTTP key, dead letters and re-drive, verify, partitions", Console},
 		"migrate":  {"apply the inbox, ledger and outbox schemas (-print shows the SQL instead)", Migrate},
 		"relay":    {"publish the outbox's pending rows (follow-ups, services' own intents) with their IDs and mark them sent", Relay},
 		"verify":   {"check a stream against one scope's inbox and ledger: lost, duplicated, unexpected", Verify},
@@ -102,7 +103,7 @@ func Jetinbox(ctx context.Context, args []string, env cli.Env, stdin io.Reader, 
 
 // ownUsage names the commands whose usage text (cli.NewFlagSet) already
 // ends with the exit-code convention; the dispatcher adds it to the others'.
-var ownUsage = map[string]bool{"demo": true, "accounts": true, "dlq": true, "migrate": true, "verify": true, "consumer": true, "replay": true, "prune": true, "relay": true, "partitions": true, "intake": true}
+var ownUsage = map[string]bool{"console": true, "demo": true, "accounts": true, "dlq": true, "migrate": true, "verify": true, "consumer": true, "replay": true, "prune": true, "relay": true, "partitions": true, "intake": true}
 
 // Migrate applies the schemas, or prints them.
 func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {

@@ -64,7 +64,10 @@ func pendingRows(t *testing.T, pool *pgxpool.Pool) int {
 
 func settled(js jetstream.JetStream, stream, durable string) func() bool {
 	return func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		// One look, bounded so that a slow answer is looked at again
+		// rather than waited on forever; the callers poll with their own
+		// ceiling.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		return pipeline.WaitSettled(ctx, js, stream, durable, nil) == nil
 	}

@@ -26,6 +26,8 @@ type latencyRun struct {
 	// relayLat: with follow-ups, each follow-up's emit-to-publish time
 	// (its transaction's start to being marked sent).
 	relayLat []time.Duration
+	// stages: each message's publish-to-ack split by stage.
+	stages []stageTimes
 }
 
 // latencyPhase offers a steady rate for o.Latency and measures
@@ -53,8 +55,12 @@ func latencyPhase(ctx context.Context, js jetstream.JetStream, dbs databases, o 
 		return nil, err
 	}
 	total := max(1, int(float64(rate)*o.Latency.Seconds()))
-	obs := &countObserver{done: make(chan struct{}), n: int64(total), latency: true}
 	intents := pipeline.Generate(pipeline.Load{Count: total, Accounts: o.Accounts, HotAccount: o.Hot, Prefix: name, Seed: 9})
+	ids := make([]string, len(intents))
+	for i := range intents {
+		ids[i] = intents[i].ID
+	}
+	obs := newStageObserver(&countObserver{done: make(chan struct{}), n: int64(total), latency: true}, ids)
 	run := &latencyRun{offered: rate}
 	var lags lagCollector
 	if o.followUps {
@@ -85,6 +91,7 @@ func latencyPhase(ctx context.Context, js jetstream.JetStream, dbs databases, o 
 		for sent := 0; sent < total; {
 			due := min(total, int(time.Since(start).Seconds()*float64(rate))+1)
 			for ; sent < due; sent++ {
+				obs.published(sent)
 				if err := pub.PublishAsync(ctx, intents[sent]); err != nil {
 					return err
 				}
@@ -113,6 +120,7 @@ func latencyPhase(ctx context.Context, js jetstream.JetStream, dbs databases, o 
 		return nil, err
 	}
 	run.lat = obs.lat
+	run.stages = obs.all()
 	if o.followUps {
 		for deadline := time.Now().Add(time.Minute); len(lags.all()) < total; time.Sleep(10 * time.Millisecond) {
 			if time.Now().After(deadline) {

@@ -65,6 +65,12 @@ type ShardsOptions struct {
 	// ModelHosts are the host counts of the model's table.
 	ModelHosts []int
 	Progress   io.Writer
+	// OneDurable adds a first row: the same messages through one plain
+	// consumer on one durable of the whole stream, one PostgreSQL, the
+	// baseline of the CPU ratios. PartitionBatches runs every shard count
+	// a second time with each partition consumer forming its own batches
+	// (the setting before one batcher per shard), beside it.
+	OneDurable, PartitionBatches bool
 
 	// partitionOf, if set, replaces the server's partition function in
 	// the bench's expectations (a test shows the check goes red).
@@ -147,6 +153,8 @@ func ShardsMain(ctx context.Context, list string, args []string, stdout, stderr 
 	fs.IntVar(&o.HostCores, "host-cores", runtime.NumCPU(), "model: cores of each shard's PostgreSQL host")
 	fs.IntVar(&o.NATSCores, "nats-cores", runtime.NumCPU(), "model: cores of the NATS host (the stream leader)")
 	fs.StringVar(&hosts, "model-hosts", "1,2,4,8,16", "model: host counts of the table")
+	fs.BoolVar(&o.OneDurable, "one-durable", true, "also run the messages through one plain consumer on one durable (the baseline of the CPU ratios)")
+	fs.BoolVar(&o.PartitionBatches, "beside-partition-batches", false, "also run each shard count with every partition consumer forming its own batches (consumer -partition-batches), beside one batcher per shard")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage of jetinbox bench -shards 1,2,4: one stream partitioned by its subject transform, consumed by\n"+
 			"that many shards, each on a throwaway PostgreSQL of its own (fsync on), through jetinbox consumer -shards;\n"+
@@ -230,6 +238,9 @@ func (r ShardsRound) Rate() float64 {
 // ShardsRow is one shard count over the rounds.
 type ShardsRow struct {
 	Shards int
+	// Mode is "" (one batcher per shard), modeOneDurable or
+	// modePartitionBatches.
+	Mode   string
 	Rounds []ShardsRound
 }
 
@@ -320,21 +331,28 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 		return nil, err
 	}
 	b.say("published %d messages at %.0f msg/s", o.N, res.PublishRate)
+	if o.OneDurable {
+		res.Rows = append(res.Rows, ShardsRow{Shards: 1, Mode: modeOneDurable})
+	}
 	for _, k := range o.Counts {
 		res.Rows = append(res.Rows, ShardsRow{Shards: k})
+		if o.PartitionBatches {
+			res.Rows = append(res.Rows, ShardsRow{Shards: k, Mode: modePartitionBatches})
+		}
 	}
 	for round := 1; round <= o.Rounds; round++ {
-		for i, k := range o.Counts {
-			r, err := b.row(ctx, exe, round, k)
+		for i, row := range res.Rows {
+			k := row.Shards
+			r, err := b.row(ctx, exe, round, k, row.Mode)
 			if err != nil {
-				return nil, fmt.Errorf("bench -shards: %d shard(s), round %d: %w", k, round, err)
+				return nil, fmt.Errorf("bench -shards: %s, round %d: %w", row.label(), round, err)
 			}
 			res.Rows[i].Rounds = append(res.Rows[i].Rounds, r)
 			per := make([]string, len(r.Shards))
 			for j, s := range r.Shards {
 				per[j] = fmt.Sprintf("%.0f", float64(s.Msgs)/s.Elapsed.Seconds())
 			}
-			b.say("round %d, %d shard(s): %d msgs in %.2fs = %.0f msg/s (per shard %s)", round, k, o.N, r.Elapsed.Seconds(), r.Rate(), strings.Join(per, ", "))
+			b.say("round %d, %s: %d msgs in %.2fs = %.0f msg/s (per shard %s)", round, row.label(), o.N, r.Elapsed.Seconds(), r.Rate(), strings.Join(per, ", "))
 		}
 	}
 	res.Verified = true
@@ -382,16 +400,19 @@ type shardDB struct {
 }
 
 // row runs k shards over the whole stream once and checks their ledgers.
-func (b *shardsBench) row(ctx context.Context, exe string, round, k int) (ShardsRound, error) {
+func (b *shardsBench) row(ctx context.Context, exe string, round, k int, mode string) (ShardsRound, error) {
+	if mode == modeOneDurable {
+		return b.oneDurableRow(ctx, exe, round)
+	}
 	m := b.base
-	m.DurablePrefix = fmt.Sprintf("bench_r%d_k%d", round, k)
+	m.DurablePrefix = fmt.Sprintf("bench_r%d_k%d%s", round, k, map[string]string{modePartitionBatches: "pb"}[mode])
 	shards := make([]*shardDB, k)
 	for i := range k {
 		var set shard.Set
 		for p := i * m.Partitions / k; p < (i+1)*m.Partitions/k; p++ {
 			set = append(set, p)
 		}
-		db := fmt.Sprintf("shards_r%d_k%d_s%d", round, k, i)
+		db := fmt.Sprintf("%s_s%d", m.DurablePrefix, i)
 		if _, err := b.pgs[i].CreateDatabase(ctx, db); err != nil {
 			return ShardsRound{}, err
 		}
@@ -453,7 +474,13 @@ func (b *shardsBench) row(ctx context.Context, exe string, round, k int) (Shards
 	}
 	cpu0 := cpuTime()
 	start := time.Now()
-	cons, err := b.startConsumers(ctx, exe, mapFile, shards)
+	cons, err := b.startConsumers(ctx, exe, shards, func(s *shardDB) []string {
+		args := []string{"consumer", "-shards", mapFile, "-shard", s.s.Name}
+		if mode == modePartitionBatches {
+			args = append(args, "-partition-batches")
+		}
+		return args
+	})
 	if err != nil {
 		return ShardsRound{}, err
 	}
@@ -623,14 +650,14 @@ func (l *lockedBuffer) String() string {
 
 // startConsumers runs `consumer -shards FILE -shard NAME` for each shard:
 // the production command, with the bench's batch and in-flight.
-func (b *shardsBench) startConsumers(ctx context.Context, exe, mapFile string, shards []*shardDB) (*consumers, error) {
+func (b *shardsBench) startConsumers(ctx context.Context, exe string, shards []*shardDB, argsOf func(*shardDB) []string) (*consumers, error) {
 	c := &consumers{exits: make(chan int, len(shards)), errs: make([]error, len(shards))}
 	if exe == "" {
 		ctx, c.cancel = context.WithCancel(ctx)
 	}
 	for i, s := range shards {
-		args := []string{"consumer", "-shards", mapFile, "-shard", s.s.Name, "-http", "", "-batch", strconv.Itoa(b.o.Batch),
-			"-inflight", strconv.Itoa(b.o.InFlight), "-log-format", "json"}
+		args := append(argsOf(s), "-http", "", "-batch", strconv.Itoa(b.o.Batch),
+			"-inflight", strconv.Itoa(b.o.InFlight), "-log-format", "json")
 		log := &lockedBuffer{}
 		c.out = append(c.out, log)
 		if exe != "" {
@@ -931,7 +958,7 @@ func (m Model) OneMachine() float64 {
 // host's PostgreSQL applying everything at full speed, which is what each
 // host does in the model).
 func (r *ShardsResult) Model() Model {
-	return Model{Costs: r.Rows[0].medianCosts(r.PublishCPU), HostCores: r.Opts.HostCores, NATSCores: r.Opts.NATSCores}
+	return Model{Costs: r.Rows[r.firstShardRow()].medianCosts(r.PublishCPU), HostCores: r.Opts.HostCores, NATSCores: r.Opts.NATSCores}
 }
 
 func us(d time.Duration) string { return fmt.Sprintf("%.1fµs", float64(d)/float64(time.Microsecond)) }
@@ -944,26 +971,27 @@ func (r *ShardsResult) Write(w io.Writer) {
 	if !o.Processes {
 		where = "`consumer -shards FILE -shard NAME` in this process (consumer and nats-server CPU not told apart)"
 	}
-	fmt.Fprintf(w, "\njetinbox bench -shards: %d messages over %d accounts, %d partitions, batch ≤ %d, %d in flight per partition, %d round(s), median\n",
+	fmt.Fprintf(w, "\njetinbox bench -shards: %d messages over %d accounts, %d partitions, batch ≤ %d, %d in flight per shard (per partition in the per-partition rows), %d round(s), median\n",
 		o.N, o.Accounts, o.Partitions, o.Batch, o.InFlight, o.Rounds)
 	fmt.Fprintf(w, "stream %s: transform %s → %s (sync_interval always: %v); each shard its own PostgreSQL (fsync on); consumers %s\n",
 		r.basemap().Stream, src, dest, o.SyncAlways, where)
 	fmt.Fprintf(w, "producer: %.0f msg/s into the sharded stream, %s CPU per message stored (nats-server and the publisher's client)\n\n", r.PublishRate, us(r.PublishCPU))
 	base := r.Rows[0]
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	vs := fmt.Sprintf("vs %d shards", base.Shards)
-	if base.Shards == 1 {
-		vs = "vs 1 shard"
-	}
-	fmt.Fprintf(tw, "shards\tmsg/s\t%s\tper shard msg/s\tCPU/msg: PostgreSQL\tconsumers\tnats-server%s\tWAL/msg\tcores used\t\n", vs, map[bool]string{false: "+consumers"}[o.Processes])
+	vs := "vs " + base.label()
+	fmt.Fprintf(tw, "shards\tmsg/s\t%s\tper shard msg/s\tCPU/msg: PostgreSQL\tconsumers\tnats-server%s\tWAL/msg\tcores used\tPostgreSQL vs 1 durable\tnats-server vs 1 durable\t\n", vs, map[bool]string{false: "+consumers"}[o.Processes])
 	for _, row := range r.Rows {
 		c := row.medianCosts(r.PublishCPU)
 		cons := us(c.Consumer)
 		if !o.Processes {
 			cons = "-"
 		}
-		fmt.Fprintf(tw, "%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%.0f B\t%.2f of %d\t\n", row.Shards, median(row.rates()), ratios(row.rates(), base.rates()),
-			strings.Join(row.perShardRates(), " "), us(c.PG), cons, us(c.Process), c.WALBytes, row.cores(), runtime.NumCPU())
+		pgR, natsR := "-", "-"
+		if p, n, ok := r.costRatios(row); ok && row.Mode != modeOneDurable {
+			pgR, natsR = p.String(), n.String()
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%.0f B\t%.2f of %d\t%s\t%s\t\n", row.label(), median(row.rates()), ratios(row.rates(), base.rates()),
+			strings.Join(row.perShardRates(), " "), us(c.PG), cons, us(c.Process), c.WALBytes, row.cores(), runtime.NumCPU(), pgR, natsR)
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "\neach shard (median over rounds): its partitions, messages, rate until its last message, its PostgreSQL's CPU and WAL per message, messages per committed transaction")
@@ -985,7 +1013,7 @@ func (r *ShardsResult) Write(w io.Writer) {
 			if !o.Processes {
 				consS = "-"
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%.0f\t%s\t%s\t%.0f B\t%.0f\t\n", row.Shards, s.Name, s.Partitions, s.Msgs, median(rate),
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.0f\t%s\t%s\t%.0f B\t%.0f\t\n", row.label(), s.Name, s.Partitions, s.Msgs, median(rate),
 				us(time.Duration(median(pg))), consS, median(wal), median(perTx))
 		}
 	}
@@ -1017,7 +1045,8 @@ func (r *ShardsResult) writeModel(w io.Writer) {
 	m := r.Model()
 	c := m.Costs
 	fmt.Fprintf(w, "\nmodel: N hosts, each a shard's PostgreSQL (%d cores); one NATS host (%d cores) stores, delivers and takes the ack of every message\n", m.HostCores, m.NATSCores)
-	fmt.Fprintf(w, "inputs (the %d-shard row, median):\n", r.Rows[0].Shards)
+	first := r.Rows[r.firstShardRow()]
+	fmt.Fprintf(w, "inputs (the %s row, median):\n", first.label())
 	fmt.Fprintf(w, "  PostgreSQL CPU per message    %9s  → a host applies at most %.0f msg/s\n", us(c.PG), m.HostCeiling())
 	natsWhat := "store " + us(c.Store) + " + deliver and ack " + us(c.Process)
 	if !r.Opts.Processes {
@@ -1049,6 +1078,6 @@ func (r *ShardsResult) writeModel(w io.Writer) {
 	} else {
 		fmt.Fprintf(w, "the hosts' PostgreSQL binds up to %d host(s); from %d on NATS does, at %.0f msg/s, until it gets more cores or the stream is split\n", k, k+1, m.NATSCeiling())
 	}
-	fmt.Fprintf(w, "check: everything on one %d-core host, the model gives %.0f msg/s; the %d-shard row measured %.0f keeping %.2f cores busy (the model counts CPU, not waits or other work on the machine)\n",
-		m.HostCores, m.OneMachine(), r.Rows[0].Shards, median(r.Rows[0].rates()), r.Rows[0].cores())
+	fmt.Fprintf(w, "check: everything on one %d-core host, the model gives %.0f msg/s; the %s row measured %.0f keeping %.2f cores busy (the model counts CPU, not waits or other work on the machine)\n",
+		m.HostCores, m.OneMachine(), first.label(), median(first.rates()), first.cores())
 }

@@ -84,7 +84,7 @@ func TestShardsBench(t *testing.T) {
 	}
 	ctx := context.Background()
 	var progress bytes.Buffer
-	o := ShardsOptions{Counts: []int{1, 2}, N: 3000, Accounts: 64, Batch: 500, InFlight: 2, Rounds: 1, Progress: &progress}
+	o := ShardsOptions{Counts: []int{1, 2}, N: 3000, Accounts: 64, Batch: 500, InFlight: 2, Rounds: 1, Progress: &progress, OneDurable: true}
 	res, err := RunShards(ctx, o)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, progress.String())
@@ -92,7 +92,7 @@ func TestShardsBench(t *testing.T) {
 	var out bytes.Buffer
 	res.Write(&out)
 	t.Logf("\n%s", out.String())
-	if !res.Verified || len(res.Rows) != 2 {
+	if !res.Verified || len(res.Rows) != 3 {
 		t.Fatalf("verified %v, %d rows", res.Verified, len(res.Rows))
 	}
 	for _, row := range res.Rows {
@@ -109,9 +109,11 @@ func TestShardsBench(t *testing.T) {
 		}
 	}
 	for _, want := range []string{
-		`(?m)^ +1 +\d+ +1\.00x +\d+ +\d+\.\dµs +- +\d+\.\dµs +\d+ B +\d\.\d\d of \d+ *$`,
-		`(?m)^ +2 +\d+ +\d+\.\d\dx +\d+ \d+ +\d+\.\dµs `,
-		`(?m)^ +2 +s1 +32-63 +\d+ +\d+ `,
+		`(?m)^ +1 durable +\d+ +1\.00x +\d+ +\d+\.\dµs +- +\d+\.\dµs +\d+ B +\d\.\d\d of \d+ +- +- *$`,
+		`(?m)^ +1 shard +\d+ +\d+\.\d\dx +\d+ +\d+\.\dµs +- +\d+\.\dµs +\d+ B +\d\.\d\d of \d+ +\d+\.\d\dx +\d+\.\d\dx *$`,
+		`(?m)^ +2 shards +\d+ +\d+\.\d\dx +\d+ \d+ +\d+\.\dµs `,
+		`(?m)^ +2 shards +s1 +32-63 +\d+ +\d+ `,
+		`(?m)^ +1 durable +one +0-63 +3000 `,
 		`(?m)^  NATS CPU per message +\d+\.\dµs  → the stream's ceiling \d+ msg/s`,
 		`(?m)^ +16 +\d+ +\d+ +(NATS|the hosts' PostgreSQL) +\d+\.\d +- +\d+\.\d MB/s *$`,
 		`(?m)^ledgers verified after every row`,

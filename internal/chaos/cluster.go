@@ -43,16 +43,20 @@ import (
 // ClusterFaults are the faults of a cluster run, one phase each, in the
 // order they run.
 var ClusterFaults = []string{
-	"stream-leader-kill",    // the stream leader gets SIGKILL while intents are published
-	"consumer-leader-kill",  // the durable's leader gets SIGKILL while batches are consumed
-	"stream-leader-pause",   // the stream leader gets SIGSTOP past the election timeout, then SIGCONT
-	"consumer-leader-pause", // the same for the durable's leader
-	"step-downs",            // stream, then consumer leader hand over on request
-	"rolling-restart",       // every node restarted in turn, each waited for
-	"partition",             // the stream leader cut off from the other two, then healed
-	"client-server-dies",    // a consumer's server dies as the consumer acks a batch
-	"consumer-pause",        // a consumer process gets SIGSTOP past AckWait while another takes its messages, then SIGCONT
-	"membership",            // a fresh server joins, a stream peer is removed in its favour, while a node is cut off
+	"stream-leader-kill",       // the stream leader gets SIGKILL while intents are published
+	"consumer-leader-kill",     // the durable's leader gets SIGKILL while batches are consumed
+	"stream-leader-pause",      // the stream leader gets SIGSTOP past the election timeout, then SIGCONT
+	"consumer-leader-pause",    // the same for the durable's leader
+	"step-downs",               // stream, then consumer leader hand over on request
+	"rolling-restart",          // every node restarted in turn, each waited for
+	"partition",                // the stream leader cut off from the other two, then healed
+	"client-server-dies",       // a consumer's server dies as the consumer acks a batch
+	"consumer-pause",           // a consumer process gets SIGSTOP past AckWait while another takes its messages, then SIGCONT
+	"membership",               // a fresh server joins, a stream peer is removed in its favour, while a node is cut off
+	"stream-leader-black-hole", // every byte to and from the stream leader (routes and clients) dropped, nothing closed, then healed
+	"one-way-cut",              // a stream follower stops hearing the leader, the leader still hears it, then healed
+	"server-remove",            // a fresh server joins, a stream follower is stopped and removed from the cluster ($JS.API.SERVER.REMOVE)
+	"membership-partition",     // a fresh server joins; the stream leader is cut off, a follower killed and removed from the cluster meanwhile
 }
 
 // ClusterOptions configures a cluster chaos run.
@@ -119,7 +123,8 @@ func ClusterMain(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			"nats-servers, each a process of its own (this binary re-executed), with R3 streams and consumers,\n"+
 			"one phase per fault: SIGKILL and SIGSTOP of the leaders, step-downs, a rolling restart, a\n"+
 			"partition, a consumer's server dying, a `jetinbox consumer` process paused past AckWait, a\n"+
-			"stream peer replaced by a fresh server during a partition. Counts lost, applied once,\n"+
+			"stream peer replaced by a fresh server during a partition, a black-holed stream leader, a\n"+
+			"one-way cut, a server removed from the cluster, and a removal during a partition. Counts lost, applied once,\n"+
 			"duplicated and unexpected per phase, then runs verify on the end state.")
 		fs.PrintDefaults()
 	}
@@ -222,6 +227,10 @@ type clusterRun struct {
 	pauseCons jetstream.Consumer
 	// membership's fresh server, joined before the phase publishes.
 	fresh int
+	// joined are the fresh servers that joined before this phase.
+	joined []int
+	// removed are the servers removed from the cluster: down for good.
+	removed map[int]bool
 }
 
 // ClusterStats says how hard the faults hit: publish retries and the
@@ -253,7 +262,7 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 	if o.AckWait <= 0 {
 		o.AckWait = 3 * time.Second
 	}
-	r := &clusterRun{o: o, start: time.Now(), stream: jsinbox.DefaultStream, durable: "ledger", cancels: map[int]context.CancelFunc{}}
+	r := &clusterRun{o: o, start: time.Now(), stream: jsinbox.DefaultStream, durable: "ledger", cancels: map[int]context.CancelFunc{}, removed: map[int]bool{}}
 	r.workCond = sync.NewCond(&r.workMu)
 	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
 	if err != nil {
@@ -264,7 +273,12 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 	if o.SyncAlways {
 		syncInterval = "always"
 	}
-	if r.cl, err = natsenv.StartNATSProcs(ctx, natsenv.NATSProcsOptions{Nodes: 3, SyncInterval: syncInterval}); err != nil {
+	if r.cl, err = natsenv.StartNATSProcs(ctx, natsenv.NATSProcsOptions{Nodes: 3, SyncInterval: syncInterval,
+		// Clients through proxies, so that a black hole reaches them; the
+		// system account for removing a server. Only when a phase needs
+		// them: the other phases run as they always have.
+		ClientProxies: slices.Contains(o.Faults, "stream-leader-black-hole"),
+		SystemAccount: slices.Contains(o.Faults, "server-remove") || slices.Contains(o.Faults, "membership-partition")}); err != nil {
 		return nil, nil, nil, err
 	}
 	defer r.cl.Close()
@@ -444,7 +458,7 @@ func (r *clusterRun) phase(ctx context.Context, fault string, intents []inbox.In
 		}
 		defer cleanup()
 	}
-	if fault == "membership" {
+	if fault == "membership" || fault == "server-remove" || fault == "membership-partition" {
 		// The fresh server joins first: the peer change and the
 		// partition then meet the publishing.
 		n, err := r.cl.AddNode(ctx)
@@ -453,6 +467,16 @@ func (r *clusterRun) phase(ctx context.Context, fault string, intents []inbox.In
 		}
 		r.fresh = n
 		r.say("  %s joined the cluster (pid %d)", r.cl.Name(n), r.cl.Pid(n))
+		// The removal during a partition needs a meta quorum without the
+		// node cut off and the node killed: five servers.
+		r.joined = []int{n}
+		for fault == "membership-partition" && len(r.answeringExcept(-1)) < 5 {
+			if n, err = r.cl.AddNode(ctx); err != nil {
+				return "", err
+			}
+			r.joined = append(r.joined, n)
+			r.say("  %s joined the cluster (pid %d)", r.cl.Name(n), r.cl.Pid(n))
+		}
 	}
 	r.say("phase %s: publishing %d intents", fault, len(intents))
 	third := make(chan struct{})
@@ -542,6 +566,9 @@ func (r *clusterRun) fault(ctx context.Context, fault string) (string, error) {
 	case "rolling-restart":
 		var names []string
 		for i := range r.cl.Size() {
+			if r.removed[i] {
+				continue
+			}
 			if err := r.cl.Restart(i); err != nil {
 				return "", err
 			}
@@ -581,7 +608,7 @@ func (r *clusterRun) fault(ctx context.Context, fault string) (string, error) {
 		}
 		var dead int
 		for i := range r.cl.Size() {
-			if !r.cl.Running(i) {
+			if !r.cl.Running(i) && !r.removed[i] {
 				dead = i
 			}
 		}
@@ -609,6 +636,14 @@ func (r *clusterRun) fault(ctx context.Context, fault string) (string, error) {
 		return r.consumerPause(ctx)
 	case "membership":
 		return r.membership(ctx)
+	case "stream-leader-black-hole":
+		return r.blackHoleLeader(ctx)
+	case "one-way-cut":
+		return r.oneWayCut(ctx)
+	case "server-remove":
+		return r.serverRemove(ctx)
+	case "membership-partition":
+		return r.membershipPartition(ctx)
 	}
 	return "", fmt.Errorf("unknown fault %q", fault)
 }

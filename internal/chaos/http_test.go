@@ -13,6 +13,7 @@ import (
 // NATS and a PostgreSQL restart; the unsafe rows must show what they lose,
 // so the harness can see what it claims to check.
 func TestChaosHTTPSmoke(t *testing.T) {
+	t.Parallel()
 	res, err := RunHTTP(context.Background(), HTTPOptions{Intents: 50, DropRequest: 0.15, DropResponse: 0.15, Timeout: 30 * time.Millisecond,
 		Burst: 6, Conflicts: 10, Kills: 2, Restarts: true, Seed: 3})
 	if err != nil {

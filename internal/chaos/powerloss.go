@@ -67,6 +67,15 @@ type PowerRowSpec struct {
 	PGSettings []string
 	// SQLiteNormal opens the SQLite file with synchronous=NORMAL.
 	SQLiteNormal bool
+	// PartitionOther, in a one-node row, cuts the routes between another
+	// node and the stream leader before the power goes out, and heals
+	// them once the node is back.
+	PartitionOther bool
+	// Damage replaces the power cut: one node is killed, its newest .blk
+	// file of the intents stream is damaged while it is down (bits
+	// flipped, or the file truncated, by turns, truncated first), and it
+	// starts again on it.
+	Damage bool
 }
 
 // PowerRows are the configurations of a power-loss run, in table order.
@@ -79,12 +88,20 @@ var PowerRows = []PowerRowSpec{
 		Settings: "R3, all nodes, PostgreSQL and consumers lose power together; sync_interval always; fsync, synchronous_commit on"},
 	{Name: "shipped-r3-one", Shipped: true, Nodes: 3, SyncInterval: "always", OneNode: true,
 		Settings: "R3, one node loses power at a time, the rest runs; sync_interval always; fsync, synchronous_commit on"},
+	{Name: "shipped-r3-one-partitioned", Shipped: true, Nodes: 3, SyncInterval: "always", OneNode: true, PartitionOther: true,
+		Settings: "R3, one node loses power while another is cut off from the stream leader; sync_interval always; fsync, synchronous_commit on"},
+	{Name: "shipped-r3-damaged-blk", Shipped: true, Nodes: 3, SyncInterval: "always", Damage: true,
+		Settings: "R3, one node's newest .blk of the stream truncated or bit-flipped while it is down; sync_interval always"},
 	{Name: "unsafe-nats-sync", Nodes: 1,
 		Settings: "UNSAFE: 1 node; nats default sync_interval (2m); PostgreSQL as shipped"},
 	{Name: "unsafe-pg-commit", Nodes: 1, SyncInterval: "always", PGSettings: []string{"synchronous_commit=off"},
 		Settings: "UNSAFE: 1 node; PostgreSQL synchronous_commit=off (fsync on, wal_writer_delay default); nats as shipped"},
 	{Name: "unsafe-sqlite-normal", Nodes: 1, SyncInterval: "always", SQLite: true, SQLiteNormal: true,
 		Settings: "UNSAFE: 1 node; SQLite WAL, synchronous=NORMAL; nats as shipped"},
+	{Name: "unsafe-r3-nats-sync", Nodes: 3,
+		Settings: "UNSAFE: R3, all nodes, PostgreSQL and consumers lose power together; nats default sync_interval (2m)"},
+	{Name: "unsafe-r1-damaged-blk", Nodes: 1, SyncInterval: "always", Damage: true,
+		Settings: "UNSAFE: R1, the node's newest .blk of the stream truncated or bit-flipped while it is down; sync_interval always"},
 }
 
 // PowerOptions configures a power-loss run.
@@ -169,7 +186,8 @@ func PowerLossMain(ctx context.Context, args []string, stdout, stderr io.Writer)
 			"data on a FUSE filesystem that forgets what was not fsynced; at each cut every process gets SIGKILL\n"+
 			"(nats-server, PostgreSQL, the consumers), the filesystems drop their unsynced writes and everything\n"+
 			"restarts on what is left. One row per configuration: the shipped settings must lose nothing, the\n"+
-			"unsafe ones show what they lose. Needs root and /dev/fuse (Debian's fuse3).")
+			"unsafe ones show what they lose. The damaged-blk rows kill a node instead and truncate or flip bits\n"+
+			"in its newest .blk file of the stream before it starts again. Needs root and /dev/fuse (Debian's fuse3).")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -236,6 +254,9 @@ func WritePowerTable(w io.Writer, rows []PowerRow) {
 			fmt.Fprint(w, " clean")
 		case r.Spec.Shipped:
 			fmt.Fprint(w, " NOT CLEAN")
+		case r.Lost == 0 && r.Verify != nil && !r.Verify.Clean():
+			fmt.Fprintf(w, " every acknowledged intent was applied, but the stream lost messages: verify reports %d violations (%d inbox rows and effects whose message is gone, %d messages never applied)",
+				r.Verify.ViolationCount(), r.Verify.Unexpected, r.Verify.Lost)
 		case r.Lost == 0:
 			fmt.Fprint(w, " no loss seen this run")
 		default:
@@ -288,6 +309,9 @@ type powerStack struct {
 	dbURL  string // what the consumers open
 
 	consumers []*powerConsumer
+	// damages counts the damage rows' cuts: odd ones truncate, even ones
+	// flip bits.
+	damages int
 }
 
 func (s *powerStack) say(format string, a ...any) {
@@ -490,6 +514,10 @@ func (s *powerStack) run(ctx context.Context, row *PowerRow, round uint64) error
 	if row.Verify, err = verify.RunOn(ctx, js, db, verify.Options{Scope: effects.DefaultScope, Durable: powerDurable, Ledger: true}); err != nil {
 		return err
 	}
+	if s.spec.Damage {
+		row.Notes = append(row.Notes, fmt.Sprintf("verify on the end state: %d stream messages; %d inbox rows and ledger entries whose stream message is gone (unexpected), %d stream messages neither applied nor dead-lettered (lost), %d duplicated, %d balance mismatches",
+			row.Verify.StreamMessages, row.Verify.Unexpected, row.Verify.Lost, row.Verify.Duplicated, row.Verify.BalanceMismatches))
+	}
 	var restarts int
 	for _, c := range s.consumers {
 		restarts += c.restarts()
@@ -596,6 +624,12 @@ func (s *powerStack) load(ctx context.Context, pub *jsinbox.Publisher, intents [
 // drops what was not synced, and everything starts again on what is left.
 func (s *powerStack) cut(ctx context.Context, node int, seed uint64) (string, error) {
 	t0 := time.Now()
+	if s.spec.Damage {
+		return s.damage(ctx, node, seed)
+	}
+	if s.spec.OneNode && s.spec.PartitionOther {
+		return s.cutPartitioned(ctx, node, seed)
+	}
 	if s.spec.OneNode {
 		if err := s.nats.Kill(node); err != nil {
 			return "", err

@@ -15,6 +15,7 @@ import (
 // another partition. Nothing may be lost, applied twice (over all shards)
 // or added, and verify must agree.
 func TestShardsSmoke(t *testing.T) {
+	t.Parallel()
 	r, err := RunShards(context.Background(), ShardsOptions{Shards: 3, Partitions: 64, Intents: 600, LosePubAck: 0.03, Poison: 0.01,
 		Stray: 10, KillPostgres: true, Move: true, RaceMoves: true, Seed: 3})
 	if err != nil {
@@ -49,6 +50,7 @@ func TestShardsSmoke(t *testing.T) {
 // applied; keys derived from the subject (checked as such) put a copy of
 // an ID on another kind in another partition.
 func TestShardsMutations(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("two more sharded runs")
 	}
@@ -60,11 +62,15 @@ func TestShardsMutations(t *testing.T) {
 		{"move without the inbox rows", func(o *ShardsOptions) { o.noCopy = true }},
 		{"key from the subject, not the ID", func(o *ShardsOptions) { o.keyFromSubject = true }},
 		// Fewer partitions: more of the intents go to the moved one.
-		{"raced moves, any given-away row", func(o *ShardsOptions) { o.RaceMoves, o.unsafeMoves, o.Partitions = true, true, 6 }},
+		{"raced moves, any given-away row", func(o *ShardsOptions) { o.RaceMoves, o.unsafeMoves, o.Partitions, o.Intents = true, true, 6, 400 }},
 		{"replay during a move, no fence", func(o *ShardsOptions) { o.RaceMoves, o.unsafeReplay = true, true }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			o := ShardsOptions{Shards: 3, Partitions: 64, Intents: 600, Stray: 10, Move: true, OnePostgres: true, Seed: 3}
+			t.Parallel()
+			// A third of the smoke's intents over a quarter of its
+			// partitions: the strays and the moved partition, which each
+			// mutation needs, are as many as there.
+			o := ShardsOptions{Shards: 3, Partitions: 16, Intents: 200, Stray: 10, Move: true, OnePostgres: true, Seed: 3}
 			c.mutate(&o)
 			r, err := RunShards(context.Background(), o)
 			if err != nil {
@@ -107,6 +113,7 @@ func TestShardsFlags(t *testing.T) {
 // client retries with the same key, while a partition moves between shards.
 // Nothing may be lost, applied twice over all shards, or added.
 func TestShardsThroughIntake(t *testing.T) {
+	t.Parallel()
 	r, err := RunShards(context.Background(), ShardsOptions{Shards: 3, Partitions: 16, Intents: 300, LosePubAck: 0.1, Poison: 0.01,
 		Stray: 5, Move: true, OnePostgres: true, Intake: true, Seed: 5})
 	if err != nil {

@@ -14,13 +14,13 @@ import (
 // between COMMIT and publish, in the PubAck wait and between publish and
 // mark, lost PubAcks and acks, and a NATS and a PostgreSQL restart; verify
 // on both hops and the chain check are clean.
-func TestTwoHopSmoke(t *testing.T) { twoHopSmoke(t, "postgres") }
+func TestTwoHopSmoke(t *testing.T) { t.Parallel(); twoHopSmoke(t, "postgres") }
 
 // TestTwoHopSmokeSQLite is TestTwoHopSmoke on a SQLite file: the ledger's
 // follow-ups go to the SQLite outbox in the inbox transaction, two relays
 // lease batches from it and die at each point, and the chain check reads
 // the file. No database restart there.
-func TestTwoHopSmokeSQLite(t *testing.T) { twoHopSmoke(t, "sqlite") }
+func TestTwoHopSmokeSQLite(t *testing.T) { t.Parallel(); twoHopSmoke(t, "sqlite") }
 
 func twoHopSmoke(t *testing.T, store string) {
 	th, err := RunTwoHop(context.Background(), Options{Intents: 600, DropPublish: 0.03, LosePubAck: 0.03, Crash: 0.05, LoseAck: 0.05,

@@ -51,6 +51,8 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	relay.register(fs, env)
 	var sf ShardFlags
 	sf.Register(fs, env)
+	fs.BoolVar(&sf.PartitionBatches, "partition-batches", false, "with -shards: each partition's consumer forms batches of its own messages, -batch and -inflight per partition "+
+		"(the default: one batcher forms the shard's batches from all its partitions, -batch and -inflight per shard)")
 	w := defaultWaits()
 	w.register(fs)
 	fs.DurationVar(&w.nak.Base, "nak-base", w.nak.Base, "base delay of a nak (NakWithDelay by delivery count)")

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 
@@ -93,9 +94,36 @@ func TestTLSAndNkeyAuth(t *testing.T) {
 	if err := Producer(context.Background(), []string{"-count", "20", "-log-format", "json"}, good, nil, io.Discard, &logs); err != nil {
 		t.Fatalf("producer with the right nkey over TLS: %v\n%s", err, logs.String())
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	// The consumer runs until it has applied the 20 (it connected and
+	// consumed over TLS with the right key), however long a loaded machine
+	// takes to get there.
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := Consumer(ctx, []string{"-http", "", "-log-format", "json"}, good, io.Discard, &logs); err != nil {
+	done := make(chan error, 1)
+	go func() { done <- Consumer(ctx, []string{"-http", "", "-log-format", "json"}, good, io.Discard, &logs) }()
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for deadline := time.Now().Add(3 * time.Minute); ; {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM inbox`).Scan(&n); err == nil && n == 20 {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("consumer with the right nkey over TLS stopped before applying the 20: %v\n%s", err, logs.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			t.Fatalf("consumer with the right nkey over TLS applied fewer than 20 in 3 minutes\n%s", logs.String())
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
 		t.Fatalf("consumer with the right nkey over TLS: %v\n%s", err, logs.String())
 	}
 
@@ -103,7 +131,7 @@ func TestTLSAndNkeyAuth(t *testing.T) {
 	// cannot help), within seconds, no retry loop.
 	bad := mapEnv(map[string]string{"NATS_URL": url, "NATS_CA": caFile, "NATS_NKEY": badSeedFile, "DATABASE_URL": dbURL})
 	start := time.Now()
-	err := Consumer(context.Background(), []string{"-http", "", "-log-format", "json"}, bad, io.Discard, &logs)
+	err = Consumer(context.Background(), []string{"-http", "", "-log-format", "json"}, bad, io.Discard, &logs)
 	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "authorization") || ExitCode(err) != 2 {
 		t.Fatalf("consumer with a wrong nkey: %v (exit %d)", err, ExitCode(err))
 	}

@@ -128,7 +128,24 @@ func TestMoveConcurrentTargets(t *testing.T) {
 		_, err := Move(ctx, &m, 1, side("a"), side("b"))
 		first <- err
 	}()
-	time.Sleep(300 * time.Millisecond) // fenced, copying, waiting to take
+	// Fenced on a, copying, waiting on b's held row to take it: polled,
+	// since a loaded machine can take any fixed time to get there.
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		var fenced bool
+		var waiting int
+		if err := pools["a"].QueryRow(ctx, `SELECT coalesce(moved_to = 'b', false) FROM jetinbox_partitions WHERE scope = $1 AND partition = 0`, m.Scope).Scan(&fenced); err != nil {
+			t.Fatal(err)
+		}
+		if err := pools["b"].QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if fenced && waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the move did not reach its wait for b's row in 2 minutes (fenced %v, waiting %d)", fenced, waiting)
+		}
+	}
 	_, err = Move(ctx, &m, 1, side("a"), side("c"))
 	if !errors.Is(err, ErrOtherTarget) || !strings.Contains(err.Error(), "--to b") {
 		t.Errorf("a rerun to c while the move to b copies: %v, want a refusal naming b", err)
@@ -308,7 +325,24 @@ func TestUnfenceWhileCopying(t *testing.T) {
 		_, err := Move(ctx, &m, 0, side("a"), side("b"))
 		moved <- err
 	}()
-	time.Sleep(300 * time.Millisecond) // fenced, copying, waiting to take
+	// Fenced on a, copying, waiting on b's held row to take it: polled,
+	// since a loaded machine can take any fixed time to get there.
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		var fenced bool
+		var waiting int
+		if err := pools["a"].QueryRow(ctx, `SELECT coalesce(moved_to = 'b', false) FROM jetinbox_partitions WHERE scope = $1 AND partition = 0`, m.Scope).Scan(&fenced); err != nil {
+			t.Fatal(err)
+		}
+		if err := pools["b"].QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if fenced && waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the move did not reach its wait for b's row in 2 minutes (fenced %v, waiting %d)", fenced, waiting)
+		}
+	}
 	unfenced := make(chan error, 1)
 	go func() {
 		_, err := Unfence(ctx, &m, 0, side("a"), side("b"))

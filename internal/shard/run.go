@@ -47,6 +47,15 @@ type Runner struct {
 	// OnConsumer, if set, sees every partition consumer before it runs
 	// (tests arm crash points on it).
 	OnConsumer func(partition int, c *jsinbox.Consumer)
+	// PartitionBatches, if set, has every partition consumer form its own
+	// batches, each of its partition's messages only, as before one
+	// batcher per shard. Default: one [jsinbox.Batcher] forms the
+	// shard's batches from all its partition durables (Consumer.BatchSize
+	// and Consumer.InFlight are then the shard's, not each partition's),
+	// so its transactions are as large as one durable's.
+	PartitionBatches bool
+
+	batcher *jsinbox.Batcher
 
 	mu      sync.Mutex
 	running map[int]*partitionRun
@@ -102,6 +111,21 @@ func (r *Runner) Run(ctx context.Context) error {
 	owned, err := Owned(ctx, r.Pool, r.Map.Scope)
 	if err != nil {
 		return fmt.Errorf("%w (run jetinbox migrate -shards FILE -shard NAME first)", err)
+	}
+	if !r.PartitionBatches {
+		// Stopped after every partition consumer: a consumer returns only
+		// once the batcher settled or handed back all it gave it.
+		r.batcher = jsinbox.NewBatcher(r.Consumer.BatchSize, r.Consumer.InFlight)
+		bctx, stopBatcher := context.WithCancel(context.WithoutCancel(ctx))
+		batcherDone := make(chan struct{})
+		go func() {
+			defer close(batcherDone)
+			r.batcher.Run(bctx)
+		}()
+		defer func() {
+			stopBatcher()
+			<-batcherDone
+		}()
 	}
 	defer r.stopAll()
 	tick := time.NewTicker(r.Poll)
@@ -172,6 +196,7 @@ func (r *Runner) start(ctx context.Context, p, owned int) *partitionRun {
 		cfg.MaxBytes = max(r.MaxBytes/int64(max(1, owned)), 1<<20)
 	}
 	cfg.Stream, cfg.Durable, cfg.FilterSubjects = r.Map.Stream, r.Map.Durable(p), []string{r.Map.Filter(p)}
+	cfg.Batcher = r.batcher
 	go func() {
 		defer close(pr.done)
 		wait := 100 * time.Millisecond // grows while the consumer keeps failing

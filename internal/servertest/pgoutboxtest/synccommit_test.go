@@ -100,15 +100,26 @@ func TestRelayChecksCommitWatch(t *testing.T) {
 	var mu sync.Mutex
 	r := quickRelay(t, &env{pool: e.pool, st: pgoutbox.New(e.pool), js: e.js},
 		outbox.RelayConfig{Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))})
-	rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	// The relay runs until it has logged its start (or a generous ceiling
+	// passes): a loaded machine may take longer than any short run.
+	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if err := r.Run(rctx); err != nil {
+	ran := make(chan error, 1)
+	go func() { ran <- r.Run(rctx) }()
+	const warning = "could not confirm that the database pool watches its commits"
+	logged := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.String()
+	}
+	for deadline := time.Now().Add(2 * time.Minute); !strings.Contains(logged(), warning) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-ran; err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	got := logs.String()
-	mu.Unlock()
-	if !strings.Contains(got, "could not confirm that the database pool watches its commits") {
+	if got := logged(); !strings.Contains(got, warning) {
 		t.Fatalf("a relay on a pool without the watch logged %q", got)
 	}
 	watched, err := pginbox.NewPool(ctx, url)

@@ -39,6 +39,14 @@ type NATSProcsOptions struct {
 	// setting, every write fsynced) or "" (nats-server's default, two
 	// minutes), or a duration such as "10s".
 	SyncInterval string
+	// ClientProxies puts a faultconn proxy in front of each node's client
+	// port (URL names it, and the node advertises it to clients), so that
+	// BlackHole reaches the node's clients too.
+	ClientProxies bool
+	// SystemAccount adds a system account user (SysURL), for the
+	// system-only JetStream API such as $JS.API.SERVER.REMOVE; clients
+	// without credentials stay in the global account.
+	SystemAccount bool
 	// Logf, if set, gets a line per start, stop, signal and partition,
 	// and, with JETINBOX_NATS_LOG set, every line the servers log. Log
 	// returns a node's last lines in any case.
@@ -79,6 +87,9 @@ type procNode struct {
 	clientPort, routePort, http int
 	storeDir, conf              string
 	log                         *testenv.LogTail
+
+	// clientProxy fronts the client port (ClientProxies), else nil.
+	clientProxy *faultconn.Proxy
 
 	cmd         *exec.Cmd
 	done        chan struct{} // closed when cmd exited
@@ -170,6 +181,13 @@ func (c *NATSProcs) addNode(store string) error {
 		n.storeDir = filepath.Join(c.dir, n.name)
 	}
 	n.conf = filepath.Join(c.dir, n.name+".conf")
+	if c.o.ClientProxies {
+		p, err := faultconn.NewProxy("127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", n.clientPort))
+		if err != nil {
+			return fmt.Errorf("testenv: client proxy of %s: %w", n.name, err)
+		}
+		n.clientProxy = p
+	}
 	if c.cluster {
 		for j, m := range c.nodes {
 			for _, pair := range [][2]int{{i, j}, {j, i}} {
@@ -233,7 +251,11 @@ func (c *NATSProcs) Node(name string) int {
 
 // URL is node i's client URL, stable across restarts.
 func (c *NATSProcs) URL(i int) string {
-	return fmt.Sprintf("nats://127.0.0.1:%d", c.node(i).clientPort)
+	n := c.node(i)
+	if n.clientProxy != nil {
+		return "nats://" + n.clientProxy.Addr()
+	}
+	return fmt.Sprintf("nats://127.0.0.1:%d", n.clientPort)
 }
 
 // URLs lists the client URLs of the nodes started with the cluster,
@@ -286,6 +308,15 @@ func (c *NATSProcs) writeConf(i int) error {
 		fmt.Fprintf(&b, "  sync_interval: %q\n", c.o.SyncInterval)
 	}
 	b.WriteString("}\n")
+	if n.clientProxy != nil {
+		fmt.Fprintf(&b, "client_advertise: %q\n", n.clientProxy.Addr())
+	}
+	if c.o.SystemAccount {
+		// Users in the global account and the system account's; a client
+		// without credentials is the global account's user.
+		fmt.Fprintf(&b, "authorization { users: [{user: %q, password: %q}] }\nno_auth_user: %q\n", appUser, appUser, appUser)
+		fmt.Fprintf(&b, "accounts { SYS { users: [{user: %q, password: %q}] } }\nsystem_account: SYS\n", sysUser, sysUser)
+	}
 	if c.cluster {
 		fmt.Fprintf(&b, "cluster {\n  name: %s\n  listen: \"127.0.0.1:%d\"\n  advertise: %q\n  routes: [\n", c.name, n.routePort, c.sink.Addr().String())
 		for j := range c.nodes {
@@ -333,7 +364,11 @@ func (c *NATSProcs) Start(i int) error {
 	n.cmd, n.done, n.paused = cmd, done, false
 	c.mu.Unlock()
 	c.logf("started %s (pid %d)", n.name, cmd.Process.Pid)
-	deadline := time.Now().Add(30 * time.Second)
+	// A node that exits is seen at once; one that is merely slow (a
+	// race-built server on a loaded machine replaying its store) gets a
+	// generous ceiling.
+	const ready = 3 * time.Minute
+	deadline := time.Now().Add(ready)
 	for {
 		select {
 		case <-done:
@@ -349,7 +384,7 @@ func (c *NATSProcs) Start(i int) error {
 		}
 		if time.Now().After(deadline) {
 			_ = c.Kill(i)
-			return fmt.Errorf("testenv: node %s not ready after 30s:\n%s", n.name, n.log)
+			return fmt.Errorf("testenv: node %s not ready after %v:\n%s", n.name, ready, n.log)
 		}
 	}
 }
@@ -552,7 +587,8 @@ func (c *NATSProcs) logfLocked(format string, a ...any) {
 	}
 }
 
-// Heal reconnects node i to every node that is not partitioned itself.
+// Heal reconnects node i to every node that is not partitioned itself
+// (after Partition or BlackHole), and to its clients.
 func (c *NATSProcs) Heal(i int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -573,6 +609,7 @@ func (c *NATSProcs) Heal(i int) error {
 			err = errors.Join(err, fmt.Errorf("testenv: heal %s: %w", c.nodes[i].name, perr))
 		}
 	}
+	err = errors.Join(err, c.healClientsLocked(i))
 	c.logfLocked("healed %s", c.nodes[i].name)
 	return err
 }
@@ -620,6 +657,9 @@ func (c *NATSProcs) dropLast() {
 			delete(c.proxies, pair)
 		}
 	}
+	if p := c.nodes[i].clientProxy; p != nil {
+		p.Close()
+	}
 	c.nodes = c.nodes[:i]
 }
 
@@ -641,6 +681,11 @@ func (c *NATSProcs) Close() {
 	c.mu.Lock()
 	for _, p := range c.proxies {
 		p.Close()
+	}
+	for _, n := range c.nodes {
+		if n.clientProxy != nil {
+			n.clientProxy.Close()
+		}
 	}
 	c.mu.Unlock()
 	if c.sink != nil {
