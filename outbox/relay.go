@@ -36,9 +36,17 @@ type RelayConfig struct {
 	// Stream is the relay's. Its Retry bounds how long one round retries
 	// a publish before leaving the row pending for a later round; the
 	// default is shorter than the publisher's own (5 retries, 30 s in
-	// all), since the round's rows stay locked meanwhile. Batch > 1 sends
-	// JetStream atomic batches.
+	// all), since the round's rows stay locked meanwhile. Its Batch is the
+	// group commit of PublishEach; PublishAtomic gathers its own batches.
 	Publisher jsinbox.PublisherConfig
+	// Publish is how a round publishes its rows: [PublishAtomic] (the
+	// default) or [PublishEach].
+	Publish PublishMode
+	// Sequential, with PublishAtomic, makes each round mark and commit its
+	// rows before the next round takes any. By default, while rows keep
+	// coming (a round took Batch rows), a round's marks overlap the next
+	// round's take and publish (see [Relay.Drain]).
+	Sequential bool
 	// Idle times the waits between rounds when there is nothing to send:
 	// a relay wakes at once on a notification from PostgreSQL, and polls
 	// after these jittered waits (growing from Base to Cap while idle)
@@ -144,6 +152,10 @@ type RelayStats struct {
 	// a round that outlived its lease). That relay publishes them again
 	// and marks them; they are not counted as sent or failed here.
 	TakenOver int64
+	// Batches: atomic batches the stream stored as a whole (see
+	// [PublishAtomic] and [jsinbox.PublisherConfig].Batch); Fallbacks:
+	// batches it refused as a whole, whose rows went again one by one.
+	Batches, Fallbacks int64
 }
 
 // Relay publishes the outbox's pending rows to JetStream and marks them sent.
@@ -158,6 +170,7 @@ type Relay struct {
 	pub *jsinbox.Publisher
 
 	rounds, sent, duplicates, failed, retried, takenOver atomic.Int64
+	batches, fallbacks                                   atomic.Int64
 
 	// hook, nil unless a harness attached one (internal/hook), stops the
 	// relay at its points; it is attached to the publisher too.
@@ -212,7 +225,7 @@ func NewRelay(src Source, js jetstream.JetStream, cfg RelayConfig) (*Relay, erro
 // Stats returns the counters so far.
 func (r *Relay) Stats() RelayStats {
 	return RelayStats{Rounds: r.rounds.Load(), Sent: r.sent.Load(), Duplicates: r.duplicates.Load(), Failed: r.failed.Load(), Retried: r.retried.Load(),
-		TakenOver: r.takenOver.Load()}
+		TakenOver: r.takenOver.Load(), Batches: r.batches.Load(), Fallbacks: r.fallbacks.Load()}
 }
 
 // commitWatcher is a source that can tell whether its pool reports a
@@ -253,6 +266,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		cancel()
 	}
 	idle, fail := r.cfg.Idle.NewBackOff(), r.cfg.Retry.NewBackOff()
+	full := false // the last round took Batch rows: drain the backlog
 	for {
 		if err := jsinbox.ClosedForGood(r.js.Conn()); err != nil {
 			return fmt.Errorf("outbox: relay: %w", err) // every round would fail
@@ -264,7 +278,16 @@ func (r *Relay) Run(ctx context.Context) error {
 				r.cfg.Logger.Warn("outbox: relay: listening for new rows failed; polling until it works", "err", err)
 			}
 		}
-		n, err := r.Round(ctx)
+		var (
+			n   int
+			err error
+		)
+		if full {
+			n, err = r.Drain(ctx)
+		} else {
+			n, err = r.Round(ctx)
+		}
+		full = err == nil && n >= r.cfg.Batch
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -358,60 +381,71 @@ func (r *Relay) renewPublisher() error {
 // in a test or a one-off job, never at the same time as Run or another
 // Round of the same relay (use another Relay for that).
 func (r *Relay) Round(ctx context.Context) (int, error) {
+	rd, err := r.send(ctx)
+	if rd == nil {
+		return 0, err
+	}
+	defer rd.taken.Abandon(context.WithoutCancel(ctx)) // after Finish this is a no-op
+	if err != nil {
+		return len(rd.batch), err
+	}
+	return len(rd.batch), r.mark(ctx, rd)
+}
+
+// round is a round between its publishes and its marks.
+type round struct {
+	taken Taken
+	batch []inbox.Intent
+	out   outcome
+}
+
+// send takes a round's rows and publishes them: the first half of a
+// round. It returns nil when it took nothing; otherwise the caller
+// abandons rd.taken once done with it (after Finish that does nothing).
+func (r *Relay) send(ctx context.Context) (*round, error) {
 	taken, err := r.src.Take(ctx, r.cfg.Batch)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: relay: %w", err)
+		return nil, fmt.Errorf("outbox: relay: %w", err)
 	}
-	defer taken.Abandon(context.WithoutCancel(ctx)) // after Finish this is a no-op
 	rows := taken.Rows()
 	batch := make([]inbox.Intent, len(rows))
 	for i, row := range rows {
 		batch[i] = inbox.Intent{ID: row.ID, Subject: row.Subject, Payload: row.Payload}
 	}
 	if len(batch) == 0 {
-		return 0, nil
+		taken.Abandon(context.WithoutCancel(ctx))
+		return nil, nil
 	}
+	rd := &round{taken: taken, batch: batch}
 	r.rounds.Add(1)
 	if r.fires(hook.RelayBeforePublish) {
-		return len(batch), &hook.Crash{Point: hook.RelayBeforePublish}
+		return rd, &hook.Crash{Point: hook.RelayBeforePublish}
 	}
 	pub := r.publisher()
-	before := len(pub.Failures())
-	dupBefore := pub.Stats().Duplicates
-	refused := map[string]string{}
-	for _, in := range batch {
-		if err := pub.PublishAsync(ctx, in); err != nil {
-			if errors.Is(err, inbox.ErrBadIntent) {
-				refused[in.ID] = err.Error()
-				continue
-			}
-			return len(batch), fmt.Errorf("outbox: relay: publish: %w", err)
-		}
+	ps := pub.Stats()
+	var out outcome
+	if r.cfg.Publish == PublishEach {
+		out, err = r.publishEach(ctx, pub, batch)
+	} else {
+		out, err = r.publishAll(ctx, pub, batch)
 	}
-	if r.fires(hook.RelayPubAckWait) {
-		// The process dies with publishes in flight: some stored, some
-		// not, none marked.
-		if err := r.renewPublisher(); err != nil {
-			return len(batch), err
-		}
-		return len(batch), &hook.Crash{Point: hook.RelayPubAckWait}
+	if err != nil {
+		return rd, err
 	}
-	if err := pub.Flush(ctx); err != nil {
-		return len(batch), fmt.Errorf("outbox: relay: waiting for PubAcks: %w", err)
-	}
-	failures := pub.Failures()
-	pending := 0
-	unsent := map[string]bool{}
-	for _, f := range failures[before:] {
-		if errors.Is(f.Err, inbox.ErrConflict) || errors.Is(f.Err, jsinbox.ErrWrongStream) {
-			refused[f.ID] = f.Err.Error()
-			continue
-		}
-		unsent[f.ID] = true
-		pending++
-	}
+	ps2 := pub.Stats()
+	r.batches.Add(ps2.Batches - ps.Batches)
+	r.fallbacks.Add(ps2.BatchFallbacks - ps.BatchFallbacks)
+	rd.out = out
+	return rd, nil
+}
+
+// mark marks a round's rows by their outcomes and commits: the second
+// half of a round.
+func (r *Relay) mark(ctx context.Context, rd *round) error {
+	batch, taken, out := rd.batch, rd.taken, rd.out
+	refused, unsent, pending := out.refused, out.unsent, len(out.unsent)
 	if r.fires(hook.RelayBeforeMark) {
-		return len(batch), &hook.Crash{Point: hook.RelayBeforeMark}
+		return &hook.Crash{Point: hook.RelayBeforeMark}
 	}
 	ids := make([]string, 0, len(batch))
 	for _, in := range batch {
@@ -443,22 +477,22 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 	if err != nil {
 		// Unknown outcome at worst: the rows are published, and sent
 		// again with the same IDs if the marks did not commit.
-		return len(batch), fmt.Errorf("outbox: relay: mark: %w", err)
+		return fmt.Errorf("outbox: relay: mark: %w", err)
 	}
 	r.sent.Add(int64(sentN))
 	r.failed.Add(int64(failedN))
 	r.retried.Add(int64(pending))
-	r.duplicates.Add(pub.Stats().Duplicates - dupBefore)
+	r.duplicates.Add(out.duplicates)
 	if r.cfg.Observer != nil && len(lags) > 0 {
 		r.cfg.Observer.ObserveSent(lags)
 	}
-	if len(failures) > 10_000 {
+	if out.renew {
 		if err := r.renewPublisher(); err != nil {
-			return len(batch), err
+			return err
 		}
 	}
 	if pending > 0 {
-		return len(batch), fmt.Errorf("outbox: relay: %d of %d rows not acknowledged in time; they stay pending", pending, len(batch))
+		return fmt.Errorf("outbox: relay: %d of %d rows not acknowledged in time; they stay pending", pending, len(batch))
 	}
-	return len(batch), nil
+	return nil
 }

@@ -277,7 +277,7 @@ var ErrClosed = errors.New("jsinbox: publisher closed")
 // intent holds a slot of the in-flight window. Its outcome shows in Stats
 // and Failures after Flush. [Publisher.Publish] waits.
 func (p *Publisher) PublishAsync(ctx context.Context, in inbox.Intent) error {
-	_, err := p.start(ctx, in, false)
+	_, err := p.start(ctx, in, false, false)
 	return err
 }
 
@@ -295,7 +295,7 @@ func (p *Publisher) PublishAsync(ctx context.Context, in inbox.Intent) error {
 // handed over is still published (publishing it again with the same ID is
 // safe), and Flush waits for it.
 func (p *Publisher) Publish(ctx context.Context, in inbox.Intent) (*jetstream.PubAck, error) {
-	t, err := p.start(ctx, in, true)
+	t, err := p.start(ctx, in, true, false)
 	if err != nil {
 		return nil, err
 	}
@@ -311,8 +311,9 @@ func (p *Publisher) Publish(ctx context.Context, in inbox.Intent) (*jetstream.Pu
 	}
 }
 
-// start validates in, takes a slot of the window and hands the intent over.
-func (p *Publisher) start(ctx context.Context, in inbox.Intent, wait bool) (*tracker, error) {
+// start validates in, takes a slot of the window and hands the intent over
+// (unless held: PublishAll sends it in a batch of its own).
+func (p *Publisher) start(ctx context.Context, in inbox.Intent, wait, held bool) (*tracker, error) {
 	// The one validator the outbox and the relay use too; the publisher
 	// never invents an ID.
 	if err := in.Validate(); err != nil {
@@ -347,6 +348,10 @@ func (p *Publisher) start(ctx context.Context, in inbox.Intent, wait bool) (*tra
 		sctx, t.span = p.tracer.Start(ctx, "jetinbox.publish", trace.WithSpanKind(trace.SpanKindProducer),
 			trace.WithAttributes(attribute.String("messaging.message.id", in.ID), attribute.String("messaging.destination.name", in.Subject)))
 		injectTrace(sctx, t.header)
+	}
+	if held {
+		p.closeMu.RUnlock()
+		return t, nil
 	}
 	if p.batchIn != nil && !p.noBatch.Load() {
 		select {

@@ -15,6 +15,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/metrics"
+	"github.com/jetinbox/jetinbox/outbox"
 )
 
 // reconnect is the default NATS reconnect policy with the chosen kind.
@@ -36,7 +37,8 @@ func Relay(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, stde
 		dbURL        = cli.DatabaseFlag(fs, env, cli.DatabaseUsage+"; required")
 		stream       = fs.String("stream", env.Or("JETINBOX_RELAY_STREAM", cli.DefaultRelayStream), "the stream every outbox row must land in (env JETINBOX_RELAY_STREAM)")
 		batch        = fs.Int("batch", 500, "most outbox rows per relay transaction")
-		publishBatch = fs.Int("publish-batch", 0, "publish in JetStream atomic batches of this many rows (0: one publish per row)")
+		publishBatch = fs.Int("publish-batch", 0, "-publish each: gather rows published together into JetStream atomic batches of up to this many (0: 256; 1: one publish and PubAck per row)")
+		publishMode  = fs.String("publish", "atomic", "atomic: a round's rows as JetStream atomic batches of up to 1000, one write and one PubAck each (fastest where the stream fsyncs every write, sync_interval: always); each: each row published on its own, pipelined (faster on a stream that does not)")
 		create       = fs.String("create-stream", "", "create -stream, capturing SUBJECT.>, if it does not exist (e.g. -create-stream "+cli.DefaultFollowUpPrefix+")")
 		httpAddr     = fs.String("http", env.Or("JETINBOX_RELAY_HTTP_ADDR", "127.0.0.1:9092"), "address for /metrics (jetinbox_outbox_*) and /healthz (env JETINBOX_RELAY_HTTP_ADDR); loopback only by default: set 0.0.0.0:9092 where scrapes come from elsewhere; empty disables")
 		noListen     = fs.Bool("no-listen", false, "poll only, without LISTEN/NOTIFY (for a connection pooler in transaction mode, without -listen-database)")
@@ -58,7 +60,8 @@ func Relay(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, stde
 	if *publishBatch < 0 || *publishBatch > jsinbox.MaxBatch {
 		bad = append(bad, fmt.Errorf("-publish-batch %d: must be within [0, %d]", *publishBatch, jsinbox.MaxBatch))
 	}
-	bad = append(bad, cli.CheckLogFormat(*logFormat), cli.CheckListenAddr("http", *httpAddr))
+	mode, merr := outbox.ParsePublishMode(*publishMode)
+	bad = append(bad, merr, cli.CheckLogFormat(*logFormat), cli.CheckListenAddr("http", *httpAddr))
 	if *stream == "" {
 		bad = append(bad, errors.New("-stream: empty"))
 	}
@@ -100,6 +103,7 @@ func Relay(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, stde
 	}
 	cfg := cli.RelayConfigFor(*stream, *batch, *publishBatch, kind, log)
 	cfg.NoListen = *noListen
+	cfg.Publish = mode
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m, err := metrics.NewRelay(reg, cli.RelayBacklog(store))

@@ -79,6 +79,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if a == "-deliver" || a == "--deliver" {
 			return deliverchaos.BenchMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
 		}
+		if a == "-relay" || a == "--relay" {
+			return RelayMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
+		}
 		// -shards 1,2,4 switches to the sharded run (shards.go).
 		if name, v, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "="); strings.HasPrefix(a, "-") && name == "shards" {
 			rest := slices.Delete(slices.Clone(args), i, i+1)
@@ -117,7 +120,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.Store, "store", cli.StorePostgres, "the inbox store: postgres (a throwaway server, fsync on), pgbouncer (the same server behind a pgbouncer in transaction mode) or sqlite (files in a temporary directory, WAL, synchronous=FULL)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage of jetinbox bench: raw pipe vs naive vs jetinbox on the same messages, embedded NATS and a throwaway PostgreSQL (fsync on) or SQLite files (-store sqlite).\n"+
-			"-cluster (three nodes) and -shards 1,2,4 (a partitioned stream, a PostgreSQL per shard) have flags of their own: jetinbox bench -shards 1 -h.")
+			"-cluster (three nodes), -shards 1,2,4 (a partitioned stream, a PostgreSQL per shard) and -relay (the outbox relay's publish modes) have flags of their own: jetinbox bench -shards 1 -h.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

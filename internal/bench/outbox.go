@@ -89,7 +89,7 @@ func runOutbox(ctx context.Context, js jetstream.JetStream, c jetstream.Consumer
 	defer r.Close()
 	rs := time.Now()
 	for {
-		k, err := r.Round(ctx)
+		k, err := r.Drain(ctx)
 		if err != nil {
 			return 0, fmt.Errorf("relay: %w", err)
 		}
