@@ -128,24 +128,7 @@ func TestMoveConcurrentTargets(t *testing.T) {
 		_, err := Move(ctx, &m, 1, side("a"), side("b"))
 		first <- err
 	}()
-	// Fenced on a, copying, waiting on b's held row to take it: polled,
-	// since a loaded machine can take any fixed time to get there.
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		var fenced bool
-		var waiting int
-		if err := pools["a"].QueryRow(ctx, `SELECT coalesce(moved_to = 'b', false) FROM jetinbox_partitions WHERE scope = $1 AND partition = 0`, m.Scope).Scan(&fenced); err != nil {
-			t.Fatal(err)
-		}
-		if err := pools["b"].QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if fenced && waiting > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the move did not reach its wait for b's row in 2 minutes (fenced %v, waiting %d)", fenced, waiting)
-		}
-	}
+	waitFencedAndTaking(t, pools, m.Scope, 1, "b")
 	_, err = Move(ctx, &m, 1, side("a"), side("c"))
 	if !errors.Is(err, ErrOtherTarget) || !strings.Contains(err.Error(), "--to b") {
 		t.Errorf("a rerun to c while the move to b copies: %v, want a refusal naming b", err)
@@ -325,24 +308,7 @@ func TestUnfenceWhileCopying(t *testing.T) {
 		_, err := Move(ctx, &m, 0, side("a"), side("b"))
 		moved <- err
 	}()
-	// Fenced on a, copying, waiting on b's held row to take it: polled,
-	// since a loaded machine can take any fixed time to get there.
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		var fenced bool
-		var waiting int
-		if err := pools["a"].QueryRow(ctx, `SELECT coalesce(moved_to = 'b', false) FROM jetinbox_partitions WHERE scope = $1 AND partition = 0`, m.Scope).Scan(&fenced); err != nil {
-			t.Fatal(err)
-		}
-		if err := pools["b"].QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if fenced && waiting > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the move did not reach its wait for b's row in 2 minutes (fenced %v, waiting %d)", fenced, waiting)
-		}
-	}
+	waitFencedAndTaking(t, pools, m.Scope, 0, "b")
 	unfenced := make(chan error, 1)
 	go func() {
 		_, err := Unfence(ctx, &m, 0, side("a"), side("b"))
@@ -370,5 +336,29 @@ func TestUnfenceWhileCopying(t *testing.T) {
 	}
 	if o := owners(t, &m, pools, 0); len(o) != 1 || o[0] != "b" {
 		t.Errorf("partition 0 owned by %v, want [b]", o)
+	}
+}
+
+// waitFencedAndTaking polls until the move of partition p to target is
+// fenced on a (moved_to names target) and waits on the target's held row
+// to take it: a loaded machine can take any fixed time to get there.
+func waitFencedAndTaking(t *testing.T, pools map[string]*pgxpool.Pool, scope string, p int, target string) {
+	t.Helper()
+	ctx := context.Background()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		var fenced bool
+		var waiting int
+		if err := pools["a"].QueryRow(ctx, `SELECT coalesce(moved_to = $3, false) FROM jetinbox_partitions WHERE scope = $1 AND partition = $2`, scope, p, target).Scan(&fenced); err != nil {
+			t.Fatal(err)
+		}
+		if err := pools[target].QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if fenced && waiting > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the move of partition %d did not reach its wait for %s's row in 2 minutes (fenced %v, waiting %d)", p, target, fenced, waiting)
+		}
 	}
 }
