@@ -114,8 +114,8 @@ func TestRelayAtomicBatchMarksEachRowByItsOwnOutcome(t *testing.T) {
 // TestRelayDrainOverlapsAndSurvivesACrash: while rows keep coming, a
 // round's marks overlap the next round's take and publish. A relay that
 // dies marking its third round of 100 has sent 200 rows and left 300
-// pending; the stream holds 300 rows, or 400 if the fourth round took and
-// published its rows while the third was marking. The next relay sends
+// pending; the stream holds 300 rows, up to 400 if the fourth round took
+// and published its rows while the third was marking. The next relay sends
 // every pending row again with its ID; the stream holds each row once, and
 // the rows it already held come back as duplicates.
 func TestRelayDrainOverlapsAndSurvivesACrash(t *testing.T) {
@@ -130,8 +130,11 @@ func TestRelayDrainOverlapsAndSurvivesACrash(t *testing.T) {
 		t.Fatalf("first relay: %v, want a crash marking its third round", err)
 	}
 	stored := len(e.copies(t))
-	if n := e.pending(t); n != 300 || (stored != 300 && stored != 400) || first.Stats().Sent != 200 {
-		t.Fatalf("after the crash: %d rows pending, %d in the stream, %d sent; want 300, 300 or 400, and 200", n, stored, first.Stats().Sent)
+	// The fourth round may be anywhere in its publish when the third's
+	// mark crashes (a batch stored whole, or rows gone one by one after a
+	// slow PubAck): the stream holds 300 to 400 rows.
+	if n := e.pending(t); n != 300 || stored < 300 || stored > 400 || first.Stats().Sent != 200 {
+		t.Fatalf("after the crash: %d rows pending, %d in the stream, %d sent; want 300, 300 to 400, and 200", n, stored, first.Stats().Sent)
 	}
 	second := quickRelay(t, e, outbox.RelayConfig{Batch: 100})
 	if n, err := second.Drain(context.Background()); n != 0 || err != nil {
