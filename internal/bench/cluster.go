@@ -28,6 +28,12 @@ import (
 	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
+// setupCeiling bounds each step that sets a cluster run up (a stream, a
+// durable): each retries until it is done, and a cluster on a loaded
+// machine (a CI run beside other cluster tests) can take more than a
+// minute to place an R3 stream.
+const setupCeiling = 3 * time.Minute
+
 // ClusterOptions of a cluster bench run.
 type ClusterOptions struct {
 	// N messages per consumer measurement.
@@ -190,7 +196,7 @@ func producerRate(ctx context.Context, replicas int, syncAlways bool, batch, n i
 		return 0, err
 	}
 	cfg := jsinbox.StreamConfig{Replicas: replicas}.WithDefaults()
-	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	sctx, cancel := context.WithTimeout(ctx, setupCeiling)
 	_, err = natsenv.CreateStream(sctx, js, cfg.Config())
 	cancel()
 	if err != nil {
@@ -244,7 +250,7 @@ func consumersOnR3(ctx context.Context, o ClusterOptions, res *ClusterResult, sa
 		return err
 	}
 	stream := jsinbox.StreamConfig{Replicas: 3}.WithDefaults()
-	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	sctx, cancel := context.WithTimeout(ctx, setupCeiling)
 	for {
 		_, err = jsinbox.EnsureStream(sctx, js, stream)
 		if err == nil || sctx.Err() != nil {
@@ -292,7 +298,7 @@ func consumersOnR3(ctx context.Context, o ClusterOptions, res *ClusterResult, sa
 		if err != nil {
 			return err
 		}
-		cctx, cancel := context.WithTimeout(ctx, time.Minute)
+		cctx, cancel := context.WithTimeout(ctx, setupCeiling)
 		cons, err := natsenv.CreateConsumer(cctx, js, stream.Name, jetstream.ConsumerConfig{
 			Durable: durable, AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 50_000, AckWait: time.Minute, MaxDeliver: 20,
 		})

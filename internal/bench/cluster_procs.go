@@ -32,7 +32,7 @@ func processConsumers(ctx context.Context, js jetstream.JetStream, urls, stream 
 		return ConsumerRate{}, err
 	}
 	defer pool.Close()
-	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	cctx, cancel := context.WithTimeout(ctx, setupCeiling)
 	_, err = natsenv.CreateConsumer(cctx, js, stream, jetstream.ConsumerConfig{
 		Durable: name, AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 50_000, AckWait: time.Minute, MaxDeliver: 20, MaxWaiting: 512,
 	})
