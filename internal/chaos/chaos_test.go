@@ -39,6 +39,7 @@ func TestMain(m *testing.M) {
 // duplicates their strategy invites: the harness can see what it claims to
 // check.
 func TestChaosSmoke(t *testing.T) {
+	t.Parallel()
 	const giveUps = 20
 	rows, reps, err := Run(context.Background(), Options{
 		Intents: 300, Producers: Producers, Consumers: Consumers,
