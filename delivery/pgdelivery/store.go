@@ -7,7 +7,6 @@ package pgdelivery
 import (
 	"context"
 	"embed"
-	"errors"
 	"fmt"
 	"time"
 
@@ -94,24 +93,7 @@ func (s *Store) MigrationStatus(ctx context.Context) ([]inbox.MigrationState, er
 // CheckSchema reports [delivery.ErrNotMigrated] unless every migration
 // this package ships has been applied.
 func (s *Store) CheckSchema(ctx context.Context) error {
-	ms := migrations()
-	want := ms[len(ms)-1].Version
-	var have int
-	rows, err := s.db.Query(ctx, `SELECT coalesce(max(version), 0) FROM jetinbox_migrations WHERE component = $1`, delivery.Component)
-	if err == nil {
-		_, err = pgx.ForEachRow(rows, []any{&have}, func() error { return nil })
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-		return delivery.ErrNotMigrated
-	}
-	if err != nil {
-		return fmt.Errorf("delivery: check schema: %w", err)
-	}
-	if have < want {
-		return fmt.Errorf("%w: at version %d, this package needs %d", delivery.ErrNotMigrated, have, want)
-	}
-	return nil
+	return pgmigrate.Check(ctx, s.db, delivery.Component, migrations(), delivery.ErrNotMigrated)
 }
 
 // Lease implements [delivery.Store]: one statement, SKIP LOCKED so that

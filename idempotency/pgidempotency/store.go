@@ -72,21 +72,7 @@ func (s *Store) MigrationStatus(ctx context.Context) ([]inbox.MigrationState, er
 // CheckSchema reports idempotency.ErrNotMigrated unless every migration
 // this package ships has been applied.
 func (s *Store) CheckSchema(ctx context.Context) error {
-	ms := migrations()
-	want := ms[len(ms)-1].Version
-	var have int
-	err := s.db.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM jetinbox_migrations WHERE component = $1`, idempotency.Component).Scan(&have)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-		return idempotency.ErrNotMigrated
-	}
-	if err != nil {
-		return fmt.Errorf("idempotency: check schema: %w", err)
-	}
-	if have < want {
-		return fmt.Errorf("%w: at version %d, this package needs %d", idempotency.ErrNotMigrated, have, want)
-	}
-	return nil
+	return pgmigrate.Check(ctx, s.db, idempotency.Component, migrations(), idempotency.ErrNotMigrated)
 }
 
 // Begin starts a READ COMMITTED transaction, waiting at most wait for a

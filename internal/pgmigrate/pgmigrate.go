@@ -302,3 +302,28 @@ func Status(ctx context.Context, db interface {
 	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
 	return out, nil
 }
+
+// Check reports notMigrated (wrapped, with the versions, when the database
+// is behind) unless every migration in ms has been recorded for component:
+// the CheckSchema of each store package.
+func Check(ctx context.Context, db interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, component string, ms []migrate.Migration, notMigrated error) error {
+	want := ms[len(ms)-1].Version
+	var have int
+	rows, err := db.Query(ctx, `SELECT coalesce(max(version), 0) FROM jetinbox_migrations WHERE component = $1`, component)
+	if err == nil {
+		_, err = pgx.ForEachRow(rows, []any{&have}, func() error { return nil })
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table: never migrated
+		return notMigrated
+	}
+	if err != nil {
+		return fmt.Errorf("%s: check schema: %w", component, err)
+	}
+	if have < want {
+		return fmt.Errorf("%w: at version %d, this package needs %d", notMigrated, have, want)
+	}
+	return nil
+}

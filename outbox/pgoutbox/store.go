@@ -3,7 +3,6 @@ package pgoutbox
 import (
 	"context"
 	"embed"
-	"errors"
 	"fmt"
 	"time"
 
@@ -83,21 +82,7 @@ func (s *Store) MigrationStatus(ctx context.Context) ([]inbox.MigrationState, er
 // CheckSchema reports [outbox.ErrNotMigrated] unless every outbox migration
 // this package ships has been applied. `jetinbox relay` calls it at start.
 func (s *Store) CheckSchema(ctx context.Context) error {
-	ms := migrations()
-	want := ms[len(ms)-1].Version
-	var have int
-	err := queryRow(ctx, s.db, `SELECT coalesce(max(version), 0) FROM jetinbox_migrations WHERE component = $1`, []any{outbox.Component}, &have)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-		return outbox.ErrNotMigrated
-	}
-	if err != nil {
-		return fmt.Errorf("outbox: check schema: %w", err)
-	}
-	if have < want {
-		return fmt.Errorf("%w: at version %d, this package needs %d", outbox.ErrNotMigrated, have, want)
-	}
-	return nil
+	return pgmigrate.Check(ctx, s.db, outbox.Component, migrations(), outbox.ErrNotMigrated)
 }
 
 // Prune deletes sent outbox rows created longer than opts.OlderThan ago
