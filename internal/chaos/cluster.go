@@ -74,6 +74,12 @@ type ClusterOptions struct {
 	Rounds int
 	// SyncAlways fsyncs every JetStream write, the production setting.
 	SyncAlways bool
+	// Unsafe publishes, beside every fourth intent, a twin under its own
+	// ID the way a producer that does not wait for PubAcks does: a core
+	// NATS publish to the stream's subject, never retried. Each phase
+	// then gets a row of its own for the twins, which shows what the
+	// shipped publisher's wait and retries keep from being lost.
+	Unsafe bool
 	// AckWait is the durable's redelivery timer; consumer-pause holds a
 	// consumer process longer. Default 3s.
 	AckWait time.Duration
@@ -93,7 +99,10 @@ type ClusterOptions struct {
 // intents whose publish the producer gave up on: they may or may not be
 // applied, and are not lost.
 type ClusterRow struct {
-	Fault          string
+	Fault string
+	// Unsafe marks a row of the unsafe twins (see [ClusterOptions.Unsafe]):
+	// its loss is expected and shows that the run can see loss.
+	Unsafe         bool
 	Intents        int
 	Unacknowledged int
 	Lost           int
@@ -116,6 +125,7 @@ func ClusterMain(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.IntVar(&o.Batch, "batch", 0, "publish in atomic batches of this size (0: one by one)")
 	fs.IntVar(&o.Rounds, "rounds", 1, "run every fault phase this many times")
 	fs.BoolVar(&o.SyncAlways, "sync-always", true, "the nodes fsync every JetStream write (sync_interval: always)")
+	fs.BoolVar(&o.Unsafe, "unsafe", true, "beside every fourth intent, publish a twin as a producer that does not wait for PubAcks (core publish, no retry), counted in rows of its own")
 	fs.DurationVar(&o.AckWait, "ack-wait", 3*time.Second, "the durable's AckWait; consumer-pause pauses a consumer process for longer")
 	fs.StringVar(&faults, "faults", strings.Join(ClusterFaults, ","), "fault phases, in order: "+strings.Join(ClusterFaults, ", "))
 	fs.Usage = func() {
@@ -125,7 +135,8 @@ func ClusterMain(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			"partition, a consumer's server dying, a `jetinbox consumer` process paused past AckWait, a\n"+
 			"stream peer replaced by a fresh server during a partition, a black-holed stream leader, a\n"+
 			"one-way cut, a server removed from the cluster, and a removal during a partition. Counts lost, applied once,\n"+
-			"duplicated and unexpected per phase, then runs verify on the end state.")
+			"duplicated and unexpected per phase, then runs verify on the end state. Beside each phase, an\n"+
+			"unsafe row counts twins published without waiting for a PubAck: their loss shows the run can see loss.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -153,7 +164,7 @@ func ClusterMain(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fmt.Fprintln(stdout, "\nverify on the end state:")
 	rep.WriteTable(stdout)
 	for _, r := range rows {
-		if r.Lost > 0 || r.Duplicated > 0 || r.Unexpected > 0 {
+		if !r.Unsafe && (r.Lost > 0 || r.Duplicated > 0 || r.Unexpected > 0) {
 			return fmt.Errorf("chaos -cluster: %s: lost %d, duplicated %d, unexpected %d", r.Fault, r.Lost, r.Duplicated, r.Unexpected)
 		}
 	}
@@ -163,25 +174,56 @@ func ClusterMain(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	return nil
 }
 
-// WriteClusterTable prints the rows and their total.
+// WriteClusterTable prints the rows and their total, the unsafe rows'
+// total apart; when unsafe rows lost nothing it says that this run could
+// not show loss.
 func WriteClusterTable(w io.Writer, rows []ClusterRow) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "fault\tintents\tunacknowledged\tlost\tapplied once\tduplicated\tunexpected\tdead-lettered\ttime\twhat happened")
-	var t ClusterRow
-	t.Fault = "total"
-	for _, r := range rows {
+	line := func(r ClusterRow) {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%.1fs\t%s\n", r.Fault, r.Intents, r.Unacknowledged, r.Lost, r.AppliedOnce, r.Duplicated, r.Unexpected, r.DeadLettered, r.Elapsed.Seconds(), r.Note)
-		t.Intents += r.Intents
-		t.Unacknowledged += r.Unacknowledged
-		t.Lost += r.Lost
-		t.AppliedOnce += r.AppliedOnce
-		t.Duplicated += r.Duplicated
-		t.Unexpected += r.Unexpected
-		t.DeadLettered += r.DeadLettered
-		t.Elapsed += r.Elapsed
 	}
-	fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%.1fs\t\n", t.Fault, t.Intents, t.Unacknowledged, t.Lost, t.AppliedOnce, t.Duplicated, t.Unexpected, t.DeadLettered, t.Elapsed.Seconds())
+	t := ClusterRow{Fault: "total"}
+	u := ClusterRow{Fault: "total, unsafe", Unsafe: true}
+	for _, r := range rows {
+		line(r)
+		s := &t
+		if r.Unsafe {
+			s = &u
+		}
+		s.Intents += r.Intents
+		s.Unacknowledged += r.Unacknowledged
+		s.Lost += r.Lost
+		s.AppliedOnce += r.AppliedOnce
+		s.Duplicated += r.Duplicated
+		s.Unexpected += r.Unexpected
+		s.DeadLettered += r.DeadLettered
+		if !r.Unsafe {
+			s.Elapsed += r.Elapsed
+		}
+	}
+	line(t)
+	if u.Intents > 0 {
+		if u.Lost+u.Duplicated == 0 {
+			u.Note = "the unsafe twins lost nothing: this run could not show loss"
+		} else {
+			u.Note = "what a producer that does not wait for PubAcks loses under the same faults"
+		}
+		line(u)
+	}
 	tw.Flush()
+}
+
+// unsafeTwins are the twins of [ClusterOptions.Unsafe]: every fourth
+// intent again, under its own ID.
+func unsafeTwins(intents []inbox.Intent) []inbox.Intent {
+	var tw []inbox.Intent
+	for i := 0; i < len(intents); i += 4 {
+		in := intents[i]
+		in.ID = "unsafe-" + in.ID
+		tw = append(tw, in)
+	}
+	return tw
 }
 
 // dieArm is the client-server-dies fault, armed: ch closes once a
@@ -231,6 +273,9 @@ type clusterRun struct {
 	joined []int
 	// removed are the servers removed from the cluster: down for good.
 	removed map[int]bool
+	// unsafeFailed holds the IDs of unsafe twins whose publish the
+	// client refused (string to bool).
+	unsafeFailed sync.Map
 }
 
 // ClusterStats says how hard the faults hit: publish retries and the
@@ -326,6 +371,7 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 	type phase struct {
 		fault   string
 		intents []inbox.Intent
+		twins   []inbox.Intent
 		row     ClusterRow
 	}
 	var phases []*phase
@@ -340,6 +386,9 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 				return nil, nil, nil, fmt.Errorf("chaos -cluster: %s: %w", f, err)
 			}
 			p.row = ClusterRow{Fault: f, Intents: len(p.intents), Elapsed: time.Since(t0), Note: note}
+			if o.Unsafe {
+				p.twins = unsafeTwins(p.intents)
+			}
 			phases = append(phases, p)
 		}
 	}
@@ -367,7 +416,14 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 		for _, in := range p.intents {
 			published[in.ID] = true
 		}
+		for _, in := range p.twins {
+			published[in.ID] = true
+		}
 	}
+	r.unsafeFailed.Range(func(id, _ any) bool {
+		failed[id.(string)] = true
+		return true
+	})
 	var applied map[string]int
 	var dead map[string]bool
 	var unexpected int
@@ -378,10 +434,8 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	rows := make([]ClusterRow, len(phases))
-	for i, p := range phases {
-		row := p.row
-		for _, in := range p.intents {
+	count := func(row *ClusterRow, intents []inbox.Intent) {
+		for _, in := range intents {
 			switch n := applied[in.ID]; {
 			case n == 1:
 				row.AppliedOnce++
@@ -395,11 +449,24 @@ func RunCluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, *verify.Re
 				row.Lost++
 			}
 		}
-		rows[i] = row
 	}
-	// An unexpected entry belongs to no phase: the last row carries them.
-	if len(rows) > 0 {
-		rows[len(rows)-1].Unexpected = unexpected
+	var rows []ClusterRow
+	last := -1 // the last shipped row
+	for _, p := range phases {
+		row := p.row
+		count(&row, p.intents)
+		rows = append(rows, row)
+		last = len(rows) - 1
+		if len(p.twins) > 0 {
+			u := ClusterRow{Fault: p.fault + " (unsafe)", Unsafe: true, Intents: len(p.twins), Elapsed: row.Elapsed, Note: "twins published without waiting for a PubAck"}
+			count(&u, p.twins)
+			rows = append(rows, u)
+		}
+	}
+	// An unexpected entry belongs to no phase: the last shipped row
+	// carries them.
+	if last >= 0 {
+		rows[last].Unexpected = unexpected
 	}
 	var rep *verify.Report
 	err = r.afterFaults(ctx, "the stream", func() (err error) {
@@ -498,6 +565,9 @@ func (r *clusterRun) phase(ctx context.Context, fault string, intents []inbox.In
 				pubErr <- err
 				return
 			}
+			if r.o.Unsafe && i%4 == 0 {
+				r.publishUnsafe(in)
+			}
 		}
 		if len(intents) < 3 {
 			close(third)
@@ -523,6 +593,18 @@ func (r *clusterRun) phase(ctx context.Context, fault string, intents []inbox.In
 		return "", err
 	}
 	return note, nil
+}
+
+// publishUnsafe publishes in's unsafe twin (see [unsafeTwins]) as a
+// producer that does not wait for a PubAck: one core publish, never
+// retried. An error the client reports is remembered (unacknowledged);
+// a message the stream never stored is not, and shows as lost.
+func (r *clusterRun) publishUnsafe(in inbox.Intent) {
+	id := "unsafe-" + in.ID
+	m := &nats.Msg{Subject: in.Subject, Data: in.Payload, Header: nats.Header{jetstream.MsgIDHeader: []string{id}}}
+	if err := r.nc.PublishMsg(m); err != nil {
+		r.unsafeFailed.Store(id, true)
+	}
 }
 
 // whole waits until every node runs and the stream and durable have a
