@@ -198,9 +198,7 @@ func WriteClusterTable(w io.Writer, rows []ClusterRow) {
 		s.Duplicated += r.Duplicated
 		s.Unexpected += r.Unexpected
 		s.DeadLettered += r.DeadLettered
-		if !r.Unsafe {
-			s.Elapsed += r.Elapsed
-		}
+		s.Elapsed += r.Elapsed
 	}
 	line(t)
 	if u.Intents > 0 {
