@@ -145,6 +145,7 @@ type Console struct {
 
 	mu       sync.Mutex
 	sessions map[string]time.Time
+	signIns  *signInLimiter
 	samples  samples
 }
 
@@ -178,7 +179,7 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Console{cfg: cfg, log: cfg.Logger, sessions: map[string]time.Time{}}
+	c := &Console{cfg: cfg, log: cfg.Logger, sessions: map[string]time.Time{}, signIns: newSignInLimiter()}
 	if cfg.ReadPG != nil {
 		c.db = db{pg: cfg.ReadPG}
 	} else {
@@ -371,12 +372,20 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusForbidden, "refused: this console has no operator credential configured")
 		return
 	}
+	// Checked before the form is read: a blocked host's guess is not
+	// even compared.
+	lim := c.signIns.limiter(r)
+	if b, wait := blocked(lim); b {
+		c.tooMany(w, r, wait)
+		return
+	}
 	if err := r.ParseForm(); err != nil {
 		c.fail(w, r, http.StatusBadRequest, "bad form")
 		return
 	}
 	got := sha256.Sum256([]byte(r.PostForm.Get("token")))
 	if subtle.ConstantTimeCompare(got[:], c.token[:]) != 1 {
+		lim.Allow() // one of the host's wrong sign-ins used
 		c.log.Warn("console: a sign-in with a wrong token", "remote", r.RemoteAddr)
 		c.fail(w, r, http.StatusUnauthorized, "refused: wrong token")
 		return

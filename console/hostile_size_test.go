@@ -1,20 +1,16 @@
 package console_test
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/console"
 	"github.com/jetinbox/jetinbox/internal/cli"
-	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
 // TestHostileSizes sends oversized input over a real socket: an ID and a
@@ -23,26 +19,9 @@ import (
 // whole or acted on.
 func TestHostileSizes(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
-	store, err := cli.OpenStore(ctx, "sqlite://"+filepath.Join(t.TempDir(), "inbox.db"), 2, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(store.Close)
-	if _, _, err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
-	h, err := console.New(console.Config{JS: js, ReadSQLite: store.SQLite, OperatorToken: "an-operator-token-of-enough-bytes"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := sqliteConsole(t, func(c *console.Config, _ jetstream.JetStream, _ *cli.Store) {
+		c.OperatorToken = "an-operator-token-of-enough-bytes"
+	})
 	web := httptest.NewServer(h)
 	t.Cleanup(web.Close)
 	huge := strings.Repeat("x", 1<<20)
