@@ -3,16 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,33 +17,6 @@ import (
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
-
-// tlsFiles writes a CA and a server certificate for 127.0.0.1 and returns
-// the CA file and the server's tls.Config.
-func tlsFiles(t *testing.T) (caFile string, srvTLS *tls.Config) {
-	t.Helper()
-	dir := t.TempDir()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	ca := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "jetinbox test CA"}, IsCA: true,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	srvKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &srvKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caFile = filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return caFile, &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{leafDER}, PrivateKey: srvKey}}, MinVersion: tls.VersionTLS12}
-}
 
 func nkeyFile(t *testing.T) (seedFile, public string, seed []byte) {
 	t.Helper()
@@ -75,7 +39,8 @@ func nkeyFile(t *testing.T) (seedFile, public string, seed []byte) {
 // a secret.
 func TestTLSAndNkeyAuth(t *testing.T) {
 	t.Parallel()
-	caFile, srvTLS := tlsFiles(t)
+	ca := testenv.NewTestCA(t, "jetinbox test CA")
+	caFile, srvTLS := ca.File, ca.ServerTLS("127.0.0.1")
 	goodSeedFile, goodPub, goodSeed := nkeyFile(t)
 	badSeedFile, _, badSeed := nkeyFile(t)
 	srv := natsenv.NewNATS(t, natsenv.NATSOptions{Configure: func(o *server.Options) {

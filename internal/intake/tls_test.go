@@ -2,17 +2,9 @@ package intake_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"io"
-	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -23,32 +15,9 @@ import (
 	"github.com/jetinbox/jetinbox/idempotency"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/intake"
+	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/jitter"
 )
-
-// selfSigned writes a certificate for 127.0.0.1 and its key.
-func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "intake"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, _ := x509.MarshalECPrivateKey(key)
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
-	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600)
-	cert, _ := x509.ParseCertificate(der)
-	pool = x509.NewCertPool()
-	pool.AddCert(cert)
-	return certFile, keyFile, pool
-}
 
 // TestIntakeTLS: with -tls-cert and -tls-key the intake serves TLS only.
 func TestIntakeTLS(t *testing.T) {
@@ -57,7 +26,9 @@ func TestIntakeTLS(t *testing.T) {
 	tf := filepath.Join(dir, "tenants.json")
 	b, _ := json.Marshal(intake.TenantsFile{Tenants: tenants})
 	os.WriteFile(tf, b, 0o600)
-	certFile, keyFile, roots := selfSigned(t, dir)
+	ca := testenv.NewTestCA(t, "intake CA")
+	certFile, keyFile := ca.Server("intake")
+	roots := ca.Pool
 	env := cli.Env(func(string) string { return "" })
 	ctx := context.Background()
 	if err := intake.Main(ctx, []string{"-database-url", dbURL, "-migrate"}, env, nil, io.Discard, io.Discard); err != nil {

@@ -105,3 +105,13 @@ func (ca *TestCA) write(name, typ string, der []byte) string {
 	}
 	return p
 }
+
+// ServerTLS is a server's tls.Config holding a certificate for 127.0.0.1.
+func (ca *TestCA) ServerTLS(name string) *tls.Config {
+	c, k := ca.Server(name)
+	pair, err := tls.LoadX509KeyPair(c, k)
+	if err != nil {
+		ca.t.Fatal(err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
+}
