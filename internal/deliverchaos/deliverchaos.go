@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -107,6 +108,11 @@ var rows = []rowSpec{
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == childArg {
 		return runChild(ctx, args[1:], stderr)
+	}
+	for i, a := range args {
+		if a == "-storm" || a == "--storm" {
+			return StormMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
+		}
 	}
 	o := Defaults()
 	o.Progress = stderr
