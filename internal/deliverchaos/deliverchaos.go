@@ -169,9 +169,11 @@ func Run(ctx context.Context, o Options) ([]Row, error) {
 		return nil, err
 	}
 	defer pg.Close()
+	fl := newFleet(ctx, o.Dispatchers)
+	defer fl.close()
 	var out []Row
 	for i, spec := range rows {
-		r, err := runRow(ctx, o, pg, spec, o.Seed+uint64(i))
+		r, err := runRow(ctx, o, pg, fl, spec, o.Seed+uint64(i))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", spec.name, err)
 		}
@@ -186,7 +188,7 @@ func (o Options) progress(format string, args ...any) {
 	}
 }
 
-func runRow(ctx context.Context, o Options, pg *testenv.Postgres, spec rowSpec, seed uint64) (Row, error) {
+func runRow(ctx context.Context, o Options, pg *testenv.Postgres, fl *fleet, spec rowSpec, seed uint64) (Row, error) {
 	row := Row{Name: spec.name, Safe: spec.safe, Deliveries: o.Deliveries}
 	url, err := pg.CreateDatabase(ctx, fmt.Sprintf("deliver_chaos_%d", seed))
 	if err != nil {
@@ -229,16 +231,15 @@ func runRow(ctx context.Context, o Options, pg *testenv.Postgres, spec rowSpec, 
 	if spec.keyPerTry {
 		args = append(args, "-key-per-attempt")
 	}
-	fl := newFleet(ctx, rc.url, args...)
-	rc.kill = fl.kill
-	fl.run(o.Dispatchers)
+	cr := fl.startCrew(ctx, o.Dispatchers, rc.url, args...)
+	rc.setKill(cr.kill)
 	stopped := false
 	stop := func() error {
 		if stopped {
 			return nil
 		}
 		stopped = true
-		return fl.stop()
+		return cr.stop()
 	}
 	defer stop() //nolint:errcheck // the error path's: the first error is returned
 	restarted := !o.RestartPG
@@ -289,8 +290,8 @@ func runRow(ctx context.Context, o Options, pg *testenv.Postgres, spec rowSpec, 
 			row.AppliedTwice++
 		}
 	}
-	row.Requests, row.Faults, row.Kills = int(rc.requests.Load()), int(rc.faults.Load()), int(fl.kills.Load())
-	o.progress("deliver chaos: %s: %d requests, %d receiver faults, %d dispatcher processes SIGKILLed (%d started)", spec.name, row.Requests, row.Faults, row.Kills, fl.starts.Load())
+	row.Requests, row.Faults, row.Kills = int(rc.requests.Load()), int(rc.faults.Load()), int(cr.kills.Load())
+	o.progress("deliver chaos: %s: %d requests, %d receiver faults, %d dispatcher processes SIGKILLed (%d put to work)", spec.name, row.Requests, row.Faults, row.Kills, cr.starts.Load())
 	return row, nil
 }
 
@@ -311,7 +312,7 @@ type receiver struct {
 	down    bool
 
 	// kill SIGKILLs the dispatcher process id and returns once it is
-	// dead; false if it was dead already.
+	// dead; false if it was dead already. Under mu.
 	kill func(id int) bool
 
 	requests, faults atomic.Int64
@@ -361,6 +362,12 @@ func (rc *receiver) crash() {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}()
+}
+
+func (rc *receiver) setKill(kill func(int) bool) {
+	rc.mu.Lock()
+	rc.kill = kill
+	rc.mu.Unlock()
 }
 
 func (rc *receiver) stop() {
@@ -457,7 +464,10 @@ func (rc *receiver) handle(w http.ResponseWriter, r *http.Request) {
 	case killSender:
 		// Applied, not answered: the dispatcher that sent it dies before
 		// it can hear the answer, let alone record it.
-		if sender, err := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/hook/")); err == nil && rc.kill != nil && rc.kill(sender) {
+		rc.mu.Lock()
+		kill := rc.kill
+		rc.mu.Unlock()
+		if sender, err := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/hook/")); err == nil && kill != nil && kill(sender) {
 			panic(http.ErrAbortHandler)
 		}
 	case late:

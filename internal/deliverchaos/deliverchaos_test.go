@@ -28,7 +28,7 @@ func TestChaosDeliverSmoke(t *testing.T) {
 	o := Defaults()
 	o.Deliveries = 40
 	o.Progress = testWriter{t}
-	o.Drop, o.Late, o.Fail500, o.Crash, o.Kill = 0.1, 0.1, 0.1, 0.03, 0.1
+	o.Drop, o.Late, o.Fail500, o.Crash, o.Kill = 0.1, 0.1, 0.1, 0.03, 0.05
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	res, err := Run(ctx, o)
