@@ -127,6 +127,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Float64Var(&o.Kill, "kill", o.Kill, "chance per request that the dispatcher process that sent it is SIGKILLed after the receiver applied it, before the answer")
 	fs.BoolVar(&o.RestartPG, "restart-pg", o.RestartPG, "restart PostgreSQL once per row, mid-run")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed for the fault dice")
+	fs.Bool("storm", false, "instead: the storm after recovery, the breakers' jitter on and off and a naive retry loop (-storm -h: its flags)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
