@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jetinbox/jetinbox/internal/deliverchaos"
+	"github.com/jetinbox/jetinbox/internal/deliverchaos/storm"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -24,20 +24,20 @@ import (
 // breaker looks like. The table prints the retry storm's measure (peak
 // requests in one 10 ms bucket) while down and from the moment it is back.
 func TestStormAfterRecovery(t *testing.T) {
-	o := deliverchaos.StormDefaults()
+	o := storm.Defaults()
 	// Smaller than the command's run (jetinbox chaos -deliver -storm):
 	// 200 deliveries, 20 dispatchers × 2 slots.
 	o.Rows, o.Dispatchers, o.Answer = 200, 20, 100*time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	res, err := deliverchaos.Storm(ctx, testenv.NewDatabase(t), o)
+	res, err := storm.Run(ctx, testenv.NewDatabase(t), o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var b bytes.Buffer
-	deliverchaos.PrintStorm(&b, o, res)
+	storm.Print(&b, o, res)
 	t.Log("\n" + b.String())
-	ours, flat, naive := res[deliverchaos.StormJittered], res[deliverchaos.StormNoJitter], res[deliverchaos.StormNaive]
+	ours, flat, naive := res[storm.Jittered], res[storm.NoJitter], res[storm.Naive]
 	// The claim, live: the dispatchers come back one by one with the
 	// breakers' jitter, all at once without it. Counted as senders whose
 	// first request after the receiver came back falls within one 200 ms
@@ -48,7 +48,7 @@ func TestStormAfterRecovery(t *testing.T) {
 	// 20 of 20 against about 5.
 	if ours.Together*2 > flat.Together {
 		t.Errorf("back: %d of %d jittered dispatchers came back within %v, not under half of the %d without jitter: the breakers came back together",
-			ours.Together, ours.Senders, deliverchaos.ReturnWindow, flat.Together)
+			ours.Together, ours.Senders, storm.ReturnWindow, flat.Together)
 	}
 	// While it is down the breakers hold the calls back: a few probes,
 	// not a retry of every delivery every round.

@@ -25,6 +25,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/delivery"
 	"github.com/jetinbox/jetinbox/delivery/pgdelivery"
+	"github.com/jetinbox/jetinbox/internal/deliverchaos/storm"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
@@ -111,7 +112,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	for i, a := range args {
 		if a == "-storm" || a == "--storm" {
-			return StormMain(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
+			return storm.Main(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
 		}
 	}
 	o := Defaults()

@@ -1,4 +1,8 @@
-package deliverchaos
+// Package storm is `jetinbox chaos -deliver -storm`: deliveries that
+// failed together, against a live receiver that comes back, sent by
+// dispatchers whose breakers are jittered beside the same code without
+// jitter and a naive retry loop.
+package storm
 
 import (
 	"context"
@@ -6,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -23,13 +28,13 @@ import (
 	"github.com/jetinbox/jetinbox/jitter"
 )
 
-// StormOptions configures the storm after recovery: Rows deliveries to
+// Options configures the storm after recovery: Rows deliveries to
 // one endpoint, Dispatchers dispatchers of Concurrency slots each. Every
 // slot's call is in flight when the receiver fails them all at once (so
 // every breaker opens at the same instant); the receiver then answers 503
 // for Outage and comes back answering 200 after Answer each (a receiver
 // that recovers slowly).
-type StormOptions struct {
+type Options struct {
 	Rows, Dispatchers, Concurrency int
 	Outage, Answer                 time.Duration
 	// Naive adds the naive retry loop's row: every delivery retried every
@@ -37,14 +42,14 @@ type StormOptions struct {
 	Naive bool
 }
 
-// StormDefaults are the command's and the test's defaults.
-func StormDefaults() StormOptions {
-	return StormOptions{Rows: 1000, Dispatchers: 50, Concurrency: 2, Outage: 800 * time.Millisecond, Answer: 200 * time.Millisecond, Naive: true}
+// Defaults are the command's and the test's defaults.
+func Defaults() Options {
+	return Options{Rows: 1000, Dispatchers: 50, Concurrency: 2, Outage: 800 * time.Millisecond, Answer: 200 * time.Millisecond, Naive: true}
 }
 
-// StormRow is one side: the storm's measure (peak requests in one 10 ms
+// Row is one side: the storm's measure (peak requests in one 10 ms
 // bucket) while the receiver was down and from the moment it is back.
-type StormRow struct {
+type Row struct {
 	Name       string
 	Down, Back jittersim.Row
 	// Together is how many senders (dispatchers; the naive loop's
@@ -54,22 +59,22 @@ type StormRow struct {
 	Together, Senders int
 }
 
-// ReturnWindow is the window of [StormRow.Together]: wider than the
+// ReturnWindow is the window of [Row.Together]: wider than the
 // smear a loaded machine puts on requests sent at the same instant
 // (leases from PostgreSQL, scheduling), narrower than the breakers'
 // jitter.
 const ReturnWindow = 200 * time.Millisecond
 
-// The sides of [Storm], in its result's order.
+// The sides of [Run], in its result's order.
 const (
-	StormJittered = iota // the shipped dispatcher
-	StormNoJitter        // the same code, breaker open times and retries without jitter
-	StormNaive           // a naive retry loop (when StormOptions.Naive)
+	Jittered = iota // the shipped dispatcher
+	NoJitter        // the same code, breaker open times and retries without jitter
+	Naive           // a naive retry loop (when Options.Naive)
 )
 
-// StormMain is `jetinbox chaos -deliver -storm`.
-func StormMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	o := StormDefaults()
+// Main is `jetinbox chaos -deliver -storm`.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o := Defaults()
 	fs := flag.NewFlagSet("jetinbox chaos -deliver -storm", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.IntVar(&o.Rows, "deliveries", o.Rows, "deliveries that fail together")
@@ -93,16 +98,16 @@ func StormMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	res, err := Storm(ctx, url, o)
+	res, err := Run(ctx, url, o)
 	if err != nil {
 		return err
 	}
-	PrintStorm(stdout, o, res)
+	Print(stdout, o, res)
 	return nil
 }
 
-// PrintStorm writes the storm's table and the ratio of the back peaks.
-func PrintStorm(w io.Writer, o StormOptions, res []StormRow) {
+// Print writes the storm's table and the ratio of the back peaks.
+func Print(w io.Writer, o Options, res []Row) {
 	fmt.Fprintf(w, "%d deliveries in flight or due when the receiver failed them all at once; %d dispatchers × concurrency %d;\n"+
 		"down (503) for %v, then back answering in %v; peak = most requests in one 10 ms bucket\n\n", o.Rows, o.Dispatchers, o.Concurrency, o.Outage, o.Answer)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -111,14 +116,14 @@ func PrintStorm(w io.Writer, o StormOptions, res []StormRow) {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d of %d\t\n", r.Name, r.Down.Peak, r.Down.Total, r.Back.Peak, r.Back.Total, r.Together, r.Senders)
 	}
 	tw.Flush()
-	if len(res) > StormNoJitter && res[StormJittered].Back.Peak > 0 {
-		fmt.Fprintf(w, "\nback peak without jitter / with: %.1f×\n", float64(res[StormNoJitter].Back.Peak)/float64(res[StormJittered].Back.Peak))
+	if len(res) > NoJitter && res[Jittered].Back.Peak > 0 {
+		fmt.Fprintf(w, "\nback peak without jitter / with: %.1f×\n", float64(res[NoJitter].Back.Peak)/float64(res[Jittered].Back.Peak))
 	}
 }
 
-// Storm runs the sides one after the other on the database at dbURL
+// Run runs the sides one after the other on the database at dbURL
 // (migrated here), each with a receiver of its own.
-func Storm(ctx context.Context, dbURL string, o StormOptions) ([]StormRow, error) {
+func Run(ctx context.Context, dbURL string, o Options) ([]Row, error) {
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return nil, err
@@ -133,7 +138,7 @@ func Storm(ctx context.Context, dbURL string, o StormOptions) ([]StormRow, error
 	if _, err := st.Migrate(ctx); err != nil {
 		return nil, err
 	}
-	var out []StormRow
+	var out []Row
 	for _, side := range []struct {
 		name string
 		kind jitter.Kind
@@ -221,7 +226,7 @@ func (s *stormReceiver) back() {
 
 // measure returns the storm's measure before and from the moment it came
 // back.
-func (s *stormReceiver) measure(name string) StormRow {
+func (s *stormReceiver) measure(name string) Row {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var before, after, firsts []time.Time
@@ -245,7 +250,7 @@ func (s *stormReceiver) measure(name string) StormRow {
 		}
 		together = max(together, j-i+1)
 	}
-	return StormRow{Name: name, Down: jittersim.Measure("down", before, 10*time.Millisecond), Back: jittersim.Measure("back", after, 10*time.Millisecond),
+	return Row{Name: name, Down: jittersim.Measure("down", before, 10*time.Millisecond), Back: jittersim.Measure("back", after, 10*time.Millisecond),
 		Together: together, Senders: len(first)}
 }
 
@@ -271,7 +276,7 @@ func waitFor(ctx context.Context, what string, cond func() (bool, error)) error 
 	}
 }
 
-func stormDispatchers(ctx context.Context, pool *pgxpool.Pool, st *pgdelivery.Store, o StormOptions, name string, kind jitter.Kind) (StormRow, error) {
+func stormDispatchers(ctx context.Context, pool *pgxpool.Pool, st *pgdelivery.Store, o Options, name string, kind jitter.Kind) (Row, error) {
 	rc := &stormReceiver{answer: o.Answer, failed: make(chan struct{})}
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
@@ -282,19 +287,19 @@ func stormDispatchers(ctx context.Context, pool *pgxpool.Pool, st *pgdelivery.St
 	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
-		return StormRow{}, err
+		return Row{}, err
 	}
 	if err := pgdelivery.Add(ctx, tx, intents...); err != nil {
 		tx.Rollback(ctx) //nolint:errcheck
-		return StormRow{}, err
+		return Row{}, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return StormRow{}, err
+		return Row{}, err
 	}
 	// Long timeouts: the held calls must all be in flight when the
 	// receiver fails them, however slowly the dispatchers start.
 	ep := delivery.Endpoint{Name: endpoint, Timeout: delivery.Duration(time.Minute), KeyRetention: delivery.Duration(time.Hour), Concurrency: o.Concurrency}
-	cfg := delivery.Config{Endpoints: []delivery.Endpoint{ep}, Logger: discardLogger(),
+	cfg := delivery.Config{Endpoints: []delivery.Endpoint{ep}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Retry:   jitter.Policy{Kind: kind, Base: 200 * time.Millisecond, Cap: time.Second},
 		Idle:    jitter.Policy{Kind: kind, Base: 20 * time.Millisecond, Cap: 200 * time.Millisecond},
 		Breaker: delivery.BreakerConfig{Failures: o.Concurrency, Open: jitter.Policy{Kind: kind, Base: time.Second, Cap: 5 * time.Second}}}
@@ -307,30 +312,30 @@ func stormDispatchers(ctx context.Context, pool *pgxpool.Pool, st *pgdelivery.St
 		cfg.Endpoints = []delivery.Endpoint{ep}
 		d, err := delivery.NewDispatcher(st, cfg)
 		if err != nil {
-			return StormRow{}, err
+			return Row{}, err
 		}
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = d.Run(dctx) }()
 	}
 	inFlight := o.Dispatchers * o.Concurrency
 	if err := waitFor(ctx, "every slot's call in flight", func() (bool, error) { return rc.heldCount() >= min(inFlight, o.Rows), nil }); err != nil {
-		return StormRow{}, err
+		return Row{}, err
 	}
 	rc.fail()
 	if err := sleepCtx(ctx, o.Outage); err != nil { // the outage: what the run is about
-		return StormRow{}, err
+		return Row{}, err
 	}
 	rc.back()
 	if err := waitFor(ctx, "every delivery delivered", func() (bool, error) {
 		rows, err := st.List(ctx, delivery.StateDelivered, endpoint, o.Rows+1)
 		return len(rows) >= o.Rows, err
 	}); err != nil {
-		return StormRow{}, err
+		return Row{}, err
 	}
 	return rc.measure(name), nil
 }
 
-func stormNaive(ctx context.Context, o StormOptions) (StormRow, error) {
+func stormNaive(ctx context.Context, o Options) (Row, error) {
 	rc := &stormReceiver{answer: o.Answer, failed: make(chan struct{})}
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
@@ -365,11 +370,11 @@ func stormNaive(ctx context.Context, o StormOptions) (StormRow, error) {
 	if err != nil {
 		cancel()
 		wg.Wait()
-		return StormRow{}, err
+		return Row{}, err
 	}
 	wg.Wait()
 	if nctx.Err() != nil {
-		return StormRow{}, errors.New("storm: the naive loop did not deliver everything within five minutes")
+		return Row{}, errors.New("storm: the naive loop did not deliver everything within five minutes")
 	}
 	return rc.measure("naive retry loop"), nil
 }
