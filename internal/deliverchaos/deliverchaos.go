@@ -166,13 +166,14 @@ func Print(w io.Writer, res []Row) {
 
 // Run runs every row on one PostgreSQL of its own.
 func Run(ctx context.Context, o Options) ([]Row, error) {
+	// The dispatcher processes start while PostgreSQL does.
+	fl := newFleet(ctx, o.Dispatchers)
+	defer fl.close()
 	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
 	if err != nil {
 		return nil, err
 	}
 	defer pg.Close()
-	fl := newFleet(ctx, o.Dispatchers)
-	defer fl.close()
 	var out []Row
 	for i, spec := range rows {
 		r, err := runRow(ctx, o, pg, fl, spec, o.Seed+uint64(i))

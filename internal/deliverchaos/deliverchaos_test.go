@@ -26,7 +26,7 @@ func TestChaosDeliverSmoke(t *testing.T) {
 		t.Fatalf("PostgreSQL is required: %v", err)
 	}
 	o := Defaults()
-	o.Deliveries = 40
+	o.Deliveries = 30
 	o.Progress = testWriter{t}
 	o.Drop, o.Late, o.Fail500, o.Crash, o.Kill = 0.1, 0.1, 0.1, 0.03, 0.05
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -44,7 +44,7 @@ func TestChaosDeliverSmoke(t *testing.T) {
 		}
 		// The dice are seeded and drawn once per request, in the order the
 		// requests come: with these settings each row's first kill is drawn
-		// for one of its first 11 requests, and a row has at least 40.
+		// for one of its first 11 requests, and a row has at least 30.
 		if r.Kills == 0 {
 			t.Errorf("%s: no dispatcher process was killed", r.Name)
 		}

@@ -270,17 +270,19 @@ func (f *fleet) failed() error {
 	return f.err
 }
 
-// close ends the spares; the rows end their working processes.
+// close ends the spares (SIGKILL: they hold nothing yet); the rows end
+// their working processes.
 func (f *fleet) close() {
 	f.cancel()
 	f.wg.Wait()
-	for {
-		select {
-		case p := <-f.spares:
-			f.stopProc(p)
-		default:
-			return
-		}
+	var spares []*proc
+	for len(f.spares) > 0 {
+		p := <-f.spares
+		_ = p.cmd.Process.Kill()
+		spares = append(spares, p)
+	}
+	for _, p := range spares {
+		<-p.dead
 	}
 }
 
