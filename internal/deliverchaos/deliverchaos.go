@@ -13,6 +13,9 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -22,16 +25,16 @@ import (
 
 	"github.com/jetinbox/jetinbox/delivery"
 	"github.com/jetinbox/jetinbox/delivery/pgdelivery"
-	"github.com/jetinbox/jetinbox/internal/deliveryhook"
+	"github.com/jetinbox/jetinbox/internal/deliverchaos/storm"
 	"github.com/jetinbox/jetinbox/internal/testenv"
-	"github.com/jetinbox/jetinbox/jitter"
 )
 
 // Options configures a run.
 type Options struct {
 	// Deliveries per row.
 	Deliveries int
-	// Dispatchers sharing the rows.
+	// Dispatchers sharing the rows: processes of their own (this binary
+	// again, see [Child]).
 	Dispatchers int
 	// The receiver's faults, each a chance per request: Drop closes the
 	// connection before applying; Late applies and answers after the
@@ -39,8 +42,11 @@ type Options struct {
 	// receiver mid-request (before or after applying, at random) and
 	// restarts it.
 	Drop, Late, Fail500, Crash float64
-	// Kill is the chance a dispatcher dies between a call and recording
-	// its outcome (its lease runs out; another dispatcher sends again).
+	// Kill is the chance, per request, that the receiver applies it and
+	// then has the harness SIGKILL the dispatcher process that sent it
+	// before answering: the process dies between the call and recording
+	// its outcome, and a fresh one starts (the row's lease runs out; a
+	// dispatcher sends it again).
 	Kill float64
 	// RestartPG restarts PostgreSQL once per row, mid-run.
 	RestartPG bool
@@ -101,6 +107,14 @@ var rows = []rowSpec{
 
 // Main is the command.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == childArg {
+		return runChild(ctx, args[1:], stderr)
+	}
+	for i, a := range args {
+		if a == "-storm" || a == "--storm" {
+			return storm.Main(ctx, slices.Delete(slices.Clone(args), i, i+1), stdout, stderr)
+		}
+	}
 	o := Defaults()
 	o.Progress = stderr
 	fs := flag.NewFlagSet("jetinbox chaos -deliver", flag.ContinueOnError)
@@ -111,9 +125,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Float64Var(&o.Late, "late", o.Late, "chance the receiver applies and answers after the caller's timeout")
 	fs.Float64Var(&o.Fail500, "fail-500", o.Fail500, "chance the receiver applies, then answers 500")
 	fs.Float64Var(&o.Crash, "crash", o.Crash, "chance the receiver crashes mid-request (before or after applying) and restarts")
-	fs.Float64Var(&o.Kill, "kill", o.Kill, "chance a dispatcher dies between the call and recording its outcome")
+	fs.Float64Var(&o.Kill, "kill", o.Kill, "chance per request that the dispatcher process that sent it is SIGKILLed after the receiver applied it, before the answer")
 	fs.BoolVar(&o.RestartPG, "restart-pg", o.RestartPG, "restart PostgreSQL once per row, mid-run")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed for the fault dice")
+	fs.Bool("storm", false, "instead: the storm after recovery, the breakers' jitter on and off and a naive retry loop (-storm -h: its flags)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -151,6 +166,9 @@ func Print(w io.Writer, res []Row) {
 
 // Run runs every row on one PostgreSQL of its own.
 func Run(ctx context.Context, o Options) ([]Row, error) {
+	// The dispatcher processes start while PostgreSQL does.
+	fl := newFleet(ctx, o.Dispatchers)
+	defer fl.close()
 	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
 	if err != nil {
 		return nil, err
@@ -158,7 +176,7 @@ func Run(ctx context.Context, o Options) ([]Row, error) {
 	defer pg.Close()
 	var out []Row
 	for i, spec := range rows {
-		r, err := runRow(ctx, o, pg, spec, o.Seed+uint64(i))
+		r, err := runRow(ctx, o, pg, fl, spec, o.Seed+uint64(i))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", spec.name, err)
 		}
@@ -173,7 +191,7 @@ func (o Options) progress(format string, args ...any) {
 	}
 }
 
-func runRow(ctx context.Context, o Options, pg *testenv.Postgres, spec rowSpec, seed uint64) (Row, error) {
+func runRow(ctx context.Context, o Options, pg *testenv.Postgres, fl *fleet, spec rowSpec, seed uint64) (Row, error) {
 	row := Row{Name: spec.name, Safe: spec.safe, Deliveries: o.Deliveries}
 	url, err := pg.CreateDatabase(ctx, fmt.Sprintf("deliver_chaos_%d", seed))
 	if err != nil {
@@ -210,35 +228,23 @@ func runRow(ctx context.Context, o Options, pg *testenv.Postgres, spec rowSpec, 
 	if err := tx.Commit(ctx); err != nil {
 		return row, err
 	}
-	ep := delivery.Endpoint{Name: "receiver", URL: rc.url, Timeout: delivery.Duration(300 * time.Millisecond), KeyRetention: delivery.Duration(time.Hour), Concurrency: 8}
-	dice := rand.New(rand.NewPCG(seed, 99))
-	var diceMu sync.Mutex
-	var kills atomic.Int64
-	runCtx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	for range o.Dispatchers {
-		d, err := delivery.NewDispatcher(st, delivery.Config{Endpoints: []delivery.Endpoint{ep}, Lease: time.Second,
-			Retry:   jitter.Policy{Base: 50 * time.Millisecond, Cap: 500 * time.Millisecond},
-			Idle:    jitter.Policy{Base: 20 * time.Millisecond, Cap: 200 * time.Millisecond},
-			Breaker: delivery.BreakerConfig{Failures: 20, Open: jitter.Policy{Base: 100 * time.Millisecond, Cap: 500 * time.Millisecond}},
-			Logger:  discardLogger()})
-		if err != nil {
-			cancel()
-			return row, err
-		}
-		deliveryhook.Attach(d, &deliveryhook.Faults{NewKeyPerAttempt: spec.keyPerTry, SkipRecord: func() bool {
-			diceMu.Lock()
-			k := dice.Float64() < o.Kill
-			diceMu.Unlock()
-			if k {
-				kills.Add(1)
-			}
-			return k
-		}})
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = d.Run(runCtx) }()
+	// The dispatchers: processes of their own, each sending to its own
+	// path of the receiver, so that the receiver knows whom to kill.
+	args := []string{"-database-url", url}
+	if spec.keyPerTry {
+		args = append(args, "-key-per-attempt")
 	}
-	defer func() { cancel(); wg.Wait() }()
+	cr := fl.startCrew(ctx, o.Dispatchers, rc.url, args...)
+	rc.setKill(cr.kill)
+	stopped := false
+	stop := func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		return cr.stop()
+	}
+	defer stop() //nolint:errcheck // the error path's: the first error is returned
 	restarted := !o.RestartPG
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
@@ -261,6 +267,9 @@ func runRow(ctx context.Context, o Options, pg *testenv.Postgres, spec rowSpec, 
 				return row, fmt.Errorf("start PostgreSQL: %w", err)
 			}
 		}
+		if err := fl.failed(); err != nil {
+			return row, err
+		}
 		if time.Now().After(deadline) {
 			row.Pending = int(n)
 			break
@@ -271,8 +280,9 @@ func runRow(ctx context.Context, o Options, pg *testenv.Postgres, spec rowSpec, 
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	cancel()
-	wg.Wait()
+	if err := stop(); err != nil {
+		return row, err
+	}
 	applied := rc.appliedCounts()
 	for i := range o.Deliveries {
 		switch applied[i] {
@@ -283,8 +293,8 @@ func runRow(ctx context.Context, o Options, pg *testenv.Postgres, spec rowSpec, 
 			row.AppliedTwice++
 		}
 	}
-	row.Requests, row.Faults, row.Kills = int(rc.requests.Load()), int(rc.faults.Load()), int(kills.Load())
-	o.progress("deliver chaos: %s: %d requests, %d receiver faults, %d dispatcher kills", spec.name, row.Requests, row.Faults, row.Kills)
+	row.Requests, row.Faults, row.Kills = int(rc.requests.Load()), int(rc.faults.Load()), int(cr.kills.Load())
+	o.progress("deliver chaos: %s: %d requests, %d receiver faults, %d dispatcher processes SIGKILLed (%d put to work)", spec.name, row.Requests, row.Faults, row.Kills, cr.starts.Load())
 	return row, nil
 }
 
@@ -303,6 +313,10 @@ type receiver struct {
 	keys    map[string]bool
 	srv     *http.Server
 	down    bool
+
+	// kill SIGKILLs the dispatcher process id and returns once it is
+	// dead; false if it was dead already. Under mu.
+	kill func(id int) bool
 
 	requests, faults atomic.Int64
 	stopped          atomic.Bool
@@ -353,6 +367,12 @@ func (rc *receiver) crash() {
 	}()
 }
 
+func (rc *receiver) setKill(kill func(int) bool) {
+	rc.mu.Lock()
+	rc.kill = kill
+	rc.mu.Unlock()
+}
+
 func (rc *receiver) stop() {
 	rc.stopped.Store(true)
 	rc.mu.Lock()
@@ -380,6 +400,7 @@ const (
 	fail500
 	crashBefore
 	crashAfter
+	killSender
 )
 
 func (rc *receiver) roll() fault {
@@ -399,6 +420,8 @@ func (rc *receiver) roll() fault {
 			return crashBefore
 		}
 		return crashAfter
+	case x < o.Drop+o.Late+o.Fail500+o.Crash+o.Kill:
+		return killSender
 	}
 	return none
 }
@@ -426,7 +449,7 @@ func (rc *receiver) handle(w http.ResponseWriter, r *http.Request) {
 	}
 	key := r.Header.Get(delivery.HeaderID)
 	f := rc.roll()
-	if f != none {
+	if f != none && f != killSender {
 		rc.faults.Add(1)
 	}
 	switch f {
@@ -441,6 +464,15 @@ func (rc *receiver) handle(w http.ResponseWriter, r *http.Request) {
 	case crashAfter:
 		rc.crash()
 		panic(http.ErrAbortHandler)
+	case killSender:
+		// Applied, not answered: the dispatcher that sent it dies before
+		// it can hear the answer, let alone record it.
+		rc.mu.Lock()
+		kill := rc.kill
+		rc.mu.Unlock()
+		if sender, err := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/hook/")); err == nil && kill != nil && kill(sender) {
+			panic(http.ErrAbortHandler)
+		}
 	case late:
 		select {
 		case <-time.After(600 * time.Millisecond): // past the caller's 300 ms
