@@ -7,6 +7,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/delivery"
 	"github.com/jetinbox/jetinbox/delivery/pgdelivery"
+	"github.com/jetinbox/jetinbox/delivery/sqlitedelivery"
 )
 
 // outgoingHop reads the calls the intent's effect decided to make to other
@@ -16,9 +17,6 @@ import (
 // read (the verifier's role may not).
 func outgoingHop(ctx context.Context, s *Sources, q *Query) ([]Fact, error) {
 	return eachDB(ctx, s, func(d db, where string) ([]Fact, error) {
-		if d.pg == nil {
-			return nil, nil // deliveries live in PostgreSQL only
-		}
 		var out []Fact
 		for _, id := range q.IDs {
 			rows, done, err := d.query(ctx, `SELECT endpoint, idem_key, state, attempts, coalesce(last_status, 0), coalesce(reason, ''), created_at, last_at
@@ -69,10 +67,16 @@ func outgoingFact(where, endpoint, key string, state delivery.State, attempts, s
 func deliveryBacklog(ctx context.Context, s *Sources) (string, error) {
 	var msg string
 	for _, sd := range s.DBs {
-		if sd.PG == nil {
+		var backlog func(context.Context) (int64, time.Duration, error)
+		switch {
+		case sd.PG != nil:
+			backlog = pgdelivery.New(sd.PG).Backlog
+		case sd.SQLite != nil:
+			backlog = sqlitedelivery.New(sd.SQLite).Backlog
+		default:
 			continue
 		}
-		n, age, err := pgdelivery.New(sd.PG).Backlog(ctx)
+		n, age, err := backlog(ctx)
 		switch {
 		case missingTable(err):
 			continue

@@ -18,7 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/jetinbox/jetinbox/delivery"
-	"github.com/jetinbox/jetinbox/delivery/pgdelivery"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/metrics"
@@ -27,13 +26,13 @@ import (
 // Deliver is `jetinbox deliver`: the delivery dispatcher, a sibling of the
 // relay with its own role and failure modes.
 func Deliver(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, stderr io.Writer) error {
-	fs := cli.NewFlagSet("jetinbox deliver", "Send the deliveries effects decided in their inbox transactions (pgdelivery.Add) to the endpoints of\n"+
+	fs := cli.NewFlagSet("jetinbox deliver", "Send the deliveries effects decided in their inbox transactions (pgdelivery.Add, sqlitedelivery.Add) to the endpoints of\n"+
 		"-endpoints: each POST carries Idempotency-Key and the Standard Webhooks headers (webhook-id = the key, derived from\n"+
 		"scope, message ID and endpoint), every answer is recorded, 2xx is delivered, a permanent 4xx is dead-lettered,\n"+
 		"no answer / 5xx / 408 / 409 / 425 / 429 is retried under the same key until the endpoint's key retention has passed.\n"+
 		"Any number of dispatchers may run: each leases its own rows. Stops on SIGTERM/SIGINT after its calls in flight.", stderr)
 	var (
-		dbURL     = cli.DatabaseFlag(fs, env, cli.DatabaseUsage+"; required (PostgreSQL)")
+		dbURL     = cli.DatabaseFlag(fs, env, cli.DatabaseUsage+"; required")
 		endpoints = fs.String("endpoints", env.Or("JETINBOX_ENDPOINTS", ""), "the endpoints file: a JSON array of {name, url, secret_files, key_retention, key_max_len, key_charset, concurrency, timeout, ca_file}; required (env JETINBOX_ENDPOINTS)")
 		lease     = fs.Duration("lease", 0, "how long a leased row is this dispatcher's alone (0: twice the longest endpoint timeout, at least 30s)")
 		httpAddr  = fs.String("http", env.Or("JETINBOX_DELIVER_HTTP_ADDR", "127.0.0.1:9093"), "address for /metrics (jetinbox_delivery_*) and /healthz (env JETINBOX_DELIVER_HTTP_ADDR); loopback only by default; empty disables")
@@ -61,16 +60,13 @@ func Deliver(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, st
 	if err := cli.RequireDatabase(*dbURL); err != nil {
 		return err
 	}
-	if cli.StoreKind(*dbURL) == cli.StoreSQLite {
-		return cli.UsageError{Err: errors.New("deliver: deliveries are kept in PostgreSQL only (no SQLite store yet)")}
-	}
 	log := cli.NewLogger(stderr, *logFormat, slog.LevelInfo)
 	store, err := cli.OpenStore(ctx, *dbURL, 4, log)
 	if err != nil {
 		return cli.UsageError{Err: err}
 	}
 	defer store.Close()
-	st := pgdelivery.New(store.PG)
+	st := store.DeliveryStore()
 	if err := st.CheckSchema(ctx); err != nil {
 		return cli.UsageError{Err: err}
 	}
@@ -101,7 +97,7 @@ func Deliver(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, st
 	for i, e := range eps {
 		names[i] = e.Name
 	}
-	log.Info("deliver: running", "endpoints", strings.Join(names, ","), "lease", d.Config().Lease)
+	log.Info("deliver: running", "store", store.String(), "endpoints", strings.Join(names, ","), "lease", d.Config().Lease)
 	err = d.Run(ctx)
 	s := d.Stats()
 	log.Info("deliver: stopped", "attempts", s.Attempts, "delivered", s.Delivered, "retried", s.Retried, "dead", s.Dead, "lease_lost", s.LeaseLost)
@@ -146,10 +142,7 @@ func deliveryDLQ(ctx context.Context, args []string, env cli.Env, stdout, stderr
 		return err
 	}
 	defer store.Close()
-	if store.PG == nil {
-		return cli.UsageError{Err: errors.New("dlq -deliveries: deliveries are kept in PostgreSQL only")}
-	}
-	st := pgdelivery.New(store.PG)
+	st := store.DeliveryStore()
 	switch {
 	case *redrive:
 		n, err := st.Redrive(ctx, *endpoint, sel)

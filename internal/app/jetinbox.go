@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetinbox/jetinbox/delivery/pgdelivery"
+	"github.com/jetinbox/jetinbox/delivery/sqlitedelivery"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
@@ -123,7 +124,7 @@ func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdou
 	}
 	if *print {
 		if cli.StoreKind(*dbURL) == cli.StoreSQLite {
-			fmt.Fprint(stdout, sqliteinbox.New(nil).MigrationSQL(), effects.MigrationSQLSQLite(), sqliteinbox.New(nil).Outbox().MigrationSQL())
+			fmt.Fprint(stdout, sqliteinbox.New(nil).MigrationSQL(), effects.MigrationSQLSQLite(), sqliteinbox.New(nil).Outbox().MigrationSQL(), sqlitedelivery.New(nil).MigrationSQL())
 			return nil
 		}
 		fmt.Fprint(stdout, pginbox.New(nil).MigrationSQL(), effects.MigrationSQL(), pginbox.New(nil).Outbox().MigrationSQL(), pgdelivery.New(nil).MigrationSQL())
@@ -148,15 +149,11 @@ func Migrate(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdou
 	if err != nil {
 		return err
 	}
-	if store.PG != nil {
-		dl, err := pgdelivery.New(store.PG).Migrate(ctx)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "applied %d inbox, %d ledger and %d outbox migrations; %d delivery migrations\n", n, m, o, dl)
-		return nil
+	dl, err := store.DeliveryStore().Migrate(ctx)
+	if err != nil {
+		return err
 	}
-	fmt.Fprintf(stdout, "applied %d inbox, %d ledger and %d outbox migrations\n", n, m, o)
+	fmt.Fprintf(stdout, "applied %d inbox, %d ledger and %d outbox migrations; %d delivery migrations\n", n, m, o, dl)
 	return nil
 }
 

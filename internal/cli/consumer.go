@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/jetinbox/jetinbox/delivery"
-	"github.com/jetinbox/jetinbox/delivery/pgdelivery"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/jscheck"
@@ -52,7 +51,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 	var relay consumerRelay
 	relay.register(fs, env)
 	routesFile := fs.String("deliveries", "", "a routes file ({\"subject\": [\"endpoint\", …]}, '*' and '>' wildcards): every applied message whose subject matches gets a delivery row per endpoint "+
-		"in the inbox transaction, its payload sent by `jetinbox deliver` (PostgreSQL; needs the delivery schema: jetinbox migrate)")
+		"in the inbox transaction, its payload sent by `jetinbox deliver` (PostgreSQL or SQLite; needs the delivery schema: jetinbox migrate)")
 	var sf ShardFlags
 	sf.Register(fs, env)
 	fs.BoolVar(&sf.PartitionBatches, "partition-batches", false, "with -shards: each partition's consumer forms batches of its own messages, -batch and -inflight per partition "+
@@ -155,10 +154,7 @@ func Consumer(ctx context.Context, args []string, env Env, stdout, stderr io.Wri
 		if err != nil {
 			return UsageError{Err: fmt.Errorf("-deliveries: %w", err)}
 		}
-		if store.PG == nil {
-			return UsageError{Err: errors.New("-deliveries: deliveries are kept in PostgreSQL only")}
-		}
-		if err := pgdelivery.New(store.PG).CheckSchema(ctx); err != nil {
+		if err := store.DeliveryStore().CheckSchema(ctx); err != nil {
 			return UsageError{Err: fmt.Errorf("-deliveries: %w", err)}
 		}
 		store.Deliveries = routes

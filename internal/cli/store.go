@@ -15,6 +15,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/delivery"
 	"github.com/jetinbox/jetinbox/delivery/pgdelivery"
+	"github.com/jetinbox/jetinbox/delivery/sqlitedelivery"
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
@@ -388,6 +389,9 @@ func (s *Store) ledgerProcessor(cfg inbox.Config, dryRun bool, followUps string)
 	var st driver.Store[*sql.Tx] = sqliteinbox.New(s.SQLite)
 	if dryRun {
 		st = rollbackStore[*sql.Tx]{st}
+	}
+	if s.Deliveries != nil {
+		return inbox.NewProcessor(st, sqlitedelivery.Routed(l, s.Deliveries), cfg)
 	}
 	return inbox.NewProcessor(st, l, cfg)
 }
