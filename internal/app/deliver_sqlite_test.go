@@ -115,7 +115,9 @@ func TestDeliveriesOnSQLite(t *testing.T) {
 	// The dispatcher runs beside the consumer on the same file.
 	dctx, dcancel := context.WithCancel(ctx)
 	ddone := make(chan error, 1)
-	go func() { ddone <- Deliver(dctx, []string{"-endpoints", endpoints, "-http", ""}, env, nil, io.Discard, io.Discard) }()
+	go func() {
+		ddone <- Deliver(dctx, []string{"-endpoints", endpoints, "-http", ""}, env, nil, io.Discard, io.Discard)
+	}()
 	t.Cleanup(func() {
 		dcancel()
 		select {
