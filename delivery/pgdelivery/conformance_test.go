@@ -46,6 +46,22 @@ func newEnv(t *testing.T) deliverytest.Env {
 	}
 }
 
-// The store passes the suite every delivery store passes: outcomes,
-// retention, leases, a killed dispatcher, dead letters and redrive.
-func TestConformance(t *testing.T) { deliverytest.Run(t, newEnv) }
+// The store passes every case of the suite every delivery store passes,
+// each under a test name of its own (docs cite them).
+func TestOutcomes(t *testing.T)                 { run1(t, deliverytest.Outcomes) }
+func TestRetentionEndsInReconcile(t *testing.T) { run1(t, deliverytest.RetentionEndsInReconcile) }
+func TestRecordedOnlyAfterTheAnswer(t *testing.T) {
+	run1(t, deliverytest.RecordedOnlyAfterTheAnswer)
+}
+func TestKilledDispatcherRowComesBackWithItsKey(t *testing.T) {
+	run1(t, deliverytest.KilledDispatcherRowComesBackWithItsKey)
+}
+func TestLeasesAreExclusive(t *testing.T)   { run1(t, deliverytest.LeasesAreExclusive) }
+func TestLeaseLost(t *testing.T)            { run1(t, deliverytest.LeaseLost) }
+func TestAddBacklogAndRedrive(t *testing.T) { run1(t, deliverytest.AddBacklogAndRedrive) }
+
+// run1 runs one case of the suite on a fresh database, beside the others.
+func run1(t *testing.T, f func(*testing.T, deliverytest.Env)) {
+	t.Parallel()
+	f(t, newEnv(t))
+}

@@ -45,19 +45,21 @@ type Env struct {
 	Add func(ctx context.Context, intents ...delivery.Intent) error
 }
 
-// Run runs the suite; newEnv returns a fresh database per test.
+// Run runs every case of the suite as a parallel subtest; newEnv returns
+// a fresh database per case. A store may instead run the cases one by one
+// (each is exported) under test names of its own.
 func Run(t *testing.T, newEnv func(t *testing.T) Env) {
 	tests := []struct {
 		name string
 		f    func(t *testing.T, e Env)
 	}{
-		{"Outcomes", outcomes},
-		{"RetentionEndsInReconcile", retentionEndsInReconcile},
-		{"RecordedOnlyAfterTheAnswer", recordedOnlyAfterTheAnswer},
-		{"KilledDispatcherRowComesBackWithItsKey", killedDispatcherRowComesBack},
-		{"LeasesAreExclusive", leasesAreExclusive},
-		{"LeaseLost", leaseLost},
-		{"AddBacklogAndRedrive", addBacklogAndRedrive},
+		{"Outcomes", Outcomes},
+		{"RetentionEndsInReconcile", RetentionEndsInReconcile},
+		{"RecordedOnlyAfterTheAnswer", RecordedOnlyAfterTheAnswer},
+		{"KilledDispatcherRowComesBackWithItsKey", KilledDispatcherRowComesBackWithItsKey},
+		{"LeasesAreExclusive", LeasesAreExclusive},
+		{"LeaseLost", LeaseLost},
+		{"AddBacklogAndRedrive", AddBacklogAndRedrive},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -183,11 +185,11 @@ func jitterFast() jitter.Policy {
 	return jitter.Policy{Base: 10 * time.Millisecond, Cap: 50 * time.Millisecond}
 }
 
-// Each status class ends where the package says: 2xx delivered, a
+// Outcomes: each status class ends where the package says: 2xx delivered, a
 // permanent 4xx dead with its answer, 5xx/429 retried under the same key
 // until delivered (a Retry-After honoured), every attempt signed and keyed
 // alike, and a redriven dead row sent again with its key.
-func outcomes(t *testing.T, e Env) {
+func Outcomes(t *testing.T, e Env) {
 	ok := NewReceiver(t, func(int, http.ResponseWriter, *http.Request) {})
 	bad := NewReceiver(t, func(_ int, w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusUnprocessableEntity)
@@ -273,10 +275,10 @@ func outcomes(t *testing.T, e Env) {
 	}
 }
 
-// Past the key retention the row is dead-lettered "outcome unknown:
+// RetentionEndsInReconcile: past the key retention the row is dead-lettered "outcome unknown:
 // reconcile", and every attempt before carried one key: never a new one.
 // A receiver that times out is "unknown" too, retried under the same key.
-func retentionEndsInReconcile(t *testing.T, e Env) {
+func RetentionEndsInReconcile(t *testing.T, e Env) {
 	down := NewReceiver(t, func(_ int, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusBadGateway) })
 	hung := NewReceiver(t, func(_ int, _ http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
 	ep := Endpoint("down", down.URL)
@@ -312,9 +314,9 @@ func retentionEndsInReconcile(t *testing.T, e Env) {
 	}
 }
 
-// The row stays pending while its call is in flight: the outcome is
+// RecordedOnlyAfterTheAnswer: the row stays pending while its call is in flight: the outcome is
 // recorded only after the answer.
-func recordedOnlyAfterTheAnswer(t *testing.T, e Env) {
+func RecordedOnlyAfterTheAnswer(t *testing.T, e Env) {
 	release := make(chan struct{})
 	arrived := make(chan struct{}, 1)
 	slow := NewReceiver(t, func(int, http.ResponseWriter, *http.Request) {
@@ -343,10 +345,10 @@ func recordedOnlyAfterTheAnswer(t *testing.T, e Env) {
 	WaitState(t, e.Store, "slow", delivery.StateDelivered, 1)
 }
 
-// A dispatcher killed between the call and recording its outcome leaves
+// KilledDispatcherRowComesBackWithItsKey: a dispatcher killed between the call and recording its outcome leaves
 // the row leased; after the lease, another dispatcher (on a handle of its
 // own) sends it again with the same key, and not before.
-func killedDispatcherRowComesBack(t *testing.T, e Env) {
+func KilledDispatcherRowComesBackWithItsKey(t *testing.T, e Env) {
 	rc := NewReceiver(t, func(int, http.ResponseWriter, *http.Request) {})
 	ep := Endpoint("r", rc.URL)
 	ep.Timeout = delivery.Duration(200 * time.Millisecond)
@@ -377,10 +379,10 @@ func killedDispatcherRowComesBack(t *testing.T, e Env) {
 	}
 }
 
-// Dispatchers on handles of their own lease from one database at once:
+// LeasesAreExclusive: dispatchers on handles of their own lease from one database at once:
 // every row is leased by exactly one of them, and with three dispatchers
 // sending, the receiver sees each key once.
-func leasesAreExclusive(t *testing.T, e Env) {
+func LeasesAreExclusive(t *testing.T, e Env) {
 	// Small counts: on SQLite each lease is a commit, and dispatchers on
 	// one file take turns for the write lock.
 	const n = 100
@@ -457,10 +459,10 @@ func leasesAreExclusive(t *testing.T, e Env) {
 	}
 }
 
-// A dispatcher records only a row it still holds: another owner's record
+// LeaseLost: a dispatcher records only a row it still holds: another owner's record
 // is refused, and once a lease has run out and another dispatcher took the
 // row, the first one's late record is refused too (ErrLeaseLost).
-func leaseLost(t *testing.T, e Env) {
+func LeaseLost(t *testing.T, e Env) {
 	ctx := context.Background()
 	add(t, e, intents("z", "m", 1)...)
 	rows, err := e.Store.Lease(ctx, "a", "z", 10, 200*time.Millisecond)
@@ -502,10 +504,10 @@ func leaseLost(t *testing.T, e Env) {
 	}
 }
 
-// Add is idempotent per (scope, message ID, endpoint) and refuses bad
+// AddBacklogAndRedrive: Add is idempotent per (scope, message ID, endpoint) and refuses bad
 // input; the backlog counts pending rows and the oldest's age; redrive
 // selects by ID and endpoint.
-func addBacklogAndRedrive(t *testing.T, e Env) {
+func AddBacklogAndRedrive(t *testing.T, e Env) {
 	ctx := context.Background()
 	if n, age, err := e.Store.Backlog(ctx); err != nil || n != 0 || age != 0 {
 		t.Fatalf("empty backlog: %d, %v, %v", n, age, err)
