@@ -7,6 +7,10 @@
 //	d, err := delivery.NewDispatcher(pgdelivery.New(pool), delivery.Config{Endpoints: eps})
 //	err = d.Run(ctx) // or: jetinbox deliver -endpoints endpoints.json
 //
+// On SQLite, package sqlitedelivery is the same with the batch's *sql.Tx:
+// sqlitedelivery.Add in the effect, sqlitedelivery.New(db) for the
+// dispatcher.
+//
 // Calling from the handler is unsound both ways: a rollback after the call,
 // or a crash between the call and the commit, calls again with nothing to
 // recognise the repeat by. Instead the effect adds a delivery row in its own
