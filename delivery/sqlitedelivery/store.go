@@ -33,6 +33,8 @@ import (
 
 	"github.com/jetinbox/jetinbox/delivery"
 	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/driver"
+	"github.com/jetinbox/jetinbox/inbox/sqliteinbox"
 	"github.com/jetinbox/jetinbox/internal/migrate"
 )
 
@@ -194,10 +196,20 @@ func (s *Store) Record(ctx context.Context, owner string, id int64, r delivery.R
 	if r.State != delivery.StatePending {
 		done = now
 	}
-	res, err := s.db.ExecContext(ctx, `UPDATE deliveries SET state = ?3, leased_by = NULL, lease_until = NULL,
+	var res sql.Result
+	var err error
+	// A lock that stayed busy past the busy timeout is tried again while
+	// ctx lasts: an outcome not recorded is a call made again (same key,
+	// after the lease).
+	for try := 1; ; try++ {
+		res, err = s.db.ExecContext(ctx, `UPDATE deliveries SET state = ?3, leased_by = NULL, lease_until = NULL,
 	next_at = ?4, last_status = ?5, last_body = ?6, reason = ?7, last_at = ?8, done_at = ?9
 WHERE id = ?1 AND leased_by = ?2 AND state = 'pending'`,
-		id, owner, string(r.State), now+r.RetryIn.Microseconds(), nullStatus(r.Status), r.Body, nullText(r.Reason), now, done)
+			id, owner, string(r.State), now+r.RetryIn.Microseconds(), nullStatus(r.Status), r.Body, nullText(r.Reason), now, done)
+		if err == nil || try == 3 || sqliteinbox.Classify(err) != driver.ErrorRetryTx || ctx.Err() != nil {
+			break
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("delivery: record: %w", err)
 	}
