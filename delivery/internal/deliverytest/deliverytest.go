@@ -466,19 +466,26 @@ func LeasesAreExclusive(t *testing.T, e Env) {
 // row, the first one's late record is refused too (ErrLeaseLost).
 func LeaseLost(t *testing.T, e Env) {
 	ctx := context.Background()
+	// A live lease (an hour): nobody else leases or records the row.
+	add(t, e, intents("live", "m", 1)...)
+	held, err := e.Store.Lease(ctx, "a", "live", 10, time.Hour)
+	if err != nil || len(held) != 1 {
+		t.Fatalf("lease: %v, %v", held, err)
+	}
+	if held[0].Attempts != 1 || held[0].FirstAttempt.IsZero() || held[0].Key != delivery.Key("s", "m-0", "live") {
+		t.Errorf("leased row: attempts %d, first attempt %v, key %s", held[0].Attempts, held[0].FirstAttempt, held[0].Key)
+	}
+	if again, err := e.Store.Lease(ctx, "b", "live", 10, time.Minute); err != nil || len(again) != 0 {
+		t.Fatalf("a row under a live lease was leased again: %v, %v", again, err)
+	}
+	if err := e.Store.Record(ctx, "b", held[0].ID, delivery.Result{State: delivery.StateDelivered, Status: 200}); !errors.Is(err, delivery.ErrLeaseLost) {
+		t.Fatalf("record by another owner: %v, want ErrLeaseLost", err)
+	}
+	// A lease that runs out: another dispatcher takes the row over.
 	add(t, e, intents("z", "m", 1)...)
 	rows, err := e.Store.Lease(ctx, "a", "z", 10, 200*time.Millisecond)
 	if err != nil || len(rows) != 1 {
 		t.Fatalf("lease: %v, %v", rows, err)
-	}
-	if rows[0].Attempts != 1 || rows[0].FirstAttempt.IsZero() || rows[0].Key != delivery.Key("s", "m-0", "z") {
-		t.Errorf("leased row: attempts %d, first attempt %v, key %s", rows[0].Attempts, rows[0].FirstAttempt, rows[0].Key)
-	}
-	if again, err := e.Store.Lease(ctx, "b", "z", 10, time.Minute); err != nil || len(again) != 0 {
-		t.Fatalf("a row under a live lease was leased again: %v, %v", again, err)
-	}
-	if err := e.Store.Record(ctx, "b", rows[0].ID, delivery.Result{State: delivery.StateDelivered, Status: 200}); !errors.Is(err, delivery.ErrLeaseLost) {
-		t.Fatalf("record by another owner: %v, want ErrLeaseLost", err)
 	}
 	var taken []delivery.Delivery
 	other := e.Open(t)
