@@ -14,7 +14,6 @@ import (
 	"github.com/jetinbox/jetinbox/delivery"
 	"github.com/jetinbox/jetinbox/delivery/pgdelivery"
 	"github.com/jetinbox/jetinbox/internal/testenv"
-	"github.com/jetinbox/jetinbox/jitter"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -152,10 +151,6 @@ func waitState(t *testing.T, st *pgdelivery.Store, endpoint string, state delive
 
 func endpoint(name, url string) delivery.Endpoint {
 	return delivery.Endpoint{Name: name, URL: url, Timeout: delivery.Duration(2 * time.Second), KeyRetention: delivery.Duration(time.Hour)}
-}
-
-func jitterFast() jitter.Policy {
-	return jitter.Policy{Base: 10 * time.Millisecond, Cap: 50 * time.Millisecond}
 }
 
 type runtimeMem struct{ heap uint64 }
