@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 
 	composetypes "github.com/compose-spec/compose-go/v2/types"
@@ -389,4 +390,67 @@ func checkDeliverK8s(fsys files, k *k8sSet, checkSecure func(string, *corev1.Pod
 func mustContainer(d appsv1.Deployment, name string) corev1.Container {
 	c, _ := findContainer(d.Spec.Template.Spec.Containers, name)
 	return c
+}
+
+// validateDeliverDashboard: the dashboard's Deliveries row shows every
+// metric the dispatcher exports, each selecting the dispatcher's job
+// through the variable deliver_job (made from a metric only the dispatcher
+// exports), never the consumer's $job.
+func validateDeliverDashboard(fsys files) error {
+	b, err := fsys.get("grafana/jetinbox-dashboard.json")
+	if err != nil {
+		return err
+	}
+	var d dashboard
+	if err := decodeStrict(b, &d); err != nil {
+		return fmt.Errorf("grafana/jetinbox-dashboard.json: %w", err)
+	}
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("grafana/jetinbox-dashboard.json: "+format, args...))
+		}
+	}
+	variable := false
+	for _, v := range d.Templating.List {
+		if v.Name == "deliver_job" {
+			variable = strings.HasPrefix(v.Definition, "label_values(jetinbox_delivery_") && strings.HasSuffix(v.Definition, ", job)")
+		}
+	}
+	check(variable, "no variable deliver_job from label_values(jetinbox_delivery_…, job)")
+	shown := map[string]bool{}
+	for _, p := range d.Panels {
+		for _, t := range p.Targets {
+			expr, err := promQL.ParseExpr(grafanaVars.Replace(t.Expr))
+			if err != nil {
+				check(false, "panel %q: %v", p.Title, err)
+				continue
+			}
+			for m := range metricsIn(expr) {
+				if strings.HasPrefix(m, "jetinbox_delivery_") {
+					shown[m] = true
+					check(strings.Contains(t.Expr, `job=~"$deliver_job"`) && !strings.Contains(t.Expr, `"$job"`), "panel %q: %s must select the dispatcher's job ($deliver_job): %s", p.Title, m, t.Expr)
+				}
+			}
+		}
+	}
+	for _, m := range []string{"jetinbox_delivery_attempts_total", "jetinbox_delivery_dead_letters_total", "jetinbox_delivery_oldest_pending_seconds", "jetinbox_delivery_pending_rows", "jetinbox_delivery_breaker_state", "jetinbox_delivery_call_seconds"} {
+		check(shown[m], "no panel shows %s", m)
+	}
+	return errors.Join(errs...)
+}
+
+func TestGrafanaDeliveries(t *testing.T) {
+	t.Parallel()
+	fsys := loadFiles(t)
+	if err := validateDeliverDashboard(fsys); err != nil {
+		t.Fatal(err)
+	}
+	if err := validateDashboard(fsys); err != nil {
+		t.Fatal(err)
+	}
+	// And it can fail.
+	if validateDeliverDashboard(fsys.with(t, "grafana/jetinbox-dashboard.json", `jetinbox_delivery_breaker_state{job=~\"$deliver_job\"}`, `jetinbox_delivery_breaker_state{job=~\"$job\"}`)) == nil {
+		t.Fatal("a breaker panel on the consumer's job was accepted")
+	}
 }

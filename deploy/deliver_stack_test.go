@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -372,6 +373,25 @@ func TestDeliverStackUnderItsRole(t *testing.T) {
 		return nil
 	})
 	t.Logf("delivered, signed with %d secrets, at %v", len(secrets), time.Since(began).Round(time.Millisecond))
+	// Every dispatcher metric the alerts and the dashboard name is one the
+	// binary exports.
+	{
+		resp, err := http.Get(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, f := range []string{"prometheus/alerts.yml", "grafana/jetinbox-dashboard.json"} {
+			b, _ := fsys.get(f)
+			for _, m := range regexp.MustCompile(`jetinbox_delivery_[a-z_]+`).FindAllString(string(b), -1) {
+				name := strings.TrimSuffix(strings.TrimSuffix(m, "_bucket"), "_count")
+				if !strings.Contains(string(text), "# TYPE "+name+" ") {
+					t.Errorf("%s names %s, which jetinbox deliver does not export", f, m)
+				}
+			}
+		}
+	}
 
 	// 2. Refused for good: 400.
 	rc.status.Store(http.StatusBadRequest)
