@@ -350,6 +350,29 @@ func TestDeliverStackUnderItsRole(t *testing.T) {
 		return httpOK("http://" + metricsAddr + "/healthz")
 	})
 
+	// settled waits until no delivery is pending and every dead one is
+	// counted (the count follows the recorded outcome), and returns that
+	// scrape.
+	settled := func() map[string]float64 {
+		t.Helper()
+		var s map[string]float64
+		eventually(t, ctx, func() error {
+			alive()
+			var pending, dead int
+			if err := consumer.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'dead') FROM deliveries`).Scan(&pending, &dead); err != nil {
+				return err
+			}
+			s = scrape()
+			counted := series(s, "jetinbox_delivery_dead_letters_total", "endpoint", endpoint, "reason", "unknown") +
+				series(s, "jetinbox_delivery_dead_letters_total", "endpoint", endpoint, "reason", "refused")
+			if pending > 0 || float64(dead) != counted || series(s, "jetinbox_delivery_pending_rows") != 0 {
+				return fmt.Errorf("%d deliveries pending, %d dead, %v dead-letters counted", pending, dead, counted)
+			}
+			return nil
+		})
+		return s
+	}
+
 	// 1. Delivered, signed with both secrets, under the key.
 	add("ok", 3)
 	eventually(t, ctx, func() error {
@@ -396,15 +419,10 @@ func TestDeliverStackUnderItsRole(t *testing.T) {
 	// 2. Refused for good: 400.
 	rc.status.Store(http.StatusBadRequest)
 	add("refused", 3)
-	var refused map[string]float64
-	eventually(t, ctx, func() error {
-		alive()
-		refused = scrape()
-		if got := series(refused, "jetinbox_delivery_dead_letters_total", "endpoint", endpoint, "reason", "refused"); got != 3 {
-			return fmt.Errorf("dead_letters_total{reason=refused} %v, want 3", got)
-		}
-		return nil
-	})
+	refused := settled()
+	if got := series(refused, "jetinbox_delivery_dead_letters_total", "endpoint", endpoint, "reason", "refused"); got != 3 {
+		t.Fatalf("3 deliveries refused (400): dead_letters_total{reason=refused} %v, want 3", got)
+	}
 
 	t.Logf("refused at %v", time.Since(began).Round(time.Millisecond))
 	// 3. No answer: 503 until the breaker opens; a delivery waits.
@@ -435,24 +453,13 @@ func TestDeliverStackUnderItsRole(t *testing.T) {
 	superuser(`UPDATE jetinbox.deliveries SET first_attempt_at = now() - interval '25 hours', next_at = now() + interval '3 seconds' WHERE state = 'pending'`)
 	rc.status.Store(http.StatusOK)
 	add("back", 1)
-	var unknown map[string]float64
-	eventually(t, ctx, func() error {
-		alive()
-		unknown = scrape()
-		if got := series(unknown, "jetinbox_delivery_dead_letters_total", "endpoint", endpoint, "reason", "unknown"); got < 1 {
-			return fmt.Errorf("dead_letters_total{reason=unknown} %v", got)
-		}
-		if got := series(unknown, "jetinbox_delivery_breaker_state", "endpoint", endpoint); got != 0 {
-			return fmt.Errorf("breaker state %v", got)
-		}
-		if got := series(unknown, "jetinbox_delivery_pending_rows"); got != 0 {
-			return fmt.Errorf("%v deliveries pending", got)
-		}
-		return nil
-	})
+	unknown := settled()
 	var dead int
-	if err := consumer.QueryRow(ctx, `SELECT count(*) FROM deliveries WHERE state = 'dead' AND reason LIKE 'outcome unknown: reconcile%'`).Scan(&dead); err != nil || float64(dead) != series(unknown, "jetinbox_delivery_dead_letters_total", "endpoint", endpoint, "reason", "unknown") {
-		t.Fatalf("%d rows dead-lettered 'outcome unknown: reconcile' (%v), the metric says %v", dead, err, series(unknown, "jetinbox_delivery_dead_letters_total", "endpoint", endpoint, "reason", "unknown"))
+	if err := consumer.QueryRow(ctx, `SELECT count(*) FROM deliveries WHERE state = 'dead' AND reason LIKE 'outcome unknown: reconcile%'`).Scan(&dead); err != nil || dead == 0 || float64(dead) != series(unknown, "jetinbox_delivery_dead_letters_total", "endpoint", endpoint, "reason", "unknown") {
+		t.Fatalf("%d rows dead-lettered 'outcome unknown: reconcile' (%v), dead_letters_total{reason=unknown} says %v", dead, err, series(unknown, "jetinbox_delivery_dead_letters_total", "endpoint", endpoint, "reason", "unknown"))
+	}
+	if got := series(unknown, "jetinbox_delivery_breaker_state", "endpoint", endpoint); got != 0 {
+		t.Fatalf("the breaker did not close after an answered delivery: state %v", got)
 	}
 
 	t.Logf("outcome unknown at %v", time.Since(began).Round(time.Millisecond))
