@@ -356,6 +356,10 @@ func TestDeliverStackUnderItsRole(t *testing.T) {
 	settled := func() map[string]float64 {
 		t.Helper()
 		var s map[string]float64
+		// The count follows the commit of the outcome by microseconds; a
+		// count still short half a minute after nothing is pending is
+		// wrong, not late.
+		var short time.Time
 		eventually(t, ctx, func() error {
 			alive()
 			var pending, dead int
@@ -363,8 +367,20 @@ func TestDeliverStackUnderItsRole(t *testing.T) {
 				return err
 			}
 			s = scrape()
+			for _, reason := range []string{"unknown", "refused"} {
+				if _, ok := s[fmt.Sprintf("jetinbox_delivery_dead_letters_total{job=%q,instance=%q,endpoint=%q,reason=%q}", job, deliverTarget, endpoint, reason)]; !ok {
+					t.Fatalf("/metrics has no dead_letters_total{endpoint=%q, reason=%q} (every endpoint's series start at 0)", endpoint, reason)
+				}
+			}
 			counted := series(s, "jetinbox_delivery_dead_letters_total", "endpoint", endpoint, "reason", "unknown") +
 				series(s, "jetinbox_delivery_dead_letters_total", "endpoint", endpoint, "reason", "refused")
+			if pending == 0 && float64(dead) != counted {
+				if short.IsZero() {
+					short = time.Now()
+				} else if time.Since(short) > 30*time.Second {
+					t.Fatalf("nothing pending, %d deliveries dead, %v dead-letters counted", dead, counted)
+				}
+			}
 			if pending > 0 || float64(dead) != counted || series(s, "jetinbox_delivery_pending_rows") != 0 {
 				return fmt.Errorf("%d deliveries pending, %d dead, %v dead-letters counted", pending, dead, counted)
 			}
@@ -410,7 +426,7 @@ func TestDeliverStackUnderItsRole(t *testing.T) {
 			for _, m := range regexp.MustCompile(`jetinbox_delivery_[a-z_]+`).FindAllString(string(b), -1) {
 				name := strings.TrimSuffix(strings.TrimSuffix(m, "_bucket"), "_count")
 				if !strings.Contains(string(text), "# TYPE "+name+" ") {
-					t.Errorf("%s names %s, which jetinbox deliver does not export", f, m)
+					t.Fatalf("%s names %s, which jetinbox deliver does not export", f, m)
 				}
 			}
 		}
