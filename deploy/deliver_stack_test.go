@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	prommodel "github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/promql/parser"
@@ -421,6 +422,10 @@ func TestDeliverStackUnderItsRole(t *testing.T) {
 		}
 		text, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		problems, err := promlint.New(strings.NewReader(string(text))).Lint()
+		if err != nil || len(problems) > 0 {
+			t.Errorf("jetinbox deliver's /metrics: %v %v", problems, err)
+		}
 		for _, f := range []string{"prometheus/alerts.yml", "grafana/jetinbox-dashboard.json"} {
 			b, _ := fsys.get(f)
 			for _, m := range regexp.MustCompile(`jetinbox_delivery_[a-z_]+`).FindAllString(string(b), -1) {
