@@ -384,6 +384,21 @@ func checkDeliverK8s(fsys files, k *k8sSet, checkSecure func(string, *corev1.Pod
 	for _, f := range []string{"deliver-deployment.yaml", "deliver-service.yaml"} {
 		check(slices.Contains(kust.Resources, f), "kustomization.yaml does not apply %s", f)
 	}
+	// The Kubernetes steps make what the Deployment mounts, and the role.
+	if readme, err := fsys.get("README.md"); err == nil {
+		for _, step := range []string{
+			"kubectl -n jetinbox create secret generic jetinbox-deliver-db ",
+			"kubectl -n jetinbox create secret generic jetinbox-deliver-webhooks ",
+			"kubectl -n jetinbox create configmap jetinbox-deliver-endpoints --from-file=endpoints.json=",
+			"-f deploy/postgres/deliver.sql",
+			"kubectl -n jetinbox rollout status deploy/" + d.Name + "\n",
+		} {
+			check(strings.Contains(string(readme), step), "README.md's Kubernetes steps do not run %q", strings.TrimSpace(step))
+		}
+		for key := range k.secrets["jetinbox-deliver-webhooks"].StringData {
+			check(strings.Contains(string(readme), "--from-file="+key+"="), "README.md's Kubernetes steps do not fill jetinbox-deliver-webhooks' key %s", key)
+		}
+	}
 	return errors.Join(errs...)
 }
 

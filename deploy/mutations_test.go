@@ -222,6 +222,7 @@ func TestMutationsAreRejected(t *testing.T) {
 		{"alerts deliver any job", "prometheus/alerts.yml", `jetinbox_delivery_oldest_pending_seconds{job="jetinbox-deliver"}`, `jetinbox_delivery_oldest_pending_seconds`, validateAlerts},
 		{"alerts deliver backlog past the retention", "prometheus/alerts.yml", "(jetinbox_delivery_oldest_pending_seconds{job=\"jetinbox-deliver\"}) > 1800", "(jetinbox_delivery_oldest_pending_seconds{job=\"jetinbox-deliver\"}) > 86400", validateAlerts},
 		{"alerts deliver no endpoint", "prometheus/alerts.yml", "sum by (job, endpoint) (increase(jetinbox_delivery_dead_letters_total", "sum by (job) (increase(jetinbox_delivery_dead_letters_total", validateAlerts},
+		{"readme deliver endpoints not made", "README.md", "kubectl -n jetinbox create configmap jetinbox-deliver-endpoints", "kubectl -n jetinbox create configmap jetinbox-deliver-endpoint", validateK8s},
 		{"prometheus deliver target", "prometheus/prometheus.yml", `"deliver:9095"`, `"deliver:9093"`, validatePrometheusConfig},
 	}
 	// A mutation only proves something if the unmutated files pass.
