@@ -91,7 +91,7 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		check(err == nil, "%s %s does not exist", what, p)
 	}
 
-	want := []string{"accounts", "consumer", "db-grants", "intake", "intake-db-setup", "intake-migrate", "intake-postgres", "intake-prune", "intake-relay", "migrate", "nats-1", "nats-2", "nats-3", "nats-setup", "postgres", "producer", "prometheus", "relay", "secrets-init", "verify"}
+	want := []string{"accounts", "consumer", "db-grants", "deliver", "deliver-db-setup", "intake", "intake-db-setup", "intake-migrate", "intake-postgres", "intake-prune", "intake-relay", "migrate", "nats-1", "nats-2", "nats-3", "nats-setup", "postgres", "producer", "prometheus", "relay", "secrets-init", "verify"}
 	got := slices.Sorted(maps.Keys(p.Services))
 	check(slices.Equal(got, want), "services %v, want %v", got, want)
 
@@ -234,7 +234,7 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 		}
 		return ""
 	}
-	for _, svc := range []string{"consumer", "producer", "migrate", "relay", "verify", "intake", "intake-migrate", "intake-relay", "intake-prune"} {
+	for _, svc := range []string{"consumer", "producer", "migrate", "relay", "verify", "intake", "intake-migrate", "intake-relay", "intake-prune", "deliver"} {
 		s, ok := p.Services[svc]
 		if !ok {
 			continue
@@ -272,10 +272,11 @@ func validateCompose(fsys files, fx *secretsFixture) error {
 	// reached says where it listens.
 	check(strings.HasPrefix(env("consumer", "JETINBOX_HTTP_ADDR"), "0.0.0.0:"), "consumer: JETINBOX_HTTP_ADDR %q, want an explicit 0.0.0.0:port", env("consumer", "JETINBOX_HTTP_ADDR"))
 	check(env("consumer", "JETINBOX_DURABLE") == js.ledger.Durable, "consumer: JETINBOX_DURABLE %q, the durable is %q", env("consumer", "JETINBOX_DURABLE"), js.ledger.Durable)
-	for _, svc := range []string{"consumer", "migrate", "relay", "verify", "intake", "intake-migrate", "intake-relay", "intake-prune"} {
+	for _, svc := range []string{"consumer", "migrate", "relay", "verify", "intake", "intake-migrate", "intake-relay", "intake-prune", "deliver"} {
 		check(strings.Contains(env(svc, "DATABASE_URL"), "sslmode=verify-full"), "%s: DATABASE_URL must use sslmode=verify-full", svc)
 	}
 	checkIntakeCompose(p, env, check)
+	checkDeliverCompose(fsys, p, env, check)
 	check(strings.Contains(env("relay", "DATABASE_URL"), "jetinbox_relay@"), "relay must connect as jetinbox_relay, the role that may only read and mark the outbox")
 	check(env("relay", "NATS_NKEY") == "/run/jetinbox/relay_nkey", "relay must connect as the relay NATS user, not %q", env("relay", "NATS_NKEY"))
 	if r, ok := p.Services["relay"]; ok {

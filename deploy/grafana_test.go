@@ -83,7 +83,7 @@ type panel struct {
 }
 
 // grafanaVars replaces Grafana's macros and variables with what PromQL accepts.
-var grafanaVars = strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$__range", "6h", "$verify_job", ".*", "$job", ".*")
+var grafanaVars = strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$__range", "6h", "$verify_job", ".*", "$deliver_job", ".*", "$job", ".*")
 
 func validateDashboard(fsys files) error {
 	b, err := fsys.get("grafana/jetinbox-dashboard.json")

@@ -371,6 +371,7 @@ func validateK8s(fsys files) error {
 	}
 
 	errs = append(errs, checkIntakeK8s(k, js, checkSecure, checkPodSecrets))
+	errs = append(errs, checkDeliverK8s(fsys, k, checkSecure, checkPodSecrets))
 	errs = append(errs, checkNetworkPolicies(fsys, k))
 	errs = append(errs, checkNATSNetworkPolicy(fsys, k))
 	errs = append(errs, checkAdminPod(fsys))

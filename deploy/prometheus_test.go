@@ -123,13 +123,17 @@ func validateAlerts(fsys files) error {
 				check(selectsJob(expr, "jetinbox_verify_violations", verifyJob), "%s: must select jetinbox_verify_violations{job=%q}, the verify service's scrape job", r.Alert, verifyJob)
 				check(strings.Contains(r.Expr, "by (job, kind)"), "%s: aggregate by (job, kind) so the alert names the kind", r.Alert)
 			}
+			if err := checkDeliverAlert(fsys, r.Alert, expr, ms); err != nil {
+				errs = append(errs, err)
+			}
 			if ms["jetinbox_batch_duration_seconds"] {
 				want := js.ledger.AckWait.Seconds() / 2
 				check(slices.Contains(numbersIn(expr), want), "%s: threshold should be half of ack_wait (%vs), found %v", r.Alert, want, numbersIn(expr))
 			}
 		}
 	}
-	for _, m := range []string{"jetinbox_dead_letters_total", "jetinbox_redeliveries_total", "jetinbox_consumer_pending_messages", "jetinbox_consumer_ack_pending_messages", "jetinbox_verify_violations", "jetinbox_verify_last_run_timestamp_seconds", "jetinbox_conflicts_total", "jetinbox_stream_fill_ratio", "jetinbox_rescue_expired_total", "jetinbox_rescue_foreign_advisories_total", "jetinbox_rescue_backlog"} {
+	for _, m := range []string{"jetinbox_dead_letters_total", "jetinbox_redeliveries_total", "jetinbox_consumer_pending_messages", "jetinbox_consumer_ack_pending_messages", "jetinbox_verify_violations", "jetinbox_verify_last_run_timestamp_seconds", "jetinbox_conflicts_total", "jetinbox_stream_fill_ratio", "jetinbox_rescue_expired_total", "jetinbox_rescue_foreign_advisories_total", "jetinbox_rescue_backlog",
+		"jetinbox_delivery_oldest_pending_seconds", "jetinbox_delivery_dead_letters_total", "jetinbox_delivery_attempts_total", "jetinbox_delivery_breaker_state"} {
 		check(covered[m], "no alert uses %s", m)
 	}
 	check(rules > 0, "no rules")
@@ -174,6 +178,7 @@ func validatePrometheusConfig(fsys files) error {
 	check(slices.Contains(jobs["jetinbox-consumer"], "consumer:8080"), "job jetinbox-consumer must scrape consumer:8080, has %v", jobs["jetinbox-consumer"])
 	check(slices.Contains(jobs["jetinbox-relay"], "relay:9092"), "job jetinbox-relay must scrape relay:9092 (compose.yaml's relay -http), has %v", jobs["jetinbox-relay"])
 	check(slices.Contains(jobs[verifyJob], verifyTarget), "job %s must scrape the verify service at %s, has %v", verifyJob, verifyTarget, jobs[verifyJob])
+	check(slices.Contains(jobs[deliverJob], deliverTarget), "job %s must scrape the delivery dispatcher at %s (compose.yaml's deliver -http), has %v", deliverJob, deliverTarget, jobs[deliverJob])
 	// The ConsumerDown alert matches this job name.
 	alerts, _ := fsys.get("prometheus/alerts.yml")
 	check(bytes.Contains(alerts, []byte(`up{job="jetinbox-consumer"}`)), "alerts.yml's up{} alert does not match the consumer job name")

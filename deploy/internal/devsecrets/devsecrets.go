@@ -1,7 +1,8 @@
 // Package devsecrets makes the throwaway credentials a development stack
 // needs: a private CA with server and client certificates, one nkey per NATS
 // user, the NATS auth file carrying their public keys, and PostgreSQL
-// passwords with matching pgpass files, and the HTTP intake's tenants file.
+// passwords with matching pgpass files, the HTTP intake's tenants file, and
+// the delivery dispatcher's webhook signing secrets.
 //
 // It is for compose on a laptop and for the deploy tests, never for
 // production: the CA key is thrown away. The files are the generating
@@ -19,6 +20,7 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
@@ -52,6 +54,17 @@ const IntakeRole = "jetinbox_intake"
 // outbox into INTENTS, the maintainer (`jetinbox intake -prune`) and the
 // intake. Each gets postgres/intake/ROLE.pgpass naming that server.
 var IntakeDBRoles = []string{"jetinbox_migrator", "jetinbox_relay", "jetinbox_maintainer", IntakeRole}
+
+// DeliverRole is the delivery dispatcher's login role
+// (deploy/postgres/deliver.sql, `jetinbox deliver`). It gets a password and
+// a pgpass file for the consumer's database, where the deliveries are.
+const DeliverRole = "jetinbox_deliver"
+
+// WebhookSecrets are the signing secrets of the example endpoint in
+// deploy/deliver/endpoints.json, Standard Webhooks style ("whsec_" and
+// base64 of 32 random bytes): two, as during a rotation, when every
+// request carries a signature by each.
+var WebhookSecrets = []string{"webhooks/partner-1.secret", "webhooks/partner-2.secret"}
 
 // IntakeTenant is the tenant of the development tenants file.
 const IntakeTenant = "dev"
@@ -193,6 +206,18 @@ func Generate(opts Options) (*Result, error) {
 	for _, role := range IntakeDBRoles {
 		line := fmt.Sprintf("%s:%d:%s:%s:%s\n", opts.IntakePGHost, opts.PGPort, opts.PGDatabase, role, passwords[role])
 		w.file("postgres/intake/"+role+".pgpass", []byte(line))
+	}
+	// The dispatcher's role on the consumer's server, and its signing
+	// secrets.
+	passwords[DeliverRole] = rand.Text()
+	w.file("postgres/"+DeliverRole+".password", []byte(passwords[DeliverRole]))
+	w.file("postgres/"+DeliverRole+".pgpass", fmt.Appendf(nil, "%s:%d:%s:%s:%s\n", opts.PGHost, opts.PGPort, opts.PGDatabase, DeliverRole, passwords[DeliverRole]))
+	for _, f := range WebhookSecrets {
+		key := make([]byte, 32)
+		if _, err := rand.Read(key); err != nil {
+			return nil, fmt.Errorf("devsecrets: %w", err)
+		}
+		w.file(f, []byte("whsec_"+base64.StdEncoding.EncodeToString(key)+"\n"))
 	}
 	// The intake's tenants file: one tenant, its bearer token beside it
 	// (for curl), the file holding only the token's SHA-256.
