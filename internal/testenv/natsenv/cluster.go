@@ -144,7 +144,7 @@ func NewCluster(t testing.TB, opts ClusterOptions) *Cluster {
 	if opts.StoreDir == "" {
 		opts.StoreDir = t.TempDir()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), startCeiling)
 	defer cancel()
 	c, err := StartCluster(ctx, opts)
 	if err != nil {
@@ -242,9 +242,9 @@ func (c *Cluster) Start(i int) error {
 		s.ConfigureLogger()
 	}
 	go s.Start()
-	if !s.ReadyForConnections(30 * time.Second) {
+	if !s.ReadyForConnections(startCeiling) {
 		s.Shutdown()
-		return fmt.Errorf("testenv: node %s not ready after 30s (set JETINBOX_NATS_LOG=1 to see its log)", c.Name(i))
+		return fmt.Errorf("testenv: node %s not ready after %v (set JETINBOX_NATS_LOG=1 to see its log)", c.Name(i), startCeiling)
 	}
 	c.mu.Lock()
 	c.srv[i] = s
@@ -621,6 +621,13 @@ func CreateConsumer(ctx context.Context, js jetstream.JetStream, stream string, 
 }
 
 // poll checks ok every 50ms until it holds or ctx ends.
+// startCeiling bounds a server's start: a ceiling, not a pace (a start
+// returns once the server takes connections). A node restarted on its
+// JetStream store under the suite's -race load on two cores took longer
+// than 30 s to recover it (TestPublisherAcrossLeaderElections: "node n2
+// not ready after 30s").
+const startCeiling = 3 * time.Minute
+
 func poll(ctx context.Context, what string, ok func() bool) error {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()

@@ -91,9 +91,9 @@ func (n *NATS) Start() error {
 		return fmt.Errorf("testenv: nats: %w", err)
 	}
 	go s.Start()
-	if !s.ReadyForConnections(30 * time.Second) {
+	if !s.ReadyForConnections(startCeiling) {
 		s.Shutdown()
-		return errors.New("testenv: nats-server not ready after 30s")
+		return fmt.Errorf("testenv: nats-server not ready after %v", startCeiling)
 	}
 	n.srv = s
 	if n.opts.Port == -1 {

@@ -367,8 +367,7 @@ func (c *NATSProcs) Start(i int) error {
 	// A node that exits is seen at once; one that is merely slow (a
 	// race-built server on a loaded machine replaying its store) gets a
 	// generous ceiling.
-	const ready = 3 * time.Minute
-	deadline := time.Now().Add(ready)
+	deadline := time.Now().Add(startCeiling)
 	for {
 		select {
 		case <-done:
@@ -384,7 +383,7 @@ func (c *NATSProcs) Start(i int) error {
 		}
 		if time.Now().After(deadline) {
 			_ = c.Kill(i)
-			return fmt.Errorf("testenv: node %s not ready after %v:\n%s", n.name, ready, n.log)
+			return fmt.Errorf("testenv: node %s not ready after %v:\n%s", n.name, startCeiling, n.log)
 		}
 	}
 }
