@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jetinbox/jetinbox/delivery"
+	"github.com/jetinbox/jetinbox/delivery/internal/deliverytest"
 )
 
 // Hostile receivers hold one slot for one timeout and no memory: one that
@@ -22,7 +23,7 @@ import (
 func TestHostileReceivers(t *testing.T) {
 	st, pool := newStore(t)
 	stop := make(chan struct{})
-	silent := newReceiver(t, func(_ int, _ http.ResponseWriter, r *http.Request) {
+	silent := deliverytest.NewReceiver(t, func(_ int, _ http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
 		case <-stop:
@@ -30,7 +31,7 @@ func TestHostileReceivers(t *testing.T) {
 	})
 	drip := dripServer(t, stop)
 	var sentBig atomic.Int64
-	huge := newReceiver(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+	huge := deliverytest.NewReceiver(t, func(_ int, w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusInternalServerError)
 		chunk := make([]byte, 1<<20)
 		for i := 0; i < 1024; i++ { // a gigabyte, if anyone reads it
@@ -42,13 +43,13 @@ func TestHostileReceivers(t *testing.T) {
 		}
 	})
 	var elsewhere atomic.Int64
-	other := newReceiver(t, func(int, http.ResponseWriter, *http.Request) { elsewhere.Add(1) })
-	redirect := newReceiver(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+	other := deliverytest.NewReceiver(t, func(int, http.ResponseWriter, *http.Request) { elsewhere.Add(1) })
+	redirect := deliverytest.NewReceiver(t, func(_ int, w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, other.URL+"/steal", http.StatusTemporaryRedirect)
 	})
 	t.Cleanup(func() { close(stop) })
 
-	eps := []delivery.Endpoint{endpoint("silent", silent.URL), endpoint("drip", drip), endpoint("huge", huge.URL), endpoint("redirect", redirect.URL)}
+	eps := []delivery.Endpoint{deliverytest.Endpoint("silent", silent.URL), deliverytest.Endpoint("drip", drip), deliverytest.Endpoint("huge", huge.URL), deliverytest.Endpoint("redirect", redirect.URL)}
 	for i := range eps[:3] {
 		eps[i].Timeout = delivery.Duration(300 * time.Millisecond)
 		eps[i].KeyRetention = delivery.Duration(900 * time.Millisecond)
@@ -58,9 +59,9 @@ func TestHostileReceivers(t *testing.T) {
 	}
 	var before, after runtimeMem
 	before.read()
-	run(t, st, delivery.Config{Endpoints: eps, Breaker: delivery.BreakerConfig{Failures: 1000}})
+	deliverytest.Dispatch(t, st, delivery.Config{Endpoints: eps, Breaker: delivery.BreakerConfig{Failures: 1000}})
 	for _, name := range []string{"silent", "drip", "huge"} {
-		rows := waitState(t, st, name, delivery.StateDead, 1)
+		rows := deliverytest.WaitState(t, st, name, delivery.StateDead, 1)
 		if !strings.Contains(rows[0].Reason, "outcome unknown: reconcile") {
 			t.Errorf("%s: reason %q", name, rows[0].Reason)
 		}
@@ -75,7 +76,7 @@ func TestHostileReceivers(t *testing.T) {
 	if n := sentBig.Load(); n > 256<<20 {
 		t.Errorf("the huge receiver got %d MiB out: its body was read, not bounded", n>>20)
 	}
-	rows := waitState(t, st, "redirect", delivery.StateDead, 1)
+	rows := deliverytest.WaitState(t, st, "redirect", delivery.StateDead, 1)
 	if rows[0].LastStatus != http.StatusTemporaryRedirect || !strings.Contains(rows[0].Reason, "not followed") {
 		t.Errorf("redirect: %d %q", rows[0].LastStatus, rows[0].Reason)
 	}
@@ -94,11 +95,11 @@ func TestTLSVerifiedByDefault(t *testing.T) {
 	t.Cleanup(srv.Close)
 	ca := filepath.Join(t.TempDir(), "ca.pem")
 	os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600)
-	untrusted := endpoint("untrusted", srv.URL)
-	trusted := endpoint("trusted", srv.URL)
+	untrusted := deliverytest.Endpoint("untrusted", srv.URL)
+	trusted := deliverytest.Endpoint("trusted", srv.URL)
 	trusted.CAFile = ca
 	add(t, pool, "untrusted", "m", 1)
-	run(t, st, delivery.Config{Endpoints: []delivery.Endpoint{untrusted, trusted}})
+	deliverytest.Dispatch(t, st, delivery.Config{Endpoints: []delivery.Endpoint{untrusted, trusted}})
 	// The attempt fails on the certificate and is kept for a retry (the
 	// outcome of a refused handshake is recorded like any failed call).
 	deadline := time.Now().Add(2 * time.Minute)
@@ -119,7 +120,7 @@ func TestTLSVerifiedByDefault(t *testing.T) {
 		t.Fatalf("a receiver with an unverified certificate got %d requests", got.Load())
 	}
 	add(t, pool, "trusted", "m", 1)
-	waitState(t, st, "trusted", delivery.StateDelivered, 1)
+	deliverytest.WaitState(t, st, "trusted", delivery.StateDelivered, 1)
 }
 
 // One hung endpoint holds only its own slots: the others' rows are
@@ -127,22 +128,22 @@ func TestTLSVerifiedByDefault(t *testing.T) {
 func TestHungEndpointDoesNotHoldOthers(t *testing.T) {
 	st, pool := newStore(t)
 	stop := make(chan struct{})
-	hung := newReceiver(t, func(_ int, _ http.ResponseWriter, r *http.Request) {
+	hung := deliverytest.NewReceiver(t, func(_ int, _ http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
 		case <-stop:
 		}
 	})
-	fast := newReceiver(t, func(int, http.ResponseWriter, *http.Request) {})
-	h := endpoint("hung", hung.URL)
+	fast := deliverytest.NewReceiver(t, func(int, http.ResponseWriter, *http.Request) {})
+	h := deliverytest.Endpoint("hung", hung.URL)
 	h.Timeout = delivery.Duration(30 * time.Second)
 	add(t, pool, "hung", "m", 20)
 	add(t, pool, "fast", "m", 200)
 	ctx := context.Background()
 	start := time.Now()
-	run(t, st, delivery.Config{Endpoints: []delivery.Endpoint{h, endpoint("fast", fast.URL)}})
+	deliverytest.Dispatch(t, st, delivery.Config{Endpoints: []delivery.Endpoint{h, deliverytest.Endpoint("fast", fast.URL)}})
 	t.Cleanup(func() { close(stop) }) // before the dispatcher's cleanup waits for its calls
-	waitState(t, st, "fast", delivery.StateDelivered, 200)
+	deliverytest.WaitState(t, st, "fast", delivery.StateDelivered, 200)
 	took := time.Since(start)
 	pending, err := st.List(ctx, delivery.StatePending, "hung", 100)
 	if err != nil {
@@ -151,7 +152,7 @@ func TestHungEndpointDoesNotHoldOthers(t *testing.T) {
 	if len(pending) != 20 {
 		t.Errorf("hung endpoint: %d rows pending, want all 20 still in its hung calls or waiting", len(pending))
 	}
-	if n := len(hung.seen()); n != 4 {
+	if n := len(hung.Seen()); n != 4 {
 		t.Errorf("hung endpoint got %d calls at once, want its concurrency, 4", n)
 	}
 	t.Logf("200 deliveries to the healthy endpoint in %v while the other hung", took)
