@@ -484,13 +484,19 @@ func (f *demoFleet) progress(settled, total uint64) {
 		return
 	}
 	f.lastNote = time.Now()
-	var applied, dups int64
+	var received, applied, dups, failed, inFlight int64
 	for _, c := range f.all {
 		s := c.Stats()
+		received += s.Received
 		applied += s.Applied
 		dups += s.Duplicates
+		failed += s.FailedBatches
+		inFlight += s.InFlight
 	}
-	f.say("consumers: %d applied, %d duplicates found by the inbox; ack floor %d of %d", applied, dups, settled, total)
+	// Received, failed and in flight tell a stall apart: nothing
+	// delivered, or delivered and not committed.
+	f.say("consumers: %d applied, %d duplicates found by the inbox; ack floor %d of %d (received %d, batches in flight %d, failed %d)",
+		applied, dups, settled, total, received, inFlight, failed)
 }
 
 func (f *demoFleet) stopAll() {
