@@ -36,6 +36,16 @@ type Observer interface {
 	BreakerChanged(endpoint string, s BreakerState)
 }
 
+// DeadObserver is an [Observer] that is also told why a row was
+// dead-lettered: unknown is true for "outcome unknown: reconcile" (no
+// answer known and the receiver's key retention has passed: ask the
+// receiver before re-driving), false for a refusal (a permanent 4xx or a
+// redirect: fix, then re-drive).
+type DeadObserver interface {
+	Observer
+	DeadLettered(endpoint string, unknown bool)
+}
+
 // Config configures a [Dispatcher].
 type Config struct {
 	// Endpoints are the receivers, as [LoadEndpoints] or
@@ -392,6 +402,9 @@ func (d *Dispatcher) deliver(ctx context.Context, e *endpointState, r Delivery) 
 	}
 	if d.cfg.Observer != nil {
 		d.cfg.Observer.Attempted(e.Name, res.State, time.Since(start))
+		if o, ok := d.cfg.Observer.(DeadObserver); ok && res.State == StateDead {
+			o.DeadLettered(e.Name, strings.HasPrefix(res.Reason, reasonUnknown))
+		}
 	}
 }
 

@@ -23,8 +23,16 @@ type Delivery struct {
 	attempts *prometheus.CounterVec
 	took     *prometheus.HistogramVec
 	breaker  *prometheus.GaugeVec
+	dead     *prometheus.CounterVec
 	backlog  func(context.Context) (int64, time.Duration, error)
 }
+
+// Why a delivery was dead-lettered, as delivery_dead_letters_total labels
+// it.
+const (
+	deadUnknown = "unknown"
+	deadRefused = "refused"
+)
 
 // NewDelivery registers the delivery metrics on reg; backlog counts the
 // pending rows and the age of the oldest (the store's Backlog).
@@ -36,8 +44,11 @@ func NewDelivery(reg prometheus.Registerer, backlog func(context.Context) (int64
 			Help: "Time of one delivery call, by endpoint.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}, []string{"endpoint"}),
 		breaker: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "delivery_breaker_state",
 			Help: "An endpoint's circuit breaker: 0 closed, 1 open, 2 half-open."}, []string{"endpoint"}),
+		dead: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "delivery_dead_letters_total",
+			Help: `Deliveries dead-lettered, by endpoint and reason: unknown ("outcome unknown: reconcile": no answer known and the receiver's key retention has passed; ask the receiver before re-driving) or refused (a permanent 4xx or a redirect; fix and re-drive).`},
+			[]string{"endpoint", "reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.attempts, m.took, m.breaker, (*deliveryCollector)(m), buildInfo()} {
+	for _, c := range []prometheus.Collector{m.attempts, m.took, m.breaker, m.dead, (*deliveryCollector)(m), buildInfo()} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
@@ -57,6 +68,24 @@ func (m *Delivery) Attempted(endpoint string, outcome delivery.State, took time.
 	}
 	m.attempts.WithLabelValues(endpoint, o).Inc()
 	m.took.WithLabelValues(endpoint).Observe(took.Seconds())
+}
+
+// DeadLettered implements delivery.DeadObserver.
+func (m *Delivery) DeadLettered(endpoint string, unknown bool) {
+	reason := deadRefused
+	if unknown {
+		reason = deadUnknown
+	}
+	m.dead.WithLabelValues(endpoint, reason).Inc()
+}
+
+// StartSeries starts the dead-letter series of every endpoint at 0, so
+// that an alert's increase() sees the first dead letter.
+func (m *Delivery) StartSeries(endpoints []delivery.Endpoint) {
+	for _, e := range endpoints {
+		m.dead.WithLabelValues(e.Name, deadUnknown)
+		m.dead.WithLabelValues(e.Name, deadRefused)
+	}
 }
 
 // BreakerChanged implements delivery.Observer.

@@ -76,11 +76,8 @@ func Deliver(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, st
 	if err != nil {
 		return err
 	}
-	counted, err := deadLetterCounted(st, reg, eps)
-	if err != nil {
-		return err
-	}
-	d, err := delivery.NewDispatcher(counted, delivery.Config{Endpoints: eps, Lease: *lease, Observer: m, Logger: log,
+	m.StartSeries(eps)
+	d, err := delivery.NewDispatcher(st, delivery.Config{Endpoints: eps, Lease: *lease, Observer: m, Logger: log,
 		Retry: jitter.Policy{Kind: kind}, Idle: jitter.Policy{Kind: kind}, Breaker: delivery.BreakerConfig{Open: jitter.Policy{Kind: kind}}})
 	if err != nil {
 		return cli.UsageError{Err: err}
