@@ -320,18 +320,22 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.checkDatabase(ctx); err != nil {
 		return err
 	}
-	cons, err := c.bind(ctx)
-	if err != nil {
-		return err
-	}
-	c.bound.Store(&cons)
-	c.fitAckPending(cons.CachedInfo().Config.MaxAckPending)
-	if err := c.checkSizes(ctx); err != nil {
-		return err
-	}
 	// Messages the server gave up on after MaxDeliver, now or while no
-	// consumer ran, are rescued from their stored advisories.
-	rescueCons, err := c.bindRescue(ctx)
+	// consumer ran, are rescued from their stored advisories: the rescue
+	// durable is bound with the main one.
+	var cons, rescueCons jetstream.Consumer
+	err := c.setUp(ctx, func() (err error) {
+		if cons, err = c.bind(ctx); err != nil {
+			return err
+		}
+		c.bound.Store(&cons)
+		c.fitAckPending(cons.CachedInfo().Config.MaxAckPending)
+		if err := c.checkSizes(ctx); err != nil {
+			return err
+		}
+		rescueCons, err = c.bindRescue(ctx)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -570,11 +574,17 @@ func (c *Consumer) rebind(ctx context.Context) (jetstream.Consumer, error) {
 // safe, and creates it otherwise. The server's AckWait and MaxDeliver win
 // over the configured ones.
 func (c *Consumer) bind(ctx context.Context) (jetstream.Consumer, error) {
-	cons, err := c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Durable)
+	cons, err := withAPI(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
+		return c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Durable)
+	})
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		cons, err = c.js.CreateConsumer(ctx, c.cfg.Stream, c.DurableConfig())
+		cons, err = withAPI(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
+			return c.js.CreateConsumer(ctx, c.cfg.Stream, c.DurableConfig())
+		})
 		if errors.Is(err, jetstream.ErrConsumerExists) {
-			cons, err = c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Durable)
+			cons, err = withAPI(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
+				return c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Durable)
+			})
 		}
 	}
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -583,6 +593,9 @@ func (c *Consumer) bind(ctx context.Context) (jetstream.Consumer, error) {
 	if cerr := ClosedForGood(c.js.Conn()); err != nil && cerr != nil {
 		// Not a refusal: no request got through.
 		return nil, fmt.Errorf("jsinbox: durable %s on %s: %w", c.cfg.Durable, c.cfg.Stream, cerr)
+	}
+	if err != nil && transient(err) {
+		return nil, fmt.Errorf("jsinbox: durable %s on %s: no answer from the server: %w", c.cfg.Durable, c.cfg.Stream, err)
 	}
 	if err != nil {
 		return nil, setupError(fmt.Errorf("jsinbox: durable %s on %s (refused by the server: check the account's permissions and the durable's settings, "+
@@ -641,14 +654,14 @@ func (c *Consumer) held(m jetstream.Msg) int64 {
 // the largest messages. Either failing is a [SetupError]. A missing
 // dead-letter stream is only a warning: dead letters wait for it.
 func (c *Consumer) checkSizes(ctx context.Context) error {
-	s, err := c.js.Stream(ctx, c.cfg.Stream)
+	s, err := c.stream(ctx, c.cfg.Stream)
 	if err != nil {
 		return setupError(fmt.Errorf("jsinbox: stream %s: %w", c.cfg.Stream, err))
 	}
 	dlqName := DeadLetterStream(c.cfg.Stream)
 	maxPayload := c.js.Conn().MaxPayload()
 	intents := s.CachedInfo().Config
-	dlq, err := c.js.Stream(ctx, dlqName)
+	dlq, err := c.stream(ctx, dlqName)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		// Not fatal: a message to dead-letter on its last delivery is held

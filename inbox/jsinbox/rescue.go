@@ -89,15 +89,20 @@ func advisoryConfig(intents jetstream.StreamConfig) jetstream.StreamConfig {
 // passing reason is naked and tried again).
 func (c *Consumer) bindRescue(ctx context.Context) (jetstream.Consumer, error) {
 	name := AdvisoryStream(c.cfg.Stream)
-	s, err := c.js.Stream(ctx, name)
+	s, err := c.stream(ctx, name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		var intents jetstream.Stream
-		if intents, err = c.js.Stream(ctx, c.cfg.Stream); err == nil {
-			s, err = c.js.CreateStream(ctx, advisoryConfig(intents.CachedInfo().Config))
+		if intents, err = c.stream(ctx, c.cfg.Stream); err == nil {
+			s, err = withAPI(ctx, func(ctx context.Context) (jetstream.Stream, error) {
+				return c.js.CreateStream(ctx, advisoryConfig(intents.CachedInfo().Config))
+			})
 			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-				s, err = c.js.Stream(ctx, name)
+				s, err = c.stream(ctx, name)
 			}
 		}
+	}
+	if err != nil && transient(err) {
+		return nil, fmt.Errorf("jsinbox: advisory stream %s: no answer from the server: %w", name, err)
 	}
 	if err != nil {
 		return nil, setupError(fmt.Errorf("jsinbox: advisory stream %s, which keeps the max-deliveries advisories a consumer rescues messages from, could not be found or created: "+
@@ -106,9 +111,11 @@ func (c *Consumer) bindRescue(ctx context.Context) (jetstream.Consumer, error) {
 	if problems := checkAdvisory(s.CachedInfo().Config); len(problems) > 0 {
 		return nil, &SetupError{Err: fmt.Errorf("jsinbox: existing stream %s is unsafe: %v", name, problems)}
 	}
-	cons, err := s.Consumer(ctx, c.cfg.Durable)
+	cons, err := withAPI(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return s.Consumer(ctx, c.cfg.Durable) })
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		cons, err = s.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		cctx, cancel := apiCtx(ctx)
+		defer cancel()
+		cons, err = s.CreateConsumer(cctx, jetstream.ConsumerConfig{
 			Durable:       c.cfg.Durable,
 			FilterSubject: maxDeliveriesSubject(c.cfg.Stream, c.cfg.Durable),
 			AckPolicy:     jetstream.AckExplicitPolicy,
@@ -117,8 +124,11 @@ func (c *Consumer) bindRescue(ctx context.Context) (jetstream.Consumer, error) {
 			MaxAckPending: RescueMaxAckPending,
 		})
 		if errors.Is(err, jetstream.ErrConsumerExists) {
-			cons, err = s.Consumer(ctx, c.cfg.Durable)
+			cons, err = withAPI(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return s.Consumer(ctx, c.cfg.Durable) })
 		}
+	}
+	if err != nil && transient(err) {
+		return nil, fmt.Errorf("jsinbox: rescue consumer %s on %s: no answer from the server: %w", c.cfg.Durable, name, err)
 	}
 	if err != nil {
 		return nil, setupError(fmt.Errorf("jsinbox: rescue consumer %s on %s (refused by the server: check the account's permissions, "+
@@ -335,7 +345,7 @@ func (c *Consumer) rescueBatch(ctx context.Context, advs []jetstream.Msg, onCras
 	if len(ones) == 0 {
 		return
 	}
-	s, err := c.js.Stream(ctx, c.cfg.Stream)
+	s, err := c.stream(ctx, c.cfg.Stream)
 	if err != nil {
 		for _, o := range ones {
 			c.retryRescue(o.adv, o.a.StreamSeq, "stream info", err)
@@ -371,7 +381,7 @@ func (c *Consumer) rescueBatch(ctx context.Context, advs []jetstream.Msg, onCras
 	if len(gone) > 0 {
 		// The stream's state now, not before the reads: a message may
 		// have aged out in between.
-		info, err := s.Info(ctx)
+		info, err := withAPI(ctx, func(ctx context.Context) (*jetstream.StreamInfo, error) { return s.Info(ctx) })
 		for _, k := range gone {
 			if err != nil {
 				c.retryRescue(ones[k].adv, ones[k].a.StreamSeq, "stream info", err)
