@@ -90,10 +90,10 @@ func TestRelayFastBatchMarksOnlyWhatTheServerStored(t *testing.T) {
 		Retry: jitter.Policy{Kind: jitter.Full, Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond, MaxAttempts: 4}}})
 	n, err := r.Round(ctx)
 	if n != 100 || err == nil || !strings.Contains(err.Error(), "1 of 100 rows not acknowledged") {
-		t.Fatalf("round: %d, %v; want 100 rows, 1 not acknowledged", n, err)
+		t.Errorf("round: %d, %v; want 100 rows, 1 not acknowledged", n, err)
 	}
 	if s := r.Stats(); s.Sent != 98 || s.Failed != 1 || s.Retried != 1 || s.FastShort != 1 || s.FastBatches != 0 {
-		t.Fatalf("stats %+v, want 98 sent, 1 failed, 1 retried, 1 fast batch acknowledged in part", s)
+		t.Errorf("stats %+v, want 98 sent, 1 failed, 1 retried, 1 fast batch acknowledged in part", s)
 	}
 	state := rowStates(t, e)
 	for _, in := range ins {
@@ -113,6 +113,9 @@ func TestRelayFastBatchMarksOnlyWhatTheServerStored(t *testing.T) {
 		if want := map[bool]int{true: 1}[state[in.ID] == "sent"]; got[in.ID] != want {
 			t.Errorf("%s: %d copies in the stream, want %d", in.ID, got[in.ID], want)
 		}
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 
 	// Rows that all fit: one fast batch, acknowledged whole.
