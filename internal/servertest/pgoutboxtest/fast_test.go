@@ -87,7 +87,7 @@ func TestRelayFastBatchMarksOnlyWhatTheServerStored(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := quickRelay(t, e, outbox.RelayConfig{Batch: 1000, Publish: outbox.PublishFast, Publisher: jsinbox.PublisherConfig{AckTimeout: 5 * time.Second,
-		Retry: jitter.Policy{Kind: jitter.Full, Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond, MaxAttempts: 4}}})
+		Retry: jitter.Policy{Kind: jitter.Full, Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond, MaxAttempts: 1}}})
 	n, err := r.Round(ctx)
 	if n != 100 || err == nil || !strings.Contains(err.Error(), "1 of 100 rows not acknowledged") {
 		t.Errorf("round: %d, %v; want 100 rows, 1 not acknowledged", n, err)
