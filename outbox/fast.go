@@ -247,8 +247,13 @@ func (r *Relay) fastBatch(ctx context.Context, rows []inbox.Intent) (int, error)
 	// has passed, pinging when the server is quiet for a while; it
 	// reports whether the batch can go on.
 	wait := func(sent int, ok func() bool) bool {
-		quiet := time.NewTimer(max(timeout/4, 50*time.Millisecond))
-		defer quiet.Stop()
+		var quiet, end *time.Timer // made only when the server is behind
+		defer func() {
+			if quiet != nil {
+				quiet.Stop()
+				end.Stop()
+			}
+		}()
 		for {
 			f.mu.Lock()
 			done, good := f.ended, ok()
@@ -260,12 +265,16 @@ func (r *Relay) fastBatch(ctx context.Context, rows []inbox.Intent) (int, error)
 			if left <= 0 {
 				return false
 			}
+			if quiet == nil {
+				quiet, end = time.NewTimer(max(timeout/4, 50*time.Millisecond)), time.NewTimer(left)
+			}
 			select {
 			case <-f.wake:
 			case <-quiet.C:
 				ping(sent)
 				quiet.Reset(max(timeout/4, 50*time.Millisecond))
-			case <-time.After(left):
+			case <-end.C:
+				return false
 			case <-ctx.Done():
 				return false
 			}
