@@ -8,12 +8,15 @@ import (
 )
 
 // overlaps reports whether a backlog's rounds overlap: a round's marks
-// with the next round's take and publish. Only with PublishAtomic, whose
-// rounds share nothing of the publisher's but its connection.
-func (r *Relay) overlaps() bool { return r.cfg.Publish == PublishAtomic && !r.cfg.Sequential }
+// with the next round's take and publish. Only with PublishAtomic and
+// PublishFast, whose rounds share nothing of the publisher's but its
+// connection.
+func (r *Relay) overlaps() bool {
+	return (r.cfg.Publish == PublishAtomic || r.cfg.Publish == PublishFast) && !r.cfg.Sequential
+}
 
 // Drain runs rounds until one takes fewer than Batch rows, and returns how
-// many rows that last round took. With PublishAtomic (unless Sequential is
+// many rows that last round took. With PublishAtomic or PublishFast (unless Sequential is
 // set) a round marks and commits its rows while the next round takes and
 // publishes its own: rows a round holds are locked until its commit, so
 // the next round takes others, and a round publishes only after the one

@@ -7,9 +7,10 @@ import (
 )
 
 // A relay's publish mode from a flag or setting: atomic batches by
-// default, one row at a time for a stream that does not fsync each write.
+// default, one row at a time for a stream that does not fsync each write,
+// fast batches for a stream that allows them.
 func ExampleParsePublishMode() {
-	for _, s := range []string{"atomic", "each", "fast"} {
+	for _, s := range []string{"atomic", "each", "fast", "slow"} {
 		m, err := outbox.ParsePublishMode(s)
 		if err != nil {
 			fmt.Println(err)
@@ -21,5 +22,6 @@ func ExampleParsePublishMode() {
 	// Output:
 	// atomic
 	// each
-	// outbox: publish mode "fast": want atomic or each
+	// fast
+	// outbox: publish mode "slow": want atomic, each or fast
 }

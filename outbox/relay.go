@@ -40,9 +40,9 @@ type RelayConfig struct {
 	// group commit of PublishEach; PublishAtomic gathers its own batches.
 	Publisher jsinbox.PublisherConfig
 	// Publish is how a round publishes its rows: [PublishAtomic] (the
-	// default) or [PublishEach].
+	// default), [PublishEach] or [PublishFast].
 	Publish PublishMode
-	// Sequential, with PublishAtomic, makes each round mark and commit its
+	// Sequential, with PublishAtomic or PublishFast, makes each round mark and commit its
 	// rows before the next round takes any. By default, while rows keep
 	// coming (a round took Batch rows), a round's marks overlap the next
 	// round's take and publish (see [Relay.Drain]).
@@ -156,6 +156,10 @@ type RelayStats struct {
 	// [PublishAtomic] and [jsinbox.PublisherConfig].Batch); Fallbacks:
 	// batches it refused as a whole, whose rows went again one by one.
 	Batches, Fallbacks int64
+	// FastBatches: fast batches (see [PublishFast]) the stream
+	// acknowledged to their last row; FastShort: those it acknowledged
+	// only in part, whose other rows went again as atomic batches.
+	FastBatches, FastShort int64
 }
 
 // Relay publishes the outbox's pending rows to JetStream and marks them sent.
@@ -171,6 +175,10 @@ type Relay struct {
 
 	rounds, sent, duplicates, failed, retried, takenOver atomic.Int64
 	batches, fallbacks                                   atomic.Int64
+	fastBatches, fastShort                               atomic.Int64
+	// noFast is set once the stream refused a fast batch for not
+	// allowing them: PublishFast publishes as PublishAtomic from then on.
+	noFast atomic.Bool
 
 	// hook, nil unless a harness attached one (internal/hook), stops the
 	// relay at its points; it is attached to the publisher too.
@@ -225,7 +233,8 @@ func NewRelay(src Source, js jetstream.JetStream, cfg RelayConfig) (*Relay, erro
 // Stats returns the counters so far.
 func (r *Relay) Stats() RelayStats {
 	return RelayStats{Rounds: r.rounds.Load(), Sent: r.sent.Load(), Duplicates: r.duplicates.Load(), Failed: r.failed.Load(), Retried: r.retried.Load(),
-		TakenOver: r.takenOver.Load(), Batches: r.batches.Load(), Fallbacks: r.fallbacks.Load()}
+		TakenOver: r.takenOver.Load(), Batches: r.batches.Load(), Fallbacks: r.fallbacks.Load(),
+		FastBatches: r.fastBatches.Load(), FastShort: r.fastShort.Load()}
 }
 
 // commitWatcher is a source that can tell whether its pool reports a
@@ -424,9 +433,12 @@ func (r *Relay) send(ctx context.Context) (*round, error) {
 	pub := r.publisher()
 	ps := pub.Stats()
 	var out outcome
-	if r.cfg.Publish == PublishEach {
+	switch r.cfg.Publish {
+	case PublishEach:
 		out, err = r.publishEach(ctx, pub, batch)
-	} else {
+	case PublishFast:
+		out, err = r.publishFast(ctx, pub, batch)
+	default:
 		out, err = r.publishAll(ctx, pub, batch)
 	}
 	if err != nil {

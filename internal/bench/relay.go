@@ -1,8 +1,9 @@
 // The relay measured on its own: how fast it drains the outbox publishing
-// a round's rows as atomic batches (outbox.PublishAtomic) against each row
-// handed to the publisher (outbox.PublishEach, the relay before atomic
-// rounds), on a stream that fsyncs every write and on one that does not,
-// side by side in one run; and emit-to-publish at a steady rate.
+// a round's rows as atomic batches (outbox.PublishAtomic) or as one fast
+// batch (outbox.PublishFast) against each row handed to the publisher
+// (outbox.PublishEach, the relay before atomic rounds), on a stream that
+// fsyncs every write and on one that does not, side by side in one run;
+// and emit-to-publish at a steady rate.
 
 package bench
 
@@ -35,7 +36,9 @@ type RelayOptions struct {
 	Latency                time.Duration
 	// Modes: "one" (each row its own publish and PubAck), "each" (each row
 	// through the publisher's group commit, the relay's way before atomic
-	// rounds) and "atomic" (a round's rows as atomic batches).
+	// rounds), "atomic" (a round's rows as atomic batches), "atomic-seq"
+	// (the same, rounds one after the other) and "fast" (a round's rows as
+	// one fast batch).
 	Modes []string
 	// Syncs: "default" (the server's fsync every 2 minutes) and "always".
 	Syncs []string
@@ -47,6 +50,7 @@ var relayModes = map[string]func(*outbox.RelayConfig){
 	"each":       func(c *outbox.RelayConfig) { c.Publish = outbox.PublishEach },
 	"atomic":     func(c *outbox.RelayConfig) { c.Publish = outbox.PublishAtomic },
 	"atomic-seq": func(c *outbox.RelayConfig) { c.Publish, c.Sequential = outbox.PublishAtomic, true },
+	"fast":       func(c *outbox.RelayConfig) { c.Publish = outbox.PublishFast },
 }
 
 // RelayMain is `jetinbox bench -relay`.
@@ -60,7 +64,7 @@ func RelayMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.IntVar(&o.Rounds, "rounds", 3, "rounds; rates are medians, ratios paired round by round")
 	fs.IntVar(&o.Rate, "rate", 1000, "rows/s emitted in the emit-to-publish phase")
 	fs.DurationVar(&o.Latency, "latency", 5*time.Second, "length of each emit-to-publish phase (0 skips them)")
-	fs.StringVar(&modes, "modes", "each,atomic", "relay publish modes, the first the baseline: one (a publish and PubAck per row), each (each row through the publisher's group commit: the relay before atomic rounds), atomic (a round's rows as atomic batches, a round's marks overlapping the next round: the default), atomic-seq (atomic, rounds one after the other)")
+	fs.StringVar(&modes, "modes", "each,atomic", "relay publish modes, the first the baseline: one (a publish and PubAck per row), each (each row through the publisher's group commit: the relay before atomic rounds), atomic (a round's rows as atomic batches, a round's marks overlapping the next round: the default), atomic-seq (atomic, rounds one after the other), fast (a round's rows as one JetStream fast batch, marks overlapping the next round)")
 	fs.StringVar(&syncs, "sync", "default,always", "JetStream sync settings to run: default (fsync every 2 minutes), always (fsync every write, as deploy/ runs NATS)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage of jetinbox bench -relay: the outbox relay draining rows into a stream on embedded NATS and a throwaway PostgreSQL (fsync on),\n"+
@@ -80,7 +84,7 @@ func RelayMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	for _, m := range o.Modes {
 		if relayModes[m] == nil {
-			errs = append(errs, fmt.Errorf("-modes: %q: want one, each, atomic or atomic-seq", m))
+			errs = append(errs, fmt.Errorf("-modes: %q: want one, each, atomic, atomic-seq or fast", m))
 		}
 	}
 	for _, s := range o.Syncs {
@@ -100,6 +104,7 @@ type relayRow struct {
 	lags     []time.Duration
 	achieved float64
 	batches  int64
+	short    int64
 }
 
 // RunRelay runs the relay comparison.
@@ -122,7 +127,7 @@ func RunRelay(ctx context.Context, o RelayOptions, stdout, stderr io.Writer) err
 	}
 	fmt.Fprintf(stdout, "jetinbox bench -relay: %d rows per drain, %d rows per round, %d round(s), medians; PostgreSQL fsync on, embedded nats-server\n\n", o.N, o.Batch, o.Rounds)
 	w := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "stream sync\tmode\trows/s\tvs %s\tatomic batches\temit-to-publish at %d rows/s: p50\tp99\tmax\n", o.Modes[0], o.Rate)
+	fmt.Fprintf(w, "stream sync\tmode\trows/s\tvs %s\tbatches (atomic + fast)\temit-to-publish at %d rows/s: p50\tp99\tmax\n", o.Modes[0], o.Rate)
 	for _, sync := range o.Syncs {
 		base := rows[sync][o.Modes[0]]
 		for _, m := range o.Modes {
@@ -163,8 +168,15 @@ func relaySync(ctx context.Context, pg *testenv.Postgres, sync string, o RelayOp
 	if err != nil {
 		return err
 	}
-	if _, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{Name: followStream, Subjects: []string{followSubject + ".>"}}); err != nil {
+	st, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{Name: followStream, Subjects: []string{followSubject + ".>"}})
+	if err != nil {
 		return err
+	}
+	// Fast batches need allow_batched on the stream.
+	cfg := st.CachedInfo().Config
+	cfg.AllowBatchPublish = true
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("allowing fast batches on %s: %w", followStream, err)
 	}
 	db := "relay_" + sync
 	store, err := pgDatabases{pg}.create(ctx, db, 1)
@@ -208,8 +220,9 @@ func relaySync(ctx context.Context, pg *testenv.Postgres, sync string, o RelayOp
 				return fmt.Errorf("relay %s sent %d rows (%d duplicates, %d failed), want %d", m, s.Sent, s.Duplicates, s.Failed, o.N)
 			}
 			rows[m].rates = append(rows[m].rates, float64(o.N)/el.Seconds())
-			rows[m].batches += s.Batches
-			say("sync %s round %d %s: %.0f rows/s (%d atomic batches)", sync, round+1, m, float64(o.N)/el.Seconds(), s.Batches)
+			rows[m].batches += s.Batches + s.FastBatches
+			rows[m].short += s.FastShort
+			say("sync %s round %d %s: %.0f rows/s (%d atomic batches, %d fast batches acknowledged whole, %d in part)", sync, round+1, m, float64(o.N)/el.Seconds(), s.Batches, s.FastBatches, s.FastShort)
 		}
 	}
 	if o.Latency <= 0 {

@@ -18,20 +18,21 @@ func TestBenchRelaySmoke(t *testing.T) {
 		t.Skip("starts its own servers")
 	}
 	var out bytes.Buffer
-	err := RelayMain(context.Background(), []string{"-n", "300", "-rounds", "1", "-batch", "100", "-latency", "300ms", "-rate", "200", "-sync", "default"}, &out, io.Discard)
+	err := RelayMain(context.Background(), []string{"-n", "300", "-rounds", "1", "-batch", "100", "-latency", "300ms", "-rate", "200", "-sync", "default", "-modes", "each,atomic,fast"}, &out, io.Discard)
 	if err != nil {
 		t.Fatalf("bench -relay: %v\n%s", err, out.String())
 	}
 	for _, want := range []string{
 		`(?m)^default \(2 min\) +each +\d+ +1\.00x +\d+ +\d+\.\d ms +\d+\.\d ms`,
 		`(?m)^default \(2 min\) +atomic +\d+ +\d+\.\d\dx +[1-9]\d* +\d+\.\d ms +\d+\.\d ms`,
+		`(?m)^default \(2 min\) +fast +\d+ +\d+\.\d\dx +[1-9]\d* +\d+\.\d ms +\d+\.\d ms`,
 	} {
 		if !regexp.MustCompile(want).MatchString(out.String()) {
 			t.Errorf("output lacks %s:\n%s", want, out.String())
 		}
 	}
 	var usage cli.UsageError
-	if err := RelayMain(context.Background(), []string{"-modes", "each,fast"}, io.Discard, io.Discard); !errors.As(err, &usage) {
-		t.Errorf("bench -relay -modes each,fast: %v, want a usage error", err)
+	if err := RelayMain(context.Background(), []string{"-modes", "each,slow"}, io.Discard, io.Discard); !errors.As(err, &usage) {
+		t.Errorf("bench -relay -modes each,slow: %v, want a usage error", err)
 	}
 }

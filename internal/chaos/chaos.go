@@ -20,6 +20,7 @@ import (
 	"github.com/jetinbox/jetinbox/internal/deliverchaos"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/verify"
+	"github.com/jetinbox/jetinbox/outbox"
 )
 
 // Producer and consumer strategies.
@@ -50,8 +51,12 @@ type Options struct {
 	// Store is the store of the two-hop pipeline: "postgres" (or "") or
 	// "sqlite" (a file of its own). The producer × consumer matrix runs on
 	// PostgreSQL.
-	Store    string
-	Progress io.Writer
+	Store string
+	// RelayPublish is how the two-hop pipeline's relays publish: "atomic"
+	// (or ""), "each" or "fast" (see outbox.ParsePublishMode); with "fast"
+	// the notifications stream allows fast batches.
+	RelayPublish string
+	Progress     io.Writer
 }
 
 // Row is one combination's result, counted per intent: lost (neither
@@ -110,6 +115,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed for the fault dice")
 	fs.BoolVar(&o.TwoHop, "two-hop", true, "also run the two-hop pipeline: intents → ledger emitting a notification per credit through the outbox → relays → notifications applied by a second scope, with the relays crashing before publish, in the PubAck wait and before marking")
 	fs.StringVar(&o.Store, "store", "postgres", "the store of the two-hop pipeline: postgres or sqlite (a file of its own, with its outbox; no database restart there); the producer × consumer matrix runs on PostgreSQL")
+	fs.StringVar(&o.RelayPublish, "relay-publish", "atomic", "how the two-hop pipeline's relays publish: atomic (a round's rows as atomic batches), each (each row on its own, pipelined) or fast (a round's rows as one JetStream fast batch; the notifications stream then allows them)")
 	fs.DurationVar(&o.Duration, "duration", 0, "soak: repeat the stable-id × jetinbox combination with fresh intents until this long has passed")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage of jetinbox chaos: producer strategies × consumer strategies under lost publishes, lost PubAcks,\ncrashes at each crash point, lost acks, poison intents, give-ups after MaxDeliver while no worker\nlistens, two workers, a NATS and a PostgreSQL restart.\n"+
@@ -194,6 +200,11 @@ func (o Options) validate(extra int) error {
 	}
 	if o.GiveUps < 0 || o.GiveUps > o.Intents {
 		errs = append(errs, fmt.Errorf("-give-ups %d: want 0 to -intents (%d)", o.GiveUps, o.Intents))
+	}
+	if o.RelayPublish != "" {
+		if _, err := outbox.ParsePublishMode(o.RelayPublish); err != nil {
+			errs = append(errs, fmt.Errorf("-relay-publish: %w", err))
+		}
 	}
 	if o.Store != "" && o.Store != "postgres" && o.Store != "sqlite" {
 		errs = append(errs, fmt.Errorf("-store %q: want postgres or sqlite", o.Store))

@@ -173,8 +173,22 @@ func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 		}
 		r.store = &cli.Store{PG: r.pool}
 	}
-	if _, err := jsinbox.EnsureStream(ctx, r.js, jsinbox.StreamConfig{Name: nextStream, Subjects: []string{nextSubject + ".>"}}); err != nil {
+	next, err := jsinbox.EnsureStream(ctx, r.js, jsinbox.StreamConfig{Name: nextStream, Subjects: []string{nextSubject + ".>"}})
+	if err != nil {
 		return nil, err
+	}
+	publish := outbox.PublishAtomic
+	if o.RelayPublish != "" {
+		if publish, err = outbox.ParsePublishMode(o.RelayPublish); err != nil {
+			return nil, err
+		}
+	}
+	if publish == outbox.PublishFast {
+		cfg := next.CachedInfo().Config
+		cfg.AllowBatchPublish = true
+		if _, err := r.js.UpdateStream(ctx, cfg); err != nil {
+			return nil, fmt.Errorf("allowing fast batches on %s: %w", nextStream, err)
+		}
 	}
 	r.intents = pipeline.Generate(pipeline.Load{Count: o.Intents, Accounts: 64, Prefix: "h", Seed: o.Seed})
 	if o.Poison > 0 {
@@ -206,7 +220,7 @@ func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 		}()
 		go func() {
 			defer wg.Done()
-			r.superviseRelay(wctx, planned)
+			r.superviseRelay(wctx, planned, publish)
 		}()
 	}
 	restartNATS := o.Restarts
@@ -469,7 +483,7 @@ func plannedRelayCrashes() *failpoint.Set {
 // life takes the planned crashes its relay passes first, dies at a random
 // relay crash point within 1/-crash rounds, and loses PubAcks at the
 // -lose-puback rate.
-func (r *run) superviseRelay(ctx context.Context, planned *failpoint.Set) {
+func (r *run) superviseRelay(ctx context.Context, planned *failpoint.Set, publish outbox.PublishMode) {
 	for ctx.Err() == nil {
 		fp := failpoint.New()
 		if r.o.Crash > 0 {
@@ -489,7 +503,7 @@ func (r *run) superviseRelay(ctx context.Context, planned *failpoint.Set) {
 		if r.sqlite != nil {
 			src = sqliteoutbox.New(r.sqlite).WithLease(sqliteLease)
 		}
-		rl, err := outbox.NewRelay(src, r.js, outbox.RelayConfig{Stream: nextStream, Batch: 50,
+		rl, err := outbox.NewRelay(src, r.js, outbox.RelayConfig{Stream: nextStream, Batch: 50, Publish: publish,
 			Publisher: jsinbox.PublisherConfig{AckTimeout: 2 * time.Second,
 				Retry: jitter.Policy{Kind: jitter.Full, Base: 5 * time.Millisecond, Cap: 100 * time.Millisecond, MaxAttempts: 20}},
 			Idle:  jitter.Policy{Kind: jitter.Decorrelated, Base: 50 * time.Millisecond, Cap: 500 * time.Millisecond},
