@@ -107,7 +107,7 @@ func writeStages(w io.Writer, indent string, times []stageTimes) {
 		{"stored → received (delivery to the consumer's pull)", func(t stageTimes) time.Duration { return t.Fetch }},
 		{"received → transaction start (batcher, a free slot)", func(t stageTimes) time.Duration { return t.Wait }},
 		{"transaction start → COMMIT done (claim, effect, commit)", func(t stageTimes) time.Duration { return t.Tx }},
-		{"  BEGIN (a connection; on SQLite the one writer, held to COMMIT)", func(t stageTimes) time.Duration { return t.Begin }},
+		{"  BEGIN (on SQLite also the wait for the one writer)", func(t stageTimes) time.Duration { return t.Begin }},
 		{"  claim (the inbox rows)", func(t stageTimes) time.Duration { return t.Claim }},
 		{"  the effect's turn (the batch before holds it to COMMIT)", func(t stageTimes) time.Duration { return t.Turn }},
 		{"  effect (and rejections recorded)", func(t stageTimes) time.Duration { return t.Effect }},
