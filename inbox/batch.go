@@ -38,10 +38,15 @@ type batch struct {
 }
 
 func (p *Processor[TX]) processOnce(ctx context.Context, msgs []Message, valid []int, out []Outcome, isolate, fast bool) (err error) {
+	st := stepTimes(ctx)
+	if st != nil {
+		*st = StepTimes{}
+	}
 	tx, err := p.store.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("inbox: begin: %w", err)
 	}
+	st.mark(stepBegun)
 	defer func() {
 		if err != nil {
 			_ = p.store.Rollback(context.WithoutCancel(ctx), tx)
@@ -58,6 +63,7 @@ func (p *Processor[TX]) processOnce(ctx context.Context, msgs []Message, valid [
 		return err
 	}
 	p.classify(b, res)
+	st.mark(stepClaimed)
 
 	// Take a turn for the effect and the commit.
 	select {
@@ -66,6 +72,7 @@ func (p *Processor[TX]) processOnce(ctx context.Context, msgs []Message, valid [
 		return ctx.Err()
 	}
 	defer func() { <-p.turns }()
+	st.mark(stepTurn)
 
 	errs, err := p.apply(ctx, tx, b.fresh, isolate)
 	if err != nil {
@@ -81,7 +88,12 @@ func (p *Processor[TX]) processOnce(ctx context.Context, msgs []Message, valid [
 	if err := p.readPrior(ctx, tx, b); err != nil {
 		return err
 	}
-	return p.commit(ctx, tx, len(valid))
+	st.mark(stepApplied)
+	if err := p.commit(ctx, tx, len(valid)); err != nil {
+		return err
+	}
+	st.mark(stepCommitted)
+	return nil
 }
 
 // priorReader is a store whose commit of a transaction that wrote nothing

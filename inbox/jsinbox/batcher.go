@@ -78,7 +78,8 @@ func (b *Batcher) Run(ctx context.Context) {
 		fetchStart := time.Now()
 		select {
 		case d := <-b.in:
-			batch = append(make([]delivery, 0, b.size), d)
+			// Sized to what has arrived (see formBatches).
+			batch = append(make([]delivery, 0, min(1+len(b.in), b.size)), d)
 		case <-ctx.Done():
 			<-b.slots
 			return

@@ -34,6 +34,11 @@ type BatchReport struct {
 	// acks were handed to the connection.
 	Received []time.Time
 	Acked    time.Time
+	// Steps: for an [AckObserver] only, when the transaction's last
+	// attempt passed each of its steps (BEGIN, the claim, the effect's
+	// turn, the effect, COMMIT), if the processor records them (an
+	// *inbox.Processor does).
+	Steps inbox.StepTimes
 }
 
 // AckObserver is an [Observer] that is also told when a batch's acks were

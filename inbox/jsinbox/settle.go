@@ -106,10 +106,19 @@ func processDeliveries(ctx context.Context, batch []delivery, fetchStart time.Ti
 	stopProgress := make(chan struct{})
 	go c.keepAlive(batch, stopProgress)
 	defer close(stopProgress) // keep the batch alive while it is settled too
+	pctx := ctx
+	var steps *inbox.StepTimes
+	if _, ok := c.cfg.Observer.(AckObserver); ok {
+		steps = new(inbox.StepTimes)
+		pctx = inbox.WithStepTimes(ctx, steps)
+	}
 	began := time.Now()
-	out, err := c.proc.Process(ctx, msgs)
+	out, err := c.proc.Process(pctx, msgs)
 	c.batches.Add(1)
 	report := BatchReport{Messages: msgs, Outcomes: out, Err: err, Began: began, Ended: time.Now()}
+	if steps != nil {
+		report.Steps = *steps
+	}
 	if c.cfg.Observer != nil {
 		c.cfg.Observer.ObserveBatch(report)
 	}

@@ -117,6 +117,7 @@ func consumeWith(ctx context.Context, js jetstream.JetStream, c jetstream.Consum
 	info := c.CachedInfo()
 	k := max(o.Consumers, 1)
 	all := make([]*jsinbox.Consumer, k)
+	warm := make([]*warmSignal, k)
 	for i := range all {
 		var proc jsinbox.BatchProcessor
 		if o.followUps {
@@ -137,8 +138,9 @@ func consumeWith(ctx context.Context, js jetstream.JetStream, c jetstream.Consum
 				return err
 			}
 		}
+		warm[i] = newWarmSignal(proc)
 		var err error
-		all[i], err = jsinbox.NewConsumer(js, proc, jsinbox.ConsumerConfig{
+		all[i], err = jsinbox.NewConsumer(js, warm[i], jsinbox.ConsumerConfig{
 			Stream: info.Stream, Durable: info.Name, BatchSize: o.Batch, InFlight: o.InFlight,
 			AckWait: time.Minute, MaxAckPending: 50_000, Observer: obs,
 			DeliverPolicy: info.Config.DeliverPolicy, OptStartSeq: info.Config.OptStartSeq,
@@ -156,11 +158,12 @@ func consumeWith(ctx context.Context, js jetstream.JetStream, c jetstream.Consum
 	waited := make(chan error, 1)
 	go func() {
 		// Start the clock of a latency phase once the consumers are
-		// connected, warmed up and pulling, as a running service is.
+		// connected, warmed up (their connections open and prepared)
+		// and pulling, as a running service is.
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 			ready := 0
-			for _, cons := range all {
-				if cons.Ready() {
+			for i, cons := range all {
+				if cons.Ready() && warm[i].warmed() {
 					ready++
 				}
 			}

@@ -540,6 +540,9 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "publish-to-commit at %d msg/s offered (%s, %.0f achieved): p50 %v  p99 %v  max %v  (%d messages)\n",
 			l.offered, load, l.achieved, pct(l.lat, 50), pct(l.lat, 99), pct(l.lat, 100), len(l.lat))
 		writeStages(stdout, "  ", l.stages)
+		if l.runtime.cycles > 0 || l.runtime.max > 0 {
+			fmt.Fprintf(stdout, "  %v\n", l.runtime)
+		}
 	}
 	if l := outboxLat; l != nil {
 		fmt.Fprintf(stdout, "emit-to-publish at %d msg/s offered (relay beside the consumer, %.0f achieved): p50 %v  p99 %v  max %v  (%d follow-ups)\n",

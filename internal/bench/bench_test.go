@@ -45,6 +45,11 @@ func TestBenchCommandSmoke(t *testing.T) {
 				`(?m)^jetinbox consumer +\d+  \d+\.\d\dx \(\d+\.\d\d–\d+\.\d\d\)$`,
 				`(?m)^jetinbox consumer, one hot account +\d+  \d+\.\d\dx \(\d+\.\d\d–\d+\.\d\d\)$`,
 				`(?m)^publish-to-commit at 500 msg/s offered \(low load`,
+				// The transaction's steps, from the processor's own marks.
+				`(?m)^ +COMMIT \(the database's commit and flush\) +\d`,
+				`(?m)^ +its transaction \(a batch of \d+\): BEGIN \d`,
+				`(?m)^ +batch size as its messages saw it: p50 \d+`,
+				`(?m)^ +Go runtime during the phase: \d+ GC cycles`,
 				`(?m)^publish-to-commit at \d+ msg/s offered \(50% of the jetinbox maximum`,
 				`(?m)^time to first commit of a cold consumer .*: median \d`,
 				`(?m)^ledger verified`,

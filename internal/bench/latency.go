@@ -28,6 +28,8 @@ type latencyRun struct {
 	relayLat []time.Duration
 	// stages: each message's publish-to-ack split by stage.
 	stages []stageTimes
+	// runtime: GC pauses and goroutine scheduling delays in the phase.
+	runtime runtimeStats
 }
 
 // latencyPhase offers a steady rate for o.Latency and measures
@@ -87,6 +89,8 @@ func latencyPhase(ctx context.Context, js jetstream.JetStream, dbs databases, o 
 		// Paced by the clock, not by a ticker per message: a ticker cannot
 		// fire every 30 µs, and one that falls behind would lower the rate.
 		// Whatever is due is published at once, so a late wake-up catches up.
+		rt := startRuntimeWindow()
+		defer func() { run.runtime = rt.end() }()
 		start := time.Now()
 		for sent := 0; sent < total; {
 			due := min(total, int(time.Since(start).Seconds()*float64(rate))+1)
