@@ -2,6 +2,7 @@ package pginbox_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"strconv"
@@ -27,21 +28,51 @@ import (
 // 0: never) the run forces a checkpoint, so that the full-page images a
 // long-running server writes after each one are counted too. It reports
 // the CPU of all the server's processes and the WAL written, per message.
-// Run with a fixed count of batches, e.g. -benchtime 20x.
+// Run with a fixed count of batches, e.g. -benchtime 30x. Environment:
+// PGCPU_VARIANTS names the variants to run (see pgcpuVariantSQL; a suffix
+// "@locale" runs one in a database of that default collation),
+// PGCPU_ROUNDS how often to alternate them, PGCPU_SETTINGS adds server
+// settings ("autovacuum=off" steadies the figures), PGCPU_STATEMENTS=1
+// logs pg_stat_statements' top statements (it must be preloaded through
+// PGCPU_SETTINGS), PGCPU_WALDUMP=dir writes each run's WAL range and
+// relation file numbers there for pg_waldump while PGCPU_WAIT keeps the
+// server up, and PGCPU_FAST=1 turns fsync and full-page writes off, as
+// the shared test server has them.
 func BenchmarkPostgresCPU(b *testing.B) {
 	ctx := context.Background()
-	opts := testenv.PostgresOptions{Durable: os.Getenv("PGCPU_FAST") == "", Settings: strings.Fields(os.Getenv("PGCPU_SETTINGS"))}
-	srv, err := testenv.StartPostgres(ctx, opts)
-	if err != nil {
-		b.Fatal(err)
+	// Run once (-benchtime 1x, as make test's smoke run does), it only
+	// checks that it works: on the shared test server, the ledger alone,
+	// one batch of warm-up.
+	smoke := false
+	if f := flag.Lookup("test.benchtime"); f != nil && f.Value.String() == "1x" {
+		smoke = true
 	}
-	b.Cleanup(func() { _ = srv.Close() })
+	var srv *testenv.Postgres
+	if smoke {
+		srv = testenv.SharedPostgres(b)
+	} else {
+		opts := testenv.PostgresOptions{Durable: os.Getenv("PGCPU_FAST") == "", Settings: strings.Fields(os.Getenv("PGCPU_SETTINGS"))}
+		var err error
+		srv, err = testenv.StartPostgres(ctx, opts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = srv.Close() })
+	}
 	every, _ := strconv.Atoi(os.Getenv("PGCPU_CHECKPOINT_EVERY"))
 	rounds, _ := strconv.Atoi(os.Getenv("PGCPU_ROUNDS"))
 	rounds = max(rounds, 1)
 	variants := strings.Fields(os.Getenv("PGCPU_VARIANTS"))
-	if len(variants) == 0 {
+	switch {
+	case len(variants) > 0:
+	case smoke:
+		variants = []string{"ledger"}
+	default:
 		variants = []string{"inbox", "ledger"}
+	}
+	warm := 4
+	if smoke {
+		warm = 1
 	}
 	const size = 6000
 	dbn := 0
@@ -49,7 +80,7 @@ func BenchmarkPostgresCPU(b *testing.B) {
 		for _, v := range variants {
 			b.Run(fmt.Sprintf("%s/round=%d", v, r), func(b *testing.B) {
 				dbn++
-				name := fmt.Sprintf("cpu_%d", dbn)
+				name := fmt.Sprintf("cpu_%d_%d", os.Getpid(), dbn)
 				if base, loc, ok := strings.Cut(v, "@"); ok {
 					// variant@locale: a database whose default collation is locale.
 					v = base
@@ -93,8 +124,8 @@ func BenchmarkPostgresCPU(b *testing.B) {
 						b.Fatal(fmt.Sprint(err, out[0]))
 					}
 				}
-				// A warm start: 20,000 rows in, so the key has some depth.
-				for range 4 {
+				// A warm start: 24,000 rows in, so the key has some depth.
+				for range warm {
 					batch()
 				}
 				if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
