@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
@@ -70,6 +71,9 @@ func BenchmarkPostgresCPU(b *testing.B) {
 	default:
 		variants = []string{"inbox", "ledger"}
 	}
+	// PGCPU_IDS=random: IDs of 16 random hex digits instead of "c-<n>",
+	// so that every claim lands on a leaf of its own in the key.
+	randomIDs := os.Getenv("PGCPU_IDS") == "random"
 	warm := 4
 	if smoke {
 		warm = 1
@@ -113,10 +117,15 @@ func BenchmarkPostgresCPU(b *testing.B) {
 				}
 				msgs := make([]inbox.Message, size)
 				seq := 0
+				rng := rand.New(rand.NewPCG(uint64(dbn), 7))
 				batch := func() {
 					for i := range msgs {
 						seq++
-						msgs[i] = inbox.Message{ID: "c-" + strconv.Itoa(seq), Deliveries: 1, Subject: "intents.1",
+						id := "c-" + strconv.Itoa(seq)
+						if randomIDs {
+							id = fmt.Sprintf("%016x", rng.Uint64())
+						}
+						msgs[i] = inbox.Message{ID: id, Deliveries: 1, Subject: "intents.1",
 							Payload: effects.Intent{Account: int64(1 + seq%1024), Amount: 5}.AppendJSON(nil), StreamSeq: uint64(seq)}
 					}
 					out, err := p.Process(ctx, msgs)
