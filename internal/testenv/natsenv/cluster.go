@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/internal/faultconn"
+	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
 // ClusterSize is the number of nodes a [Cluster] runs: the smallest that
@@ -98,7 +99,7 @@ func startCluster(ctx context.Context, opts ClusterOptions) (_ *Cluster, err err
 			c.Close() // what started so far; c itself is not returned
 		}
 	}()
-	ports, err := freeLoopbackPorts(2*ClusterSize + ClusterSize*(ClusterSize-1))
+	ports, err := testenv.FreeLoopbackPorts(2*ClusterSize + ClusterSize*(ClusterSize-1))
 	if err != nil {
 		return nil, err
 	}
@@ -641,25 +642,4 @@ func poll(ctx context.Context, what string, ok func() bool) error {
 		case <-t.C:
 		}
 	}
-}
-
-// freeLoopbackPorts returns n distinct free TCP ports on 127.0.0.1: all
-// listeners are open at once, then closed.
-func freeLoopbackPorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("testenv: free port: %w", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
 // NATSOptions configures an embedded nats-server.
@@ -48,7 +50,14 @@ func StartNATS(opts NATSOptions) (*NATS, error) {
 		n.opts.StoreDir, n.ownsDir = d, true
 	}
 	if n.opts.Port == 0 {
-		n.opts.Port = -1
+		// Kept across restarts, so below the ephemeral range: see
+		// testenv.FreeLoopbackPorts.
+		ps, err := testenv.FreeLoopbackPorts(1)
+		if err != nil {
+			n.Close()
+			return nil, err
+		}
+		n.opts.Port = ps[0]
 	}
 	if err := n.Start(); err != nil {
 		n.Close()

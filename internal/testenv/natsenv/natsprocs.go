@@ -169,7 +169,7 @@ func startNATSProcs(ctx context.Context, o NATSProcsOptions) (_ *NATSProcs, err 
 // addNode allocates ports, a store and, in a cluster, the route proxies
 // between the new node and every other one. It starts nothing.
 func (c *NATSProcs) addNode(store string) error {
-	ports, err := freeLoopbackPorts(3)
+	ports, err := testenv.FreeLoopbackPorts(3)
 	if err != nil {
 		return err
 	}
