@@ -287,14 +287,15 @@ func RunHTTP(ctx context.Context, o HTTPOptions) (*HTTPResult, error) {
 	if err := os.WriteFile(r.tenants, b, 0o600); err != nil {
 		return nil, err
 	}
-	// Two intakes behind the proxy, sharing only the database.
-	for range 2 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		r.addrs = append(r.addrs, ln.Addr().String())
-		ln.Close()
+	// Two intakes behind the proxy, sharing only the database, each
+	// restarted on its address after a kill (below the ephemeral range:
+	// see testenv.FreeLoopbackPorts).
+	ports, err := testenv.FreeLoopbackPorts(2)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range ports {
+		r.addrs = append(r.addrs, net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
 	}
 	defer r.stopIntakes()
 	for i := range r.addrs {
