@@ -225,11 +225,15 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, o StreamConfig) (
 func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, check func(jetstream.StreamConfig) []string) (s jetstream.Stream, made bool, err error) {
 	// Look first: in production the operator creates the streams and a
 	// producer may only read their info.
-	s, err = js.Stream(ctx, cfg.Name)
+	// Each request is bounded on its own (see apiTimeout): a reply lost
+	// while an R3 stream's group elects its leader must not hold the caller
+	// until its own deadline.
+	get := func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, cfg.Name) }
+	s, err = withAPI(ctx, get)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		s, err = js.CreateStream(ctx, cfg)
+		s, err = withAPI(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.CreateStream(ctx, cfg) })
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			s, err = js.Stream(ctx, cfg.Name) // created by a concurrent starter
+			s, err = withAPI(ctx, get) // created by a concurrent starter
 		} else if err == nil {
 			return s, true, nil
 		}

@@ -105,3 +105,38 @@ func TestSetUpOutlivesLostReplies(t *testing.T) {
 	e.settle(t, time.Minute)
 	e.assertClean(t, n)
 }
+
+// TestEnsureStreamOutlivesALostReply: EnsureStream's caller has a deadline
+// minutes away (a set-up loop that retries until it). A lost reply to its
+// first stream request must come back as an error within the request's own
+// bound, for the caller to try again, not hold it until that deadline.
+// (Seen: bench -cluster's set-up waited its whole 3 minutes on one.)
+func TestEnsureStreamOutlivesALostReply(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", jsinbox.StreamConfig{})
+	js := &lostReplies{JetStream: e.js, seen: map[string]bool{}}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		for {
+			_, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{})
+			if err == nil || ctx.Err() != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Minute):
+		cancel()
+		t.Fatal("EnsureStream still waiting after 2 minutes with one lost reply: it waits on its caller's deadline")
+	}
+	if js.lost.Load() != 1 {
+		t.Fatalf("%d replies lost, want 1", js.lost.Load())
+	}
+}
