@@ -594,9 +594,6 @@ func (c *Consumer) bind(ctx context.Context) (jetstream.Consumer, error) {
 		// Not a refusal: no request got through.
 		return nil, fmt.Errorf("jsinbox: durable %s on %s: %w", c.cfg.Durable, c.cfg.Stream, cerr)
 	}
-	if err != nil && transient(err) {
-		return nil, fmt.Errorf("jsinbox: durable %s on %s: no answer from the server: %w", c.cfg.Durable, c.cfg.Stream, err)
-	}
 	if err != nil {
 		return nil, setupError(fmt.Errorf("jsinbox: durable %s on %s (refused by the server: check the account's permissions and the durable's settings, "+
 			"or create it with nats consumer add %s --config deploy/jetstream/ledger-consumer.json): %w", c.cfg.Durable, c.cfg.Stream, c.cfg.Stream, err))

@@ -101,9 +101,6 @@ func (c *Consumer) bindRescue(ctx context.Context) (jetstream.Consumer, error) {
 			}
 		}
 	}
-	if err != nil && transient(err) {
-		return nil, fmt.Errorf("jsinbox: advisory stream %s: no answer from the server: %w", name, err)
-	}
 	if err != nil {
 		return nil, setupError(fmt.Errorf("jsinbox: advisory stream %s, which keeps the max-deliveries advisories a consumer rescues messages from, could not be found or created: "+
 			"create it with jsinbox.EnsureStream (`jetinbox producer` calls it), or nats stream add %s --config deploy/jetstream/advisories-stream.json: %w", name, name, err))
@@ -126,9 +123,6 @@ func (c *Consumer) bindRescue(ctx context.Context) (jetstream.Consumer, error) {
 		if errors.Is(err, jetstream.ErrConsumerExists) {
 			cons, err = withAPI(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return s.Consumer(ctx, c.cfg.Durable) })
 		}
-	}
-	if err != nil && transient(err) {
-		return nil, fmt.Errorf("jsinbox: rescue consumer %s on %s: no answer from the server: %w", c.cfg.Durable, name, err)
 	}
 	if err != nil {
 		return nil, setupError(fmt.Errorf("jsinbox: rescue consumer %s on %s (refused by the server: check the account's permissions, "+

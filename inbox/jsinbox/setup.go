@@ -91,6 +91,12 @@ func (c *Consumer) setUp(ctx context.Context, step func() error) error {
 		if err == nil || !transient(err) || ctx.Err() != nil || ClosedForGood(c.js.Conn()) != nil {
 			return err
 		}
+		// A request the account may not send is dropped by the server
+		// with only an asynchronous "permissions violation": it looks
+		// like no answer, and waiting cannot change it.
+		if le := c.js.Conn().LastError(); errors.Is(le, nats.ErrPermissionViolation) {
+			return fmt.Errorf("%w (the connection's last error: %v)", err, le)
+		}
 		d := bo.NextBackOff()
 		if d < 0 {
 			return err

@@ -17,7 +17,10 @@ import (
 // the heal it holds what the majority stored.
 func TestClusterFaults(t *testing.T) {
 	c := NewCluster(t, ClusterOptions{})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// A ceiling, not a pace: every wait below polls its condition. A
+	// quiet CI run spent the whole 2 minutes this had before and failed
+	// at the partition's election ("a leader in the majority").
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	nc, err := nats.Connect(c.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
