@@ -1,12 +1,10 @@
 package pgoutboxtest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/failpoint"
 	"github.com/jetinbox/jetinbox/internal/hook"
+	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/jitter"
 	"github.com/jetinbox/jetinbox/outbox"
 	"github.com/jetinbox/jetinbox/outbox/pgoutbox"
@@ -219,7 +218,7 @@ func TestRelayFastBatchOnAStreamWithout(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ids := e.add(t, "n", 300)
-	log := &syncBuffer{}
+	log := testenv.NewLogTail(1000)
 	r := quickRelay(t, e, outbox.RelayConfig{Batch: 100, Publish: outbox.PublishFast,
 		Logger: slog.New(slog.NewTextHandler(log, nil))})
 	drain(t, r)
@@ -236,22 +235,4 @@ func TestRelayFastBatchOnAStreamWithout(t *testing.T) {
 			t.Fatalf("%s: %d copies in the stream", id, got[id])
 		}
 	}
-}
-
-// syncBuffer is a buffer the relay's goroutines can log to at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
