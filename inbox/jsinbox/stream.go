@@ -74,6 +74,15 @@ type StreamConfig struct {
 	DeadLetterMaxMsgs  int64
 	DeadLetterMaxBytes int64
 	DeadLetterMaxAge   time.Duration
+	// AllowFastBatches sets allow_batched on the stream (nats-server 2.14
+	// and later): a publisher may then send fast batches, acknowledged by
+	// flow control and one PubAck for everything up to a sequence. The
+	// relay's fast mode needs it. It pays where the stream does not fsync
+	// every write; under sync_interval: always the server syncs each
+	// message of a fast batch on its own, and atomic batches (always
+	// allowed) are faster. It adds no way to delete or alter stored
+	// intents. Default false.
+	AllowFastBatches bool
 }
 
 // WithDefaults returns o with defaults filled in.
@@ -140,6 +149,7 @@ func (o StreamConfig) Config() jetstream.StreamConfig {
 		// under sync_interval: always. It adds no way to delete or alter
 		// stored intents.
 		AllowAtomicPublish: true,
+		AllowBatchPublish:  o.AllowFastBatches,
 		// jetinbox verify reads with direct gets (batches by sequence),
 		// so its NATS user needs no permission to create consumers, which
 		// could rewrite a durable or deliver the stream anywhere. It adds
@@ -163,6 +173,7 @@ func (o StreamConfig) DeadLetterConfig() jetstream.StreamConfig {
 	}
 	c.MaxMsgs, c.MaxBytes, c.MaxAge = o.DeadLetterMaxMsgs, o.DeadLetterMaxBytes, o.DeadLetterMaxAge
 	c.MaxMsgSize = o.DeadLetterMaxMsgSize
+	c.AllowBatchPublish = false // dead letters are published one by one
 	return c
 }
 

@@ -112,7 +112,7 @@ func TestCommandsRefuseUnfitDatabase(t *testing.T) {
 	if _, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := cli.EnsureRelayStream(ctx, js, cli.DefaultRelayStream, cli.DefaultFollowUpPrefix); err != nil {
+	if err := cli.EnsureRelayStream(ctx, js, cli.DefaultRelayStream, cli.DefaultFollowUpPrefix, false); err != nil {
 		t.Fatal(err)
 	}
 	migrated := func() string {

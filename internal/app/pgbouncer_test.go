@@ -197,7 +197,7 @@ func TestRelayThroughPgBouncer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cli.EnsureRelayStream(ctx, js, cli.DefaultRelayStream, cli.DefaultFollowUpPrefix); err != nil {
+	if err := cli.EnsureRelayStream(ctx, js, cli.DefaultRelayStream, cli.DefaultFollowUpPrefix, false); err != nil {
 		t.Fatal(err)
 	}
 	// A service writes its rows through the pooler, as the relay reads them.

@@ -39,7 +39,7 @@ func Relay(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, stde
 		batch        = fs.Int("batch", 500, "most outbox rows per relay transaction")
 		publishBatch = fs.Int("publish-batch", 0, "-publish each: gather rows published together into JetStream atomic batches of up to this many (0: 256; 1: one publish and PubAck per row)")
 		publishMode  = fs.String("publish", "atomic", "atomic: a round's rows as JetStream atomic batches of up to 1000, one write and one PubAck each (fastest where the stream fsyncs every write, sync_interval: always); fast: a round's rows as one JetStream fast batch, marked sent up to the row the server acknowledged (fastest on a stream that does not fsync every write; needs allow_batched on the stream, else it publishes as atomic); each: each row published on its own, pipelined")
-		create       = fs.String("create-stream", "", "create -stream, capturing SUBJECT.>, if it does not exist (e.g. -create-stream "+cli.DefaultFollowUpPrefix+")")
+		create       = fs.String("create-stream", "", "create -stream, capturing SUBJECT.>, if it does not exist (e.g. -create-stream "+cli.DefaultFollowUpPrefix+"); with -publish fast it allows fast batches (allow_batched)")
 		httpAddr     = fs.String("http", env.Or("JETINBOX_RELAY_HTTP_ADDR", "127.0.0.1:9092"), "address for /metrics (jetinbox_outbox_*) and /healthz (env JETINBOX_RELAY_HTTP_ADDR); loopback only by default: set 0.0.0.0:9092 where scrapes come from elsewhere; empty disables")
 		noListen     = fs.Bool("no-listen", false, "poll only, without LISTEN/NOTIFY (for a connection pooler in transaction mode, without -listen-database)")
 		listenURL    = fs.String("listen-database", "", cli.ListenDatabaseUsage) // the environment's after parsing: -h shows no password
@@ -97,7 +97,7 @@ func Relay(ctx context.Context, args []string, env cli.Env, _ io.Reader, _, stde
 	}
 	defer nc.Close()
 	if *create != "" {
-		if err := cli.EnsureRelayStream(ctx, js, *stream, *create); err != nil {
+		if err := cli.EnsureRelayStream(ctx, js, *stream, *create, mode == outbox.PublishFast); err != nil {
 			return err
 		}
 	}

@@ -94,7 +94,7 @@ func TestTwoHopCommands(t *testing.T) {
 	if cli.ExitCode(err) != 2 || !strings.Contains(err.Error(), "NOTIFICATIONS not found") {
 		t.Fatalf("consumer -relay without its stream: %v (exit %d)", err, cli.ExitCode(err))
 	}
-	if err := cli.EnsureRelayStream(ctx, js, cli.DefaultRelayStream, cli.DefaultFollowUpPrefix); err != nil {
+	if err := cli.EnsureRelayStream(ctx, js, cli.DefaultRelayStream, cli.DefaultFollowUpPrefix, false); err != nil {
 		t.Fatal(err)
 	}
 	runUntil(t, "consumer -follow-ups -relay", func(ctx context.Context, stderr io.Writer) error {
@@ -177,6 +177,7 @@ func TestTwoHopCommands(t *testing.T) {
 // TestRelayOnSQLite: migrate puts the outbox in a SQLite file too; a
 // service's row added there with sqliteoutbox.Add in its own transaction is
 // published by jetinbox relay, which polls (SQLite has no notifications).
+// The relay creates its stream in fast mode, which allows fast batches.
 func TestRelayOnSQLite(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -192,9 +193,6 @@ func TestRelayOnSQLite(t *testing.T) {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	if err := cli.EnsureRelayStream(ctx, js, "ORDERS", "orders"); err != nil {
-		t.Fatal(err)
-	}
 	db, err := sqliteinbox.Open(ctx, path)
 	if err != nil {
 		t.Fatal(err)
@@ -210,16 +208,26 @@ func TestRelayOnSQLite(t *testing.T) {
 		t.Fatal(err)
 	}
 	db.Close()
+	var info *jetstream.StreamInfo
+	runUntil(t, "jetinbox relay on SQLite", func(ctx context.Context, stderr io.Writer) error {
+		return Jetinbox(ctx, []string{"relay", "-http", "", "-stream", "ORDERS", "-create-stream", "orders", "-publish", "fast"}, env, nil, io.Discard, stderr)
+	}, func() bool {
+		s, err := js.Stream(ctx, "ORDERS")
+		if err == nil {
+			info, err = s.Info(ctx)
+		}
+		return err == nil && info.State.Msgs == 1
+	})
+	if !info.Config.AllowBatchPublish {
+		t.Fatal("relay -create-stream -publish fast made a stream without allow_batched: its fast batches would fall back to atomic")
+	}
+	if info.Config.Subjects[0] != "orders.>" {
+		t.Fatalf("stream captures %q, want orders.>", info.Config.Subjects)
+	}
 	s, err := js.Stream(ctx, "ORDERS")
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntil(t, "jetinbox relay on SQLite", func(ctx context.Context, stderr io.Writer) error {
-		return Jetinbox(ctx, []string{"relay", "-http", "", "-stream", "ORDERS"}, env, nil, io.Discard, stderr)
-	}, func() bool {
-		info, err := s.Info(ctx)
-		return err == nil && info.State.Msgs == 1
-	})
 	m, err := s.GetMsg(ctx, 1)
 	if err != nil || m.Header.Get(jetstream.MsgIDHeader) != "charge-o-1" {
 		t.Fatalf("ORDERS holds %v, %v", m, err)
@@ -241,7 +249,7 @@ func TestTwoHopCommandsOnSQLite(t *testing.T) {
 		t.Fatal(err)
 	}
 	js := openAccountsAndStream(t, env, srv.URL())
-	if err := cli.EnsureRelayStream(ctx, js, cli.DefaultRelayStream, cli.DefaultFollowUpPrefix); err != nil {
+	if err := cli.EnsureRelayStream(ctx, js, cli.DefaultRelayStream, cli.DefaultFollowUpPrefix, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := cli.Producer(ctx, []string{"-count", "300", "-prefix", "sth"}, env, nil, io.Discard, io.Discard); err != nil {

@@ -168,15 +168,9 @@ func relaySync(ctx context.Context, pg *testenv.Postgres, sync string, o RelayOp
 	if err != nil {
 		return err
 	}
-	st, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{Name: followStream, Subjects: []string{followSubject + ".>"}})
-	if err != nil {
-		return err
-	}
 	// Fast batches need allow_batched on the stream.
-	cfg := st.CachedInfo().Config
-	cfg.AllowBatchPublish = true
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		return fmt.Errorf("allowing fast batches on %s: %w", followStream, err)
+	if _, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{Name: followStream, Subjects: []string{followSubject + ".>"}, AllowFastBatches: true}); err != nil {
+		return err
 	}
 	db := "relay_" + sync
 	store, err := pgDatabases{pg}.create(ctx, db, 1)

@@ -173,22 +173,16 @@ func RunTwoHop(ctx context.Context, o Options) (*TwoHop, error) {
 		}
 		r.store = &cli.Store{PG: r.pool}
 	}
-	next, err := jsinbox.EnsureStream(ctx, r.js, jsinbox.StreamConfig{Name: nextStream, Subjects: []string{nextSubject + ".>"}})
-	if err != nil {
-		return nil, err
-	}
 	publish := outbox.PublishAtomic
 	if o.RelayPublish != "" {
 		if publish, err = outbox.ParsePublishMode(o.RelayPublish); err != nil {
 			return nil, err
 		}
 	}
-	if publish == outbox.PublishFast {
-		cfg := next.CachedInfo().Config
-		cfg.AllowBatchPublish = true
-		if _, err := r.js.UpdateStream(ctx, cfg); err != nil {
-			return nil, fmt.Errorf("allowing fast batches on %s: %w", nextStream, err)
-		}
+	// Fast batches need allow_batched on the stream.
+	next := jsinbox.StreamConfig{Name: nextStream, Subjects: []string{nextSubject + ".>"}, AllowFastBatches: publish == outbox.PublishFast}
+	if _, err := jsinbox.EnsureStream(ctx, r.js, next); err != nil {
+		return nil, err
 	}
 	r.intents = pipeline.Generate(pipeline.Load{Count: o.Intents, Accounts: 64, Prefix: "h", Seed: o.Seed})
 	if o.Poison > 0 {

@@ -98,9 +98,11 @@ func CheckRelayStream(ctx context.Context, js jetstream.JetStream, stream string
 
 // EnsureRelayStream creates the relay's target stream, capturing
 // "<subject>.>", with its dead-letter and advisory streams, if it does not
-// exist.
-func EnsureRelayStream(ctx context.Context, js jetstream.JetStream, stream, subject string) error {
-	if _, err := jsinbox.EnsureStream(ctx, js, jsinbox.StreamConfig{Name: stream, Subjects: []string{subject + ".>"}}); err != nil {
+// exist; with fast, the stream allows fast batches (allow_batched), which
+// the relay's fast mode needs.
+func EnsureRelayStream(ctx context.Context, js jetstream.JetStream, stream, subject string, fast bool) error {
+	cfg := jsinbox.StreamConfig{Name: stream, Subjects: []string{subject + ".>"}, AllowFastBatches: fast}
+	if _, err := jsinbox.EnsureStream(ctx, js, cfg); err != nil {
 		return fmt.Errorf("relay: create stream %s: %w", stream, err)
 	}
 	return nil
