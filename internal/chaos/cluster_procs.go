@@ -335,7 +335,15 @@ func (r *clusterRun) consumerPause(ctx context.Context) (note string, err error)
 		}
 	}
 	if err := syscall.Kill(a.cmd.Process.Pid, syscall.SIGCONT); err != nil {
-		return "", fmt.Errorf("chaos: SIGCONT consumer A: %w", err)
+		// A stopped process does not exit by itself: say how it ended
+		// (the signal that killed it, or the run's context ending).
+		select {
+		case werr := <-a.done:
+			a.done <- werr
+			err = fmt.Errorf("%w (it ended while stopped: %v; run context: %v)", err, werr, ctx.Err())
+		case <-time.After(5 * time.Second):
+		}
+		return "", fmt.Errorf("chaos: SIGCONT consumer A: %w:\n%s", err, a.log)
 	}
 	stopped := time.Since(t0)
 	r.say("  continued consumer process A after %.1fs (AckWait %s)", stopped.Seconds(), r.o.AckWait)
