@@ -52,7 +52,9 @@ const BusyTimeout = 10 * time.Second
 // Open opens the SQLite database file at path, creating it if it does not
 // exist, with the settings the guarantee needs: WAL, synchronous=FULL,
 // busy_timeout, transactions that begin IMMEDIATE, one connection. It checks
-// them before returning.
+// them before returning. The write-ahead log is copied back into the file
+// by checkpoints on a second connection, every [CheckpointInterval], not
+// inside the COMMIT of a batch; closing the returned pool stops them.
 func Open(ctx context.Context, path string) (*sql.DB, error) {
 	if path == "" {
 		return nil, errors.New("sqliteinbox: empty database path")
@@ -61,7 +63,7 @@ func Open(ctx context.Context, path string) (*sql.DB, error) {
 		return nil, fmt.Errorf("sqliteinbox: %q: give a file path (an in-memory database does not survive a crash)", path)
 	}
 	dsn := "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + DSNParams()
-	db, err := sql.Open("sqlite", dsn)
+	db, err := openWithCheckpoints(sqlite.NewConnector, dsn)
 	if err != nil {
 		return nil, fmt.Errorf("sqliteinbox: open %s: %w", path, err)
 	}
