@@ -65,13 +65,25 @@ func (p *Processor[TX]) processOnce(ctx context.Context, msgs []Message, valid [
 	p.classify(b, res)
 	st.mark(stepClaimed)
 
-	// Take a turn for the effect and the commit.
+	// Take a turn for the effect. The turn ends where the COMMIT starts:
+	// the next batch's effect then runs while this one commits. Where it
+	// touches a row this batch changed, it waits in the database for this
+	// COMMIT (see Config.EffectConcurrency); where it does not (most
+	// batches of one message at low load), it no longer waits for a
+	// COMMIT and its flush.
 	select {
 	case p.turns <- struct{}{}:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	defer func() { <-p.turns }()
+	turn := true
+	endTurn := func() {
+		if turn {
+			turn = false
+			<-p.turns
+		}
+	}
+	defer endTurn()
 	st.mark(stepTurn)
 
 	errs, err := p.apply(ctx, tx, b.fresh, isolate)
@@ -89,6 +101,7 @@ func (p *Processor[TX]) processOnce(ctx context.Context, msgs []Message, valid [
 		return err
 	}
 	st.mark(stepApplied)
+	endTurn()
 	if err := p.commit(ctx, tx, len(valid)); err != nil {
 		return err
 	}

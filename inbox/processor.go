@@ -91,12 +91,18 @@ type Config struct {
 	// TCP keepalive. A timed-out commit is outcome unknown. Default 30s.
 	CommitTimeout time.Duration
 	// EffectConcurrency is how many batches of this processor may apply
-	// effects and commit at once. Claims always overlap; the effect step
-	// and COMMIT take a turn. Effects that update shared rows (balances,
-	// counters) serialize on row locks anyway; taking turns in-process
-	// keeps them from piling up in lock waits inside PostgreSQL, where a
-	// batch waiting for another holds its own rows and stalls a third.
-	// Default 1; raise it for effects that touch disjoint rows.
+	// effects at once. Claims always overlap; the effect step takes a
+	// turn, held from the end of the claim to the start of the COMMIT, so
+	// the next batch's effect runs while this one commits. Effects that
+	// update shared rows (balances, counters) serialize on row locks
+	// anyway; taking turns in-process keeps them from piling up in lock
+	// waits inside PostgreSQL, where a batch waiting for another holds its
+	// own rows and stalls a third. A batch whose effect meets a row the
+	// committing batch changed waits for that COMMIT in the database; a
+	// COMMIT takes no row lock (unless deferred constraints check rows:
+	// a deadlock there is one PostgreSQL breaks, and the batch it rolls
+	// back is tried again). Default 1; raise it for effects that touch
+	// disjoint rows.
 	EffectConcurrency int
 }
 
@@ -135,7 +141,7 @@ type Processor[TX any] struct {
 	handler Handler[TX]
 	cfg     Config
 	tracer  trace.Tracer  // nil unless tracing
-	turns   chan struct{} // effect-and-commit turns, EffectConcurrency of them
+	turns   chan struct{} // effect turns, EffectConcurrency of them
 	// copyCooldown counts down the batches still to claim with conflict
 	// checks after a copy claim met an existing row.
 	copyCooldown  atomic.Int32

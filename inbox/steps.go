@@ -10,7 +10,7 @@ import (
 
 // StepTimes are when the last attempt at a batch passed each step of its
 // transaction: BEGIN answered, the claim done, the effect's turn taken
-// (EffectConcurrency batches hold one at a time, to their COMMIT), the
+// (EffectConcurrency batches hold one at a time, up to their COMMIT), the
 // effect and the rejections recorded, COMMIT answered. A zero time is a
 // step the attempt did not reach.
 type StepTimes struct {

@@ -109,7 +109,7 @@ func writeStages(w io.Writer, indent string, times []stageTimes) {
 		{"transaction start → COMMIT done (claim, effect, commit)", func(t stageTimes) time.Duration { return t.Tx }},
 		{"  BEGIN (on SQLite also the wait for the one writer)", func(t stageTimes) time.Duration { return t.Begin }},
 		{"  claim (the inbox rows)", func(t stageTimes) time.Duration { return t.Claim }},
-		{"  the effect's turn (the batch before holds it to COMMIT)", func(t stageTimes) time.Duration { return t.Turn }},
+		{"  the effect's turn (the batch before holds it to its COMMIT)", func(t stageTimes) time.Duration { return t.Turn }},
 		{"  effect (and rejections recorded)", func(t stageTimes) time.Duration { return t.Effect }},
 		{"  COMMIT (the database's commit and flush)", func(t stageTimes) time.Duration { return t.CommitStep }},
 		{"COMMIT → acks sent", func(t stageTimes) time.Duration { return t.Ack }},

@@ -20,7 +20,7 @@ func TestWriteStagesSteps(t *testing.T) {
 	var out bytes.Buffer
 	writeStages(&out, "", times)
 	for _, want := range []string{
-		"  BEGIN (on SQLite also the wait for the one writer) ", "  claim (the inbox rows) ", "  the effect's turn (the batch before holds it to COMMIT) ",
+		"  BEGIN (on SQLite also the wait for the one writer) ", "  claim (the inbox rows) ", "  the effect's turn (the batch before holds it to its COMMIT) ",
 		"  COMMIT (the database's commit and flush)       ", "its transaction (a batch of 3): BEGIN 99ms, claim 99ms, the effect's turn 99ms, effect 99ms, COMMIT 99ms",
 		"batch size as its messages saw it: p50 2  p99 3  max 3",
 	} {
