@@ -36,8 +36,9 @@ import (
 //   - "64 durables, coarse keys K": the same on a stream whose key token is
 //     one of K tokens (K/64 per partition, each ID in the partition it has
 //     today), so the stream holds few subjects;
-//   - "1 durable, 64 filters" and "4 durables × 16 filters": a durable per
-//     shard whose FilterSubjects list its partitions;
+//   - "1 durable, 64 filters", "4 durables × 16 filters" and "16 durables
+//     × 4 filters": a durable per shard (1, 4, 16 shards) whose
+//     FilterSubjects list its partitions;
 //   - "64 durables, 32 MiB pulls": a durable per partition, each pulling
 //     with a shard's whole byte budget, so fewer pull requests.
 //
@@ -49,7 +50,7 @@ import (
 // is the whole process (for -cpuprofile). NATSCOST_N sets the message
 // count (default 50000), NATSCOST_ROUNDS the rounds (default 3),
 // NATSCOST_ONLY a comma-separated list of variant keys (a, b, c1, c16, d1,
-// d4, e) to run. Run it alone and once:
+// d4, d16, e) to run. Run it alone and once:
 //
 //	go test -run '^$' -bench BenchmarkShardDelivery -benchtime 1x ./internal/shard/
 func BenchmarkShardDelivery(b *testing.B) {
@@ -157,6 +158,7 @@ func BenchmarkShardDelivery(b *testing.B) {
 		{key: "c1", name: "64 durables, coarse keys 64", stream: c1.Stream, groups: perPartition(&c1), conns: 1, pullBytes: partBudget},
 		{key: "d1", name: "1 durable, 64 filters", stream: unique.Stream, groups: perShard(&unique, 1), conns: 1, pullBytes: shardBudget},
 		{key: "d4", name: "4 durables × 16 filters", stream: unique.Stream, groups: perShard(&unique, 4), conns: 4, pullBytes: shardBudget},
+		{key: "d16", name: "16 durables × 4 filters", stream: unique.Stream, groups: perShard(&unique, 16), conns: 16, pullBytes: shardBudget},
 		{key: "e", name: "64 durables, 32 MiB pulls", stream: unique.Stream, groups: perPartition(&unique), conns: 1, pullBytes: shardBudget},
 	}
 	variants := all
