@@ -40,7 +40,9 @@ import (
 //     × 4 filters": a durable per shard (1, 4, 16 shards) whose
 //     FilterSubjects list its partitions;
 //   - "64 durables, 32 MiB pulls": a durable per partition, each pulling
-//     with a shard's whole byte budget, so fewer pull requests.
+//     with a shard's whole byte budget, so fewer pull requests;
+//   - "64 streams, 1 durable each": a stream per partition (the producer
+//     puts the partition in the subject), an unfiltered durable on each.
 //
 // The server runs as a child process (this test binary in the nats-server
 // role), so its CPU, read from /proc, holds only the server; the client
@@ -50,7 +52,7 @@ import (
 // is the whole process (for -cpuprofile). NATSCOST_N sets the message
 // count (default 50000), NATSCOST_ROUNDS the rounds (default 3),
 // NATSCOST_ONLY a comma-separated list of variant keys (a, b, c1, c16, d1,
-// d4, d16, e) to run. Run it alone and once:
+// d4, d16, e, f) to run. Run it alone and once:
 //
 //	go test -run '^$' -bench BenchmarkShardDelivery -benchtime 1x ./internal/shard/
 func BenchmarkShardDelivery(b *testing.B) {
@@ -87,21 +89,41 @@ func BenchmarkShardDelivery(b *testing.B) {
 	c1 := (&Map{Stream: "PC1", Subject: "pc1", Partitions: parts}).WithDefaults()
 	c16 := (&Map{Stream: "PC16", Subject: "pc16", Partitions: parts}).WithDefaults()
 	tok1, tok16 := coarseTokens(parts, 1), coarseTokens(parts, 16)
+	// A stream per partition: the producer puts the partition in the
+	// subject itself ("pp.<p>.<key>.<kind>", what the transform stores),
+	// and each partition's stream captures its own.
+	pp := (&Map{Subject: "pp", Partitions: parts}).WithDefaults()
+	ppStreams := make([]string, parts)
+	for p := range ppStreams {
+		ppStreams[p] = fmt.Sprintf("PP%02d", p)
+	}
 	for _, s := range []struct {
-		m   *Map
-		key func(id string) string
+		m       *Map
+		streams []string // in place of the map's transformed stream
+		subject func(id, kind string) string
 	}{
-		{&unique, Key},
-		{&c1, func(id string) string { return coarseKey(tok1, id) }},
-		{&c16, func(id string) string { return coarseKey(tok16, id) }},
+		{m: &unique, subject: func(id, kind string) string { return PublishSubject(unique.Subject, id, kind) }},
+		{m: &c1, subject: func(id, kind string) string { return c1.Subject + "." + coarseKey(tok1, id) + "." + kind }},
+		{m: &c16, subject: func(id, kind string) string { return c16.Subject + "." + coarseKey(tok16, id) + "." + kind }},
+		{m: &pp, streams: ppStreams, subject: func(id, kind string) string { return StoredSubject(pp.Subject, id, kind, parts) }},
 	} {
-		if err := s.m.EnsureStream(ctx, js, jsinbox.StreamConfig{}); err != nil {
-			b.Fatal(err)
+		if s.streams == nil {
+			if err := s.m.EnsureStream(ctx, js, jsinbox.StreamConfig{}); err != nil {
+				b.Fatal(err)
+			}
 		}
-		t0 := time.Now()
+		for p, name := range s.streams {
+			// Bounded small: a server refuses streams whose MaxBytes
+			// together exceed its storage.
+			cfg := jsinbox.StreamConfig{Name: name, Subjects: []string{s.m.Filter(p)}, MaxBytes: 256 << 20}.Config()
+			if _, err := js.CreateStream(ctx, cfg); err != nil {
+				b.Fatal(err)
+			}
+		}
+		cpu0, t0 := serverCPU(), time.Now()
 		for _, in := range intents {
 			kind := strings.Replace(in.Subject, "intents.", "ledger.", 1)
-			msg := &nats.Msg{Subject: s.m.Subject + "." + s.key(in.ID) + "." + kind, Data: in.Payload, Header: nats.Header{jetstream.MsgIDHeader: {in.ID}}}
+			msg := &nats.Msg{Subject: s.subject(in.ID, kind), Data: in.Payload, Header: nats.Header{jetstream.MsgIDHeader: {in.ID}}}
 			if _, err := js.PublishMsgAsync(msg); err != nil {
 				b.Fatal(err)
 			}
@@ -111,15 +133,24 @@ func BenchmarkShardDelivery(b *testing.B) {
 		case <-ctx.Done():
 			b.Fatal("publishing did not complete")
 		}
-		info, err := js.Stream(ctx, s.m.Stream)
-		if err != nil {
-			b.Fatal(err)
+		el, cpu := time.Since(t0), serverCPU()-cpu0
+		names := s.streams
+		if names == nil {
+			names = []string{s.m.Stream}
 		}
-		st := info.CachedInfo().State
-		if st.Msgs != uint64(n) {
-			b.Fatalf("stream %s holds %d messages, want %d", s.m.Stream, st.Msgs, n)
+		var msgs, subjects uint64
+		for _, name := range names {
+			info, err := js.Stream(ctx, name)
+			if err != nil {
+				b.Fatal(err)
+			}
+			msgs, subjects = msgs+info.CachedInfo().State.Msgs, subjects+info.CachedInfo().State.NumSubjects
 		}
-		fmt.Printf("stream %s: %d messages, %d subjects, published in %.1fs\n", s.m.Stream, st.Msgs, st.NumSubjects, time.Since(t0).Seconds())
+		if msgs != uint64(n) {
+			b.Fatalf("streams %s hold %d messages, want %d", names[0], msgs, n)
+		}
+		fmt.Printf("%d stream(s) %s…: %d messages, %d subjects, published in %.1fs, server CPU %.1fµs/msg stored\n",
+			len(names), names[0], msgs, subjects, el.Seconds(), float64(cpu.Nanoseconds())/1000/float64(n))
 	}
 
 	filters := func(m *Map, ps []int) []string {
@@ -159,6 +190,7 @@ func BenchmarkShardDelivery(b *testing.B) {
 		{key: "d1", name: "1 durable, 64 filters", stream: unique.Stream, groups: perShard(&unique, 1), conns: 1, pullBytes: shardBudget},
 		{key: "d4", name: "4 durables × 16 filters", stream: unique.Stream, groups: perShard(&unique, 4), conns: 4, pullBytes: shardBudget},
 		{key: "d16", name: "16 durables × 4 filters", stream: unique.Stream, groups: perShard(&unique, 16), conns: 16, pullBytes: shardBudget},
+		{key: "f", name: "64 streams, 1 durable each", streams: ppStreams, groups: make([][]string, parts), conns: 1, pullBytes: partBudget},
 		{key: "e", name: "64 durables, 32 MiB pulls", stream: unique.Stream, groups: perPartition(&unique), conns: 1, pullBytes: shardBudget},
 	}
 	variants := all
@@ -206,9 +238,20 @@ func BenchmarkShardDelivery(b *testing.B) {
 // deliveryVariant is one way to consume the stream: a durable per group of
 // filter subjects (a nil group: the whole stream), spread over conns
 // connections, each pulling with pullBytes.
+
+// streamOf is group i's stream.
+func (v deliveryVariant) streamOf(i int) string {
+	if v.streams != nil {
+		return v.streams[i]
+	}
+	return v.stream
+}
+
 type deliveryVariant struct {
 	key, name string
 	stream    string
+	// streams, if set, names each group's stream in place of stream.
+	streams   []string
 	groups    [][]string
 	conns     int
 	pullBytes int
@@ -242,7 +285,7 @@ func runDelivery(ctx context.Context, url string, ctl *nats.Conn, serverCPU func
 	names := make([]string, len(v.groups))
 	for i, g := range v.groups {
 		names[i] = fmt.Sprintf("nc_r%d_%s_%d", round, v.key, i)
-		if _, err := cjs.CreateConsumer(ctx, v.stream, jetstream.ConsumerConfig{
+		if _, err := cjs.CreateConsumer(ctx, v.streamOf(i), jetstream.ConsumerConfig{
 			Durable: names[i], AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: 20,
 			MaxAckPending: 4 * 6000 * 2, MaxWaiting: 512, FilterSubjects: g,
 		}); err != nil {
@@ -250,8 +293,8 @@ func runDelivery(ctx context.Context, url string, ctl *nats.Conn, serverCPU func
 		}
 	}
 	defer func() {
-		for _, name := range names {
-			_ = cjs.DeleteConsumer(context.WithoutCancel(ctx), v.stream, name)
+		for i, name := range names {
+			_ = cjs.DeleteConsumer(context.WithoutCancel(ctx), v.streamOf(i), name)
 		}
 	}()
 
@@ -278,7 +321,7 @@ func runDelivery(ctx context.Context, url string, ctl *nats.Conn, serverCPU func
 	// share the shard's connection.
 	cons := make([]jetstream.Consumer, len(names))
 	for i, name := range names {
-		if cons[i], err = conns[i*len(conns)/len(names)].js.Consumer(ctx, v.stream, name); err != nil {
+		if cons[i], err = conns[i*len(conns)/len(names)].js.Consumer(ctx, v.streamOf(i), name); err != nil {
 			return deliveryResult{}, err
 		}
 	}
@@ -353,8 +396,8 @@ func runDelivery(ctx context.Context, url string, ctl *nats.Conn, serverCPU func
 	// The acks are in; wait until the server has taken them all.
 	for settled := false; !settled; {
 		settled = true
-		for _, name := range names {
-			c, err := cjs.Consumer(ctx, v.stream, name)
+		for i, name := range names {
+			c, err := cjs.Consumer(ctx, v.streamOf(i), name)
 			if err != nil {
 				return deliveryResult{}, err
 			}
