@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,9 +38,9 @@ import (
 //   - "64 durables, coarse keys K": the same on a stream whose key token is
 //     one of K tokens (K/64 per partition, each ID in the partition it has
 //     today), so the stream holds few subjects;
-//   - "1 durable, 64 filters", "4 durables × 16 filters" and "16 durables
-//     × 4 filters": a durable per shard (1, 4, 16 shards) whose
-//     FilterSubjects list its partitions;
+//   - "1 durable, 64 filters", "2 durables × 32 filters", "4 durables ×
+//     16 filters" and "16 durables × 4 filters": a durable per shard (1,
+//     2, 4, 16 shards) whose FilterSubjects list its partitions;
 //   - "64 durables, 32 MiB pulls": a durable per partition, each pulling
 //     with a shard's whole byte budget, so fewer pull requests;
 //   - "64 streams, 1 durable each": a stream per partition (the producer
@@ -52,7 +54,9 @@ import (
 // is the whole process (for -cpuprofile). NATSCOST_N sets the message
 // count (default 50000), NATSCOST_ROUNDS the rounds (default 3),
 // NATSCOST_ONLY a comma-separated list of variant keys (a, b, c1, c16, d1,
-// d4, d16, e, f) to run. Run it alone and once:
+// d2, d4, d16, e, f) to run; NATSCOST_CPUPROFILE=DIR writes a CPU profile of
+// this process per variant and round while it consumes, DIR/KEY-rN.prof
+// (with NATSCOST_EMBEDDED=1 it holds the server). Run it alone and once:
 //
 //	go test -run '^$' -bench BenchmarkShardDelivery -benchtime 1x ./internal/shard/
 func BenchmarkShardDelivery(b *testing.B) {
@@ -188,6 +192,7 @@ func BenchmarkShardDelivery(b *testing.B) {
 		{key: "c16", name: "64 durables, coarse keys 1024", stream: c16.Stream, groups: perPartition(&c16), conns: 1, pullBytes: partBudget},
 		{key: "c1", name: "64 durables, coarse keys 64", stream: c1.Stream, groups: perPartition(&c1), conns: 1, pullBytes: partBudget},
 		{key: "d1", name: "1 durable, 64 filters", stream: unique.Stream, groups: perShard(&unique, 1), conns: 1, pullBytes: shardBudget},
+		{key: "d2", name: "2 durables × 32 filters", stream: unique.Stream, groups: perShard(&unique, 2), conns: 2, pullBytes: shardBudget},
 		{key: "d4", name: "4 durables × 16 filters", stream: unique.Stream, groups: perShard(&unique, 4), conns: 4, pullBytes: shardBudget},
 		{key: "d16", name: "16 durables × 4 filters", stream: unique.Stream, groups: perShard(&unique, 16), conns: 16, pullBytes: shardBudget},
 		{key: "f", name: "64 streams, 1 durable each", streams: ppStreams, groups: make([][]string, parts), conns: 1, pullBytes: partBudget},
@@ -360,6 +365,17 @@ func runDelivery(ctx context.Context, url string, ctl *nats.Conn, serverCPU func
 
 	for _, c := range conns {
 		c.out0 = c.nc.Stats().OutMsgs
+	}
+	if dir := os.Getenv("NATSCOST_CPUPROFILE"); dir != "" {
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("%s-r%d.prof", v.key, round)))
+		if err != nil {
+			return deliveryResult{}, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return deliveryResult{}, err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	cpu0, cli0, t0 := serverCPU(), processCPU(), time.Now()
 	var ccs []jetstream.ConsumeContext
