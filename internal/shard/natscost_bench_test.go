@@ -40,7 +40,8 @@ import (
 //     today), so the stream holds few subjects;
 //   - "1 durable, 64 filters", "2 durables × 32 filters", "4 durables ×
 //     16 filters" and "16 durables × 4 filters": a durable per shard (1,
-//     2, 4, 16 shards) whose FilterSubjects list its partitions;
+//     2, 4, 16 shards) whose FilterSubjects list its partitions, and the
+//     4 shards' on the coarse keys' stream;
 //   - "64 durables, 32 MiB pulls": a durable per partition, each pulling
 //     with a shard's whole byte budget, so fewer pull requests;
 //   - "64 streams, 1 durable each": a stream per partition (the producer
@@ -54,7 +55,7 @@ import (
 // is the whole process (for -cpuprofile). NATSCOST_N sets the message
 // count (default 50000), NATSCOST_ROUNDS the rounds (default 3),
 // NATSCOST_ONLY a comma-separated list of variant keys (a, b, c1, c16, d1,
-// d2, d4, d16, e, f) to run; NATSCOST_CPUPROFILE=DIR writes a CPU profile of
+// d2, d4, d4c16, d16, e, f) to run; NATSCOST_CPUPROFILE=DIR writes a CPU profile of
 // this process per variant and round while it consumes, DIR/KEY-rN.prof
 // (with NATSCOST_EMBEDDED=1 it holds the server). Run it alone and once:
 //
@@ -194,6 +195,7 @@ func BenchmarkShardDelivery(b *testing.B) {
 		{key: "d1", name: "1 durable, 64 filters", stream: unique.Stream, groups: perShard(&unique, 1), conns: 1, pullBytes: shardBudget},
 		{key: "d2", name: "2 durables × 32 filters", stream: unique.Stream, groups: perShard(&unique, 2), conns: 2, pullBytes: shardBudget},
 		{key: "d4", name: "4 durables × 16 filters", stream: unique.Stream, groups: perShard(&unique, 4), conns: 4, pullBytes: shardBudget},
+		{key: "d4c16", name: "4 durables × 16 filters, coarse keys 1024", stream: c16.Stream, groups: perShard(&c16, 4), conns: 4, pullBytes: shardBudget},
 		{key: "d16", name: "16 durables × 4 filters", stream: unique.Stream, groups: perShard(&unique, 16), conns: 16, pullBytes: shardBudget},
 		{key: "f", name: "64 streams, 1 durable each", streams: ppStreams, groups: make([][]string, parts), conns: 1, pullBytes: partBudget},
 		{key: "e", name: "64 durables, 32 MiB pulls", stream: unique.Stream, groups: perPartition(&unique), conns: 1, pullBytes: shardBudget},
