@@ -54,16 +54,19 @@ import (
 // commits) runs here and its CPU is reported beside. With
 // NATSCOST_EMBEDDED=1 the server runs in this process instead and "server"
 // is the whole process (for -cpuprofile). NATSCOST_N sets the message
-// count (default 50000), NATSCOST_ROUNDS the rounds (default 3),
+// count (default 1000, a smoke run), NATSCOST_ROUNDS the rounds (default 1),
 // NATSCOST_ONLY a comma-separated list of variant keys (a, b, c1, c16, d1,
 // d2, d4, d4c16, d16, e, f) to run; NATSCOST_CPUPROFILE=DIR writes a CPU profile of
 // this process per variant and round while it consumes, DIR/KEY-rN.prof
-// (with NATSCOST_EMBEDDED=1 it holds the server). Run it alone and once:
+// (with NATSCOST_EMBEDDED=1 it holds the server). A measurement, alone on
+// the machine and once:
 //
-//	go test -run '^$' -bench BenchmarkShardDelivery -benchtime 1x ./internal/shard/
+//	NATSCOST_N=100000 NATSCOST_ROUNDS=5 go test -run '^$' -bench BenchmarkShardDelivery -benchtime 1x ./internal/shard/
 func BenchmarkShardDelivery(b *testing.B) {
-	n := envInt(b, "NATSCOST_N", 50000)
-	rounds := envInt(b, "NATSCOST_ROUNDS", 3)
+	// Small by default: make test runs every benchmark once, to keep it
+	// compiling and running; a measurement names its size.
+	n := envInt(b, "NATSCOST_N", 1000)
+	rounds := envInt(b, "NATSCOST_ROUNDS", 1)
 	const parts = DefaultPartitions
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
