@@ -12,10 +12,15 @@ import (
 	"github.com/jetinbox/jetinbox/inbox"
 	"github.com/jetinbox/jetinbox/inbox/driver"
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/subproc"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.MainNoLeaks(m) }
+func TestMain(m *testing.M) {
+	// BenchmarkShardDelivery starts this binary again as a nats-server.
+	subproc.Dispatch(map[string]func([]string) int{subproc.RoleNATSServer: subproc.NATSServer})
+	testenv.MainNoLeaks(m)
+}
 
 // recorder is an effect that records which messages it applied.
 type recorder struct{ applied []string }
