@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetinbox/jetinbox/internal/procstat"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
@@ -77,7 +78,7 @@ func processConsumers(ctx context.Context, js jetstream.JetStream, urls, stream 
 	}
 	el := time.Since(start)
 	for _, c := range cmds {
-		cpu += procCPU(c.Process.Pid)
+		cpu += procstat.CPU(c.Process.Pid)
 		_ = c.Process.Signal(syscall.SIGTERM)
 	}
 	if err := checkLedger(ctx, &cli.Store{PG: pool}, o.N, want); err != nil {
@@ -101,26 +102,4 @@ func processConsumers(ctx context.Context, js jetstream.JetStream, urls, stream 
 		return ConsumerRate{}, fmt.Errorf("bench: %w", err)
 	}
 	return r, nil
-}
-
-// procCPU is the user and system CPU time process pid used so far.
-func procCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// Fields after the command name (which may hold spaces) in parentheses.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0
-	}
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	const ticks = 100 // USER_HZ on Linux
-	return time.Duration(utime+stime) * time.Second / ticks
 }

@@ -34,6 +34,7 @@ import (
 	"github.com/jetinbox/jetinbox/inbox/pginbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
+	"github.com/jetinbox/jetinbox/internal/procstat"
 	"github.com/jetinbox/jetinbox/internal/shard"
 	"github.com/jetinbox/jetinbox/internal/testenv"
 	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
@@ -725,7 +726,7 @@ func (c *consumers) logs() string {
 func (c *consumers) cpu() []time.Duration {
 	out := make([]time.Duration, len(c.out))
 	for i, cmd := range c.cmds {
-		out[i] = procCPU(cmd.Process.Pid)
+		out[i] = procstat.CPU(cmd.Process.Pid)
 	}
 	return out
 }
@@ -774,60 +775,30 @@ func postmasterPID(ctx context.Context, pg *testenv.Postgres) (int, error) {
 	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
 		return 0, fmt.Errorf("bench -shards: %w", err)
 	}
-	st, err := readStat(backend)
+	st, err := procstat.Read(backend)
 	if err != nil {
 		return 0, fmt.Errorf("bench -shards: the postmaster of backend %d: %w", backend, err)
 	}
-	return st.ppid, nil
-}
-
-// procStat is what bench reads of /proc/PID/stat.
-type procStat struct {
-	ppid           int
-	self, children time.Duration // children: those exited and waited for
-}
-
-func readStat(pid int) (procStat, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return procStat{}, err
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return procStat{}, fmt.Errorf("/proc/%d/stat: no command name", pid)
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 15 {
-		return procStat{}, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
-	}
-	n := func(k int) int64 { v, _ := strconv.ParseInt(f[k], 10, 64); return v }
-	const ticks = 100 // USER_HZ on Linux
-	ppid, _ := strconv.Atoi(f[1])
-	return procStat{
-		ppid:     ppid,
-		self:     time.Duration(n(11)+n(12)) * time.Second / ticks,
-		children: time.Duration(n(13)+n(14)) * time.Second / ticks,
-	}, nil
+	return st.PPID, nil
 }
 
 // treeCPU is the CPU a PostgreSQL server used so far: the postmaster's own,
 // that of its children already exited (a closed connection's backend,
 // an autovacuum worker), and that of its children alive now.
 func treeCPU(postmaster int) time.Duration {
-	st, err := readStat(postmaster)
+	st, err := procstat.Read(postmaster)
 	if err != nil {
 		return 0
 	}
-	total := st.self + st.children
+	total := st.Self + st.Children
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid == postmaster {
 			continue
 		}
-		if c, err := readStat(pid); err == nil && c.ppid == postmaster {
-			total += c.self
+		if c, err := procstat.Read(pid); err == nil && c.PPID == postmaster {
+			total += c.Self
 		}
 	}
 	return total

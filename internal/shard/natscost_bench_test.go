@@ -23,6 +23,7 @@ import (
 
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/pipeline"
+	"github.com/jetinbox/jetinbox/internal/procstat"
 	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
 )
 
@@ -79,7 +80,7 @@ func BenchmarkShardDelivery(b *testing.B) {
 	} else {
 		procs := natsenv.NewNATSProcs(b, natsenv.NATSProcsOptions{})
 		pid := procs.Pid(0)
-		url, serverCPU, where = procs.URL(0), func() time.Duration { return childCPU(pid) }, fmt.Sprintf("child process %d", pid)
+		url, serverCPU, where = procs.URL(0), func() time.Duration { return procstat.CPU(pid) }, fmt.Sprintf("child process %d", pid)
 	}
 	nc, err := nats.Connect(url)
 	if err != nil {
@@ -474,27 +475,6 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// childCPU is the user and system CPU time process pid used so far, from
-// /proc/pid/stat (in clock ticks of 10ms).
-func childCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0
-	}
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 func envInt(b *testing.B, name string, def int) int {
