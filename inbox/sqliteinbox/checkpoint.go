@@ -37,7 +37,7 @@ const walSafetyNet = 10000
 type checkpointConnector struct {
 	driver.Connector
 	ckpt *sql.DB
-	stop chan struct{}
+	stop context.CancelFunc
 	done chan struct{}
 	once sync.Once
 	err  error
@@ -50,42 +50,34 @@ func openWithCheckpoints(newConnector func(string) (driver.Connector, error), ds
 	if err != nil {
 		return nil, err
 	}
-	// The checkpointer's connection waits for no lock: a PASSIVE
-	// checkpoint never does, and one that finds another checkpoint
-	// running is tried again at the next tick.
+	// A PASSIVE checkpoint waits for no lock (the busy timeout does not
+	// apply to it); one that finds another checkpoint running is tried
+	// again at the next tick.
 	cc, err := newConnector(dsn)
 	if err != nil {
 		return nil, err
 	}
-	c := &checkpointConnector{Connector: w, ckpt: sql.OpenDB(cc), stop: make(chan struct{}), done: make(chan struct{})}
+	ctx, stop := context.WithCancel(context.Background())
+	c := &checkpointConnector{Connector: w, ckpt: sql.OpenDB(cc), stop: stop, done: make(chan struct{})}
 	c.ckpt.SetMaxOpenConns(1)
 	c.ckpt.SetMaxIdleConns(1)
 	c.ckpt.SetConnMaxLifetime(0)
 	c.ckpt.SetConnMaxIdleTime(0)
-	go c.run(CheckpointInterval)
+	go c.run(ctx, CheckpointInterval)
 	return sql.OpenDB(c), nil
 }
 
 // run checkpoints every interval until Close. A failed checkpoint is left
 // to the next tick; the writer's own wal_autocheckpoint is the net under
 // it.
-func (c *checkpointConnector) run(interval time.Duration) {
+func (c *checkpointConnector) run(ctx context.Context, interval time.Duration) {
 	defer close(c.done)
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-c.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	var busy, logFrames, copied int
 	for {
 		select {
-		case <-c.stop:
+		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
@@ -97,7 +89,7 @@ func (c *checkpointConnector) run(interval time.Duration) {
 // calls it when the writer pool is closed.
 func (c *checkpointConnector) Close() error {
 	c.once.Do(func() {
-		close(c.stop)
+		c.stop()
 		<-c.done
 		c.err = c.ckpt.Close()
 	})
