@@ -84,7 +84,9 @@ func TestClusterFaults(t *testing.T) {
 
 	// Partition the stream leader. A client that can only reach it gets no
 	// PubAck; the majority elects a leader and stores on.
-	l = c.StreamLeader("S")
+	if l, err = c.WaitStreamLeader(ctx, "S"); err != nil {
+		t.Fatal(err)
+	}
 	minority, err := nats.Connect(c.URL(l), nats.MaxReconnects(-1))
 	if err != nil {
 		t.Fatal(err)

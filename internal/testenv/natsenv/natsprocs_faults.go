@@ -109,6 +109,9 @@ func (c *NATSProcs) RemoveServer(ctx context.Context, via, i int) error {
 	if !c.o.SystemAccount {
 		return errors.New("testenv: RemoveServer needs SystemAccount")
 	}
+	if c.node(via) == nil || c.node(i) == nil {
+		return fmt.Errorf("testenv: RemoveServer(via %d, node %d): no such node", via, i)
+	}
 	nc, err := nats.Connect(c.SysURL(via), nats.Name("testenv-operator"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		return fmt.Errorf("testenv: connect to %s as the system account: %w", c.Name(via), err)

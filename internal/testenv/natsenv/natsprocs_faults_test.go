@@ -82,17 +82,31 @@ func TestNATSProcsClusterBlackHoleRemove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The monitoring answers are read one node at a time, so a leader and
+	// its peers are taken from one consistent look, polled until there is one.
 	victim := -1
-	for _, p := range c.StreamPeers("S") {
-		if p != c.StreamLeader("S") {
-			victim = p
+	err = poll(ctx, "a follower of stream S", func() bool {
+		l, peers := c.StreamLeader("S"), c.StreamPeers("S")
+		for _, p := range peers {
+			if l >= 0 && p != l && slices.Contains(peers, l) {
+				victim = p
+			}
 		}
+		return victim >= 0
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	if err := c.Stop(victim); err != nil {
 		t.Fatal(err)
 	}
-	via := c.StreamLeader("S")
 	err = poll(ctx, "the server removal", func() bool {
+		// Ask through whichever node leads now: leadership may move, or
+		// be briefly unknown, after the stop.
+		via := c.StreamLeader("S")
+		if via < 0 || via == victim {
+			return false
+		}
 		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
 		defer rcancel()
 		err := c.RemoveServer(rctx, via, victim)
