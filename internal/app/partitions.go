@@ -41,7 +41,9 @@ func Partitions(ctx context.Context, args []string, env cli.Env, _ io.Reader, st
 	var sf cli.ShardFlags
 	sf.Register(fs, env)
 	var nf cli.NATSFlags
-	if sub == "stream" {
+	if sub == "stream" || sub == "move" {
+		// move: a map with shard_durables makes the partition's hand-off
+		// durable.
 		nf.Register(fs, env)
 	}
 	to := fs.String("to", "", "move: the shard that takes the partition")
@@ -89,7 +91,19 @@ func Partitions(ctx context.Context, args []string, env cli.Env, _ io.Reader, st
 		if err != nil || p < 0 || p >= m.Partitions {
 			return cli.UsageError{Err: fmt.Errorf("partitions move: %q is not a partition of 0-%d", pos[0], m.Partitions-1)}
 		}
-		return movePartition(ctx, m, sf.File, p, *to, env, stdout, log)
+		var mo shard.MoveOptions
+		if m.ShardDurables {
+			if err := nf.Validate(); err != nil {
+				return cli.UsageError{Err: err}
+			}
+			nc, js, err := nf.Connect("jetinbox-partitions", cli.DefaultReconnect(), log)
+			if err != nil {
+				return cli.UsageError{Err: err}
+			}
+			defer nc.Close()
+			mo.JS = js
+		}
+		return movePartition(ctx, m, sf.File, p, *to, mo, env, stdout, log)
 	}
 	return cli.UsageError{Err: fmt.Errorf("partitions: unknown subcommand %q (list, stream, move)", sub)}
 }
@@ -232,7 +246,7 @@ func stuckMove(m *shard.Map, owned []shardOwned, p int) (from, to string) {
 	return from, to
 }
 
-func movePartition(ctx context.Context, m *shard.Map, file string, p int, to string, env cli.Env, stdout io.Writer, log *slog.Logger) error {
+func movePartition(ctx context.Context, m *shard.Map, file string, p int, to string, mo shard.MoveOptions, env cli.Env, stdout io.Writer, log *slog.Logger) error {
 	toShard, err := m.Shard(to)
 	if err != nil {
 		return cli.UsageError{Err: err}
@@ -293,7 +307,7 @@ func movePartition(ctx context.Context, m *shard.Map, file string, p int, to str
 		return err
 	}
 	defer dst.Close()
-	res, err := shard.Move(ctx, m, p, shard.Side{Name: m.Shards[from].Name, Pool: src.PG}, shard.Side{Name: to, Pool: dst.PG})
+	res, err := shard.MoveWith(ctx, m, p, shard.Side{Name: m.Shards[from].Name, Pool: src.PG}, shard.Side{Name: to, Pool: dst.PG}, mo)
 	if err != nil {
 		return err
 	}
@@ -303,6 +317,11 @@ func movePartition(ctx context.Context, m *shard.Map, file string, p int, to str
 	}
 	if err := nm.Save(file); err != nil {
 		return fmt.Errorf("partitions move: the partition moved, but the map file was not written (run the move again to write it): %w", err)
+	}
+	if m.ShardDurables {
+		fmt.Fprintf(stdout, "partition %d: %s → %s, %d inbox rows copied; %s reads it through the hand-off durable %s until its own durable covers it; %s rewritten\n",
+			p, m.Shards[from].Name, to, res.Copied, to, m.HandOff(p), file)
+		return nil
 	}
 	fmt.Fprintf(stdout, "partition %d: %s → %s, %d inbox rows copied; durable %s carries on at %s; %s rewritten\n",
 		p, m.Shards[from].Name, to, res.Copied, m.Durable(p), to, file)
@@ -405,7 +424,7 @@ func verifyShards(ctx context.Context, sf cli.ShardFlags, nf *cli.NATSFlags, env
 		return cli.UsageError{Err: err}
 	}
 	defer nc.Close()
-	r, err := verify.Shards(ctx, js, m.Stream, m.Scope, dbs, m.Durables()...)
+	r, err := verify.Shards(ctx, js, m.Stream, m.Scope, dbs, m.ConsumerDurables()...)
 	if err != nil {
 		return cli.UsageError{Err: streamMissing("verify", m.Stream, err)}
 	}

@@ -167,7 +167,7 @@ func consumeShard(ctx context.Context, sf ShardFlags, env Env, nf *NATSFlags, w 
 	if cfg.MaxBytes <= 0 {
 		cfg.MaxBytes = jsinbox.DefaultConsumerMaxBytes
 	}
-	r := &shard.Runner{JS: js, Pool: store.PG, Map: m, Proc: proc, Consumer: cfg, MaxBytes: cfg.MaxBytes, Logger: log, PartitionBatches: sf.PartitionBatches}
+	r := &shard.Runner{JS: js, Pool: store.PG, Map: m, Name: s.Name, Proc: proc, Consumer: cfg, MaxBytes: cfg.MaxBytes, Logger: log, PartitionBatches: sf.PartitionBatches}
 	if httpAddr != "" {
 		srv, err := serveShardHTTP(httpAddr, r, nc, reg, log)
 		if err != nil {

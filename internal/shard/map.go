@@ -38,6 +38,12 @@ type Map struct {
 	// DurablePrefix names the partition durables: "<prefix>_p<NN>".
 	// Default: the scope.
 	DurablePrefix string `json:"durable_prefix"`
+	// ShardDurables, if true, gives each shard one durable,
+	// "<prefix>_s_<shard>", filtered on the partitions it owns, in place
+	// of a durable per partition. The server then looks at each message
+	// once per shard instead of once per partition. A partition moved
+	// between shards is handed over by a hand-off durable (see [Move]).
+	ShardDurables bool `json:"shard_durables,omitempty"`
 	// Shards, each with its database and the partitions it starts with.
 	Shards []Shard `json:"shards"`
 }
@@ -274,6 +280,27 @@ func (m *Map) Owner(p int) string {
 // Durable is partition p's durable: one per partition, whichever shard
 // runs it.
 func (m *Map) Durable(p int) string { return fmt.Sprintf("%s_p%02d", m.DurablePrefix, p) }
+
+// ShardDurable is shard name's durable when the map has [Map.ShardDurables].
+func (m *Map) ShardDurable(name string) string { return m.DurablePrefix + "_s_" + name }
+
+// HandOff is the durable that hands partition p to its next owner after a
+// move, when the map has [Map.ShardDurables].
+func (m *Map) HandOff(p int) string { return fmt.Sprintf("%s_h%02d", m.DurablePrefix, p) }
+
+// ConsumerDurables returns the durables the shards consume: one per shard
+// with [Map.ShardDurables], else one per partition. Hand-off durables, which
+// exist only during a move, are not among them.
+func (m *Map) ConsumerDurables() []string {
+	if !m.ShardDurables {
+		return m.Durables()
+	}
+	ds := make([]string, len(m.Shards))
+	for i, s := range m.Shards {
+		ds[i] = m.ShardDurable(s.Name)
+	}
+	return ds
+}
 
 // Durables returns every partition's durable, in partition order.
 func (m *Map) Durables() []string {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetinbox/jetinbox/internal/pgwatch"
 )
@@ -43,6 +44,15 @@ type MoveOptions struct {
 	// and the target takes it without looking at the source's row. Two
 	// moves of one partition to two targets then both succeed.
 	UnsafeAnyGivenAway bool
+	// JS is the JetStream the hand-off durable is made on; a map with
+	// [Map.ShardDurables] needs it.
+	JS jetstream.JetStream
+	// UnsafeNoHandOff, with [Map.ShardDurables], moves a partition
+	// without a hand-off durable, for the chaos run to show what it
+	// loses: the source acks what it still gets of the partition, and the
+	// target's durable takes the partition from where it stands, past the
+	// messages the source had not applied.
+	UnsafeNoHandOff bool
 }
 
 // ErrOtherTarget is the error of a move whose source gave the partition to
@@ -93,6 +103,16 @@ func MoveWith(ctx context.Context, m *Map, p int, from, to Side, o MoveOptions) 
 		res.Already = true
 		return res, nil
 	}
+	// 0. With one durable per shard, the hand-off durable first, so that
+	// it exists before the source refuses a message of p.
+	var handOffFrom *uint64
+	if m.ShardDurables {
+		from, err := prepareHandOff(ctx, m, p, from, to, o)
+		if err != nil {
+			return res, err
+		}
+		handOffFrom = &from
+	}
 	// 1. The fence.
 	tx, err := from.Pool.Begin(ctx)
 	if err != nil {
@@ -102,7 +122,7 @@ func MoveWith(ctx context.Context, m *Map, p int, from, to Side, o MoveOptions) 
 	if err := moveSettings(ctx, tx); err != nil {
 		return res, fmt.Errorf("shard: source %s: %w", from.Name, err)
 	}
-	tag, err := tx.Exec(ctx, `UPDATE jetinbox_partitions SET owned = false, moved_to = $3, changed_at = now() WHERE scope = $1 AND partition = $2 AND owned`, m.Scope, p, to.Name)
+	tag, err := tx.Exec(ctx, `UPDATE jetinbox_partitions SET owned = false, moved_to = $3, handoff_from = $4, changed_at = now() WHERE scope = $1 AND partition = $2 AND owned`, m.Scope, p, to.Name, handOffFrom)
 	if err != nil {
 		return res, fmt.Errorf("shard: fence partition %d in the source %s: %w", p, from.Name, err)
 	}
@@ -247,7 +267,7 @@ func copyRows(ctx context.Context, m *Map, p int, from, to Side, o MoveOptions) 
 		after = *end
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO jetinbox_partitions (scope, partition, owned) VALUES ($1, $2, true)
-ON CONFLICT (scope, partition) DO UPDATE SET owned = true, moved_to = NULL, changed_at = now()`, m.Scope, p); err != nil {
+ON CONFLICT (scope, partition) DO UPDATE SET owned = true, moved_to = NULL, handoff_from = NULL, changed_at = now()`, m.Scope, p); err != nil {
 		return copied, fmt.Errorf("shard: take partition %d in the target %s: %w", p, to.Name, err)
 	}
 	if err := pgwatch.Commit(ctx, tx); err != nil {
@@ -309,19 +329,26 @@ type Row struct {
 	// MovedTo is the shard a partition not owned was given to ("" when
 	// owned, or fenced before targets were recorded).
 	MovedTo string
+	// HandOffFrom, on a partition given away with [Map.ShardDurables], is
+	// the first stream sequence its hand-off durable delivers: the shard
+	// acks without applying what reaches it of the partition from there.
+	// 0 otherwise.
+	HandOffFrom uint64
 }
 
 // Rows returns every row of the scope in a shard's partition table.
 func Rows(ctx context.Context, db interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }, scope string) ([]Row, error) {
-	rows, err := db.Query(ctx, `SELECT partition, owned, coalesce(moved_to, '') FROM jetinbox_partitions WHERE scope = $1 ORDER BY partition`, scope)
+	rows, err := db.Query(ctx, `SELECT partition, owned, coalesce(moved_to, ''), coalesce(handoff_from, 0) FROM jetinbox_partitions WHERE scope = $1 ORDER BY partition`, scope)
 	if err != nil {
 		return nil, fmt.Errorf("shard: partition table: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
 		var x Row
-		err := r.Scan(&x.Partition, &x.Owned, &x.MovedTo)
+		var from int64
+		err := r.Scan(&x.Partition, &x.Owned, &x.MovedTo, &from)
+		x.HandOffFrom = uint64(max(from, 0))
 		return x, err
 	})
 	if err != nil {
@@ -376,7 +403,7 @@ func Unfence(ctx context.Context, m *Map, p int, src, target Side) (bool, error)
 			return false, fmt.Errorf("shard: %s owns partition %d (the move to it finished): move it from %s instead", target.Name, p, target.Name)
 		}
 	}
-	if _, err := tx.Exec(ctx, `UPDATE jetinbox_partitions SET owned = true, moved_to = NULL, changed_at = now() WHERE scope = $1 AND partition = $2`, m.Scope, p); err != nil {
+	if _, err := tx.Exec(ctx, `UPDATE jetinbox_partitions SET owned = true, moved_to = NULL, handoff_from = NULL, changed_at = now() WHERE scope = $1 AND partition = $2`, m.Scope, p); err != nil {
 		return false, fmt.Errorf("shard: give partition %d back to %s: %w", p, src.Name, err)
 	}
 	if err := pgwatch.Commit(ctx, tx); err != nil {

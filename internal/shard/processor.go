@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	"github.com/jetinbox/jetinbox/inbox"
@@ -22,7 +23,10 @@ type Processor struct {
 	jsinbox.BatchProcessor
 	m      *Map
 	owned  atomic.Pointer[[]bool]
-	warmed atomic.Bool
+	// handedOff[q], if not 0: partition q was given away with a hand-off
+	// durable that delivers it from this stream sequence on.
+	handedOff atomic.Pointer[[]uint64]
+	warmed    atomic.Bool
 }
 
 // NewProcessor wraps inner for the shard map m; it owns no partition
@@ -45,9 +49,23 @@ func (p *Processor) SetOwned(s Set) {
 	p.owned.Store(&o)
 }
 
+// SetHandedOff sets, for each partition the shard gave away with a
+// hand-off durable (see [Map.ShardDurables]), the first stream sequence
+// that durable delivers (0: none). A message of such a partition at or
+// after it that still reaches this shard is acked without being applied:
+// the hand-off delivers it to the partition's owner.
+func (p *Processor) SetHandedOff(from []uint64) {
+	c := slices.Clone(from)
+	p.handedOff.Store(&c)
+}
+
 // Process implements jsinbox.BatchProcessor.
 func (p *Processor) Process(ctx context.Context, msgs []inbox.Message) ([]inbox.Outcome, error) {
 	owned := *p.owned.Load()
+	var handedOff []uint64
+	if h := p.handedOff.Load(); h != nil {
+		handedOff = *h
+	}
 	var out []inbox.Outcome
 	var keep []int
 	for i := range msgs {
@@ -56,6 +74,10 @@ func (p *Processor) Process(ctx context.Context, msgs []inbox.Message) ([]inbox.
 		switch {
 		case err != nil:
 			o = inbox.Outcome{Status: inbox.StatusRejected, Cause: inbox.CauseBadInput, Reason: inbox.SanitizeReason(err.Error()), Err: inbox.BadInput(err)}
+		case !owned[part] && part < len(handedOff) && handedOff[part] > 0 && msgs[i].StreamSeq >= handedOff[part]:
+			// Settled here, applied by the partition's owner, to which its
+			// hand-off durable delivers it.
+			o = inbox.Outcome{Status: inbox.StatusDuplicate, Reason: fmt.Sprintf("partition %d handed off from stream sequence %d", part, handedOff[part])}
 		case !owned[part]:
 			err = fmt.Errorf("%w: partition %d", ErrNotOwned, part)
 			// Not the message's fault: on its last delivery it is left

@@ -20,10 +20,17 @@ import (
 // partition its database says it owns, all on one processor and one pool.
 // It reads the partition table every Poll and starts or stops partitions
 // as moves change it, without touching the others.
+//
+// With [Map.ShardDurables] it runs the shard's one durable instead,
+// filtered on the partitions it owns, and the hand-off durables of the
+// partitions moved to it until its durable covers them.
 type Runner struct {
 	JS   jetstream.JetStream
 	Pool *pgxpool.Pool
 	Map  *Map
+	// Name is the shard's name in the map: its durable's, with
+	// [Map.ShardDurables].
+	Name string
 	// Proc is the shard's processor: [NewProcessor] over the inbox
 	// processor whose effect is wrapped in [Fenced].
 	Proc *Processor
@@ -59,6 +66,11 @@ type Runner struct {
 
 	mu      sync.Mutex
 	running map[int]*partitionRun
+	// With ShardDurables: the shard durable's consumer and the partitions
+	// it reads, and the hand-offs being read, by partition.
+	main       *partitionRun
+	mainFilter Set
+	handOffs   map[int]*partitionRun
 }
 
 type partitionRun struct {
@@ -72,6 +84,13 @@ type partitionRun struct {
 func (r *Runner) Running() Set {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.Map.ShardDurables {
+		var s Set
+		if r.main != nil {
+			s = slices.DeleteFunc(slices.Clone(r.mainFilter), func(p int) bool { return !r.Proc.Owns(p) })
+		}
+		return s
+	}
 	var s Set
 	for p := range r.running {
 		s = append(s, p)
@@ -84,7 +103,7 @@ func (r *Runner) Running() Set {
 func (r *Runner) Ready() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, pr := range r.running {
+	for _, pr := range r.runs() {
 		pr.mu.Lock()
 		c := pr.c
 		pr.mu.Unlock()
@@ -107,10 +126,20 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	r.mu.Lock() // /readyz may ask Ready or Running already
 	r.running = map[int]*partitionRun{}
+	r.handOffs = map[int]*partitionRun{}
 	r.mu.Unlock()
+	if r.Map.ShardDurables && r.Name == "" {
+		return errors.New("shard: a map with shard_durables needs the runner's shard name")
+	}
 	owned, err := Owned(ctx, r.Pool, r.Map.Scope)
 	if err != nil {
 		return fmt.Errorf("%w (run jetinbox migrate -shards FILE -shard NAME first)", err)
+	}
+	var st shardState
+	if r.Map.ShardDurables {
+		if st, err = r.readState(ctx); err != nil {
+			return fmt.Errorf("%w (run jetinbox migrate -shards FILE -shard NAME first)", err)
+		}
 	}
 	if !r.PartitionBatches {
 		// Stopped after every partition consumer: a consumer returns only
@@ -131,11 +160,23 @@ func (r *Runner) Run(ctx context.Context) error {
 	tick := time.NewTicker(r.Poll)
 	defer tick.Stop()
 	for {
-		r.apply(ctx, owned)
+		if r.Map.ShardDurables {
+			r.applyShard(ctx, st)
+		} else {
+			r.apply(ctx, owned)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
+		}
+		if r.Map.ShardDurables {
+			if s, err := r.readState(ctx); err == nil {
+				st = s
+			} else if ctx.Err() == nil {
+				r.Logger.Warn("shard: reading the partition table failed; keeping the partitions running", "err", err)
+			}
+			continue
 		}
 		if o, err := Owned(ctx, r.Pool, r.Map.Scope); err == nil {
 			owned = o
@@ -189,14 +230,21 @@ func (r *Runner) apply(ctx context.Context, owned Set) {
 // start runs partition p's consumer, restarting it after a crash; the
 // shard owns owned partitions now.
 func (r *Runner) start(ctx context.Context, p, owned int) *partitionRun {
-	pctx, cancel := context.WithCancel(ctx)
-	pr := &partitionRun{cancel: cancel, done: make(chan struct{})}
 	cfg := r.Consumer
 	if r.MaxBytes > 0 {
 		cfg.MaxBytes = max(r.MaxBytes/int64(max(1, owned)), 1<<20)
 	}
 	cfg.Stream, cfg.Durable, cfg.FilterSubjects = r.Map.Stream, r.Map.Durable(p), []string{r.Map.Filter(p)}
 	cfg.Batcher = r.batcher
+	return r.startConsumer(ctx, p, cfg)
+}
+
+// startConsumer runs a consumer with cfg, restarting it after a crash,
+// until the run is cancelled; p is its partition for the logs (-1: the
+// shard's durable).
+func (r *Runner) startConsumer(ctx context.Context, p int, cfg jsinbox.ConsumerConfig) *partitionRun {
+	pctx, cancel := context.WithCancel(ctx)
+	pr := &partitionRun{cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(pr.done)
 		wait := 100 * time.Millisecond // grows while the consumer keeps failing
@@ -238,13 +286,26 @@ func (r *Runner) start(ctx context.Context, p, owned int) *partitionRun {
 	return pr
 }
 
-func (r *Runner) stopAll() {
-	r.mu.Lock()
-	all := make([]*partitionRun, 0, len(r.running))
+// runs returns every consumer run: the partitions', or the shard
+// durable's and the hand-offs'. r.mu is held.
+func (r *Runner) runs() []*partitionRun {
+	all := make([]*partitionRun, 0, len(r.running)+len(r.handOffs)+1)
 	for _, pr := range r.running {
 		all = append(all, pr)
 	}
-	r.running = map[int]*partitionRun{}
+	if r.main != nil {
+		all = append(all, r.main)
+	}
+	for _, pr := range r.handOffs {
+		all = append(all, pr)
+	}
+	return all
+}
+
+func (r *Runner) stopAll() {
+	r.mu.Lock()
+	all := r.runs()
+	r.running, r.handOffs, r.main, r.mainFilter = map[int]*partitionRun{}, map[int]*partitionRun{}, nil, nil
 	r.mu.Unlock()
 	for _, pr := range all {
 		pr.cancel()

@@ -1,0 +1,356 @@
+// One durable per shard (a map's shard_durables), and the hand-off of a
+// partition moved between two such durables.
+//
+// A shard's durable is filtered on the partitions it owns. NATS never
+// moves a durable back when a filter is added: a partition moved to a
+// shard would be read from where that shard's durable stands, past every
+// message of it the source had not applied yet. And a message the source
+// holds keeps being redelivered to it whatever its filter says. So a move
+// first makes a hand-off durable on the partition alone, starting right
+// after the source durable's ack floor: every message of the partition
+// from there on reaches whoever owns it, through the hand-off, and the
+// source may ack without applying what still reaches it of the partition
+// (its row says from which sequence). The owner runs the hand-off until
+// its own durable, now filtered on the partition too, covers the rest,
+// then deletes it. A second move of the partition waits for that.
+
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+)
+
+// ErrHandOffRunning is the error of a move of a partition whose hand-off
+// from an earlier move, between other shards, has not ended: the new
+// owner is still reading what the old one left. Run the move again once
+// it ended (the new owner deletes the hand-off durable).
+var ErrHandOffRunning = errors.New("shard: the partition's hand-off from an earlier move is still running")
+
+// The hand-off durable's metadata: the move it belongs to.
+const (
+	metaHandOffFrom = "jetinbox_handoff_from"
+	metaHandOffTo   = "jetinbox_handoff_to"
+)
+
+// prepareHandOff makes (or finds, for a move run again) partition p's
+// hand-off durable and returns its first sequence: right after the ack
+// floor of the source's durable. The source's durable is filtered on p
+// until its row records the hand-off (see [Runner]), so its ack floor
+// cannot pass a message of p it did not ack, and it acked only what it
+// applied: everything of p it did not apply is at or after the start.
+func prepareHandOff(ctx context.Context, m *Map, p int, from, to Side, o MoveOptions) (uint64, error) {
+	if o.JS == nil {
+		return 0, errors.New("shard: the map has shard_durables: a move needs JetStream for the partition's hand-off durable")
+	}
+	if o.UnsafeNoHandOff {
+		return 1, nil
+	}
+	name := m.HandOff(p)
+	c, err := o.JS.Consumer(ctx, m.Stream, name)
+	switch {
+	case err == nil:
+		return handOffOf(c.CachedInfo(), p, from.Name, to.Name)
+	case !errors.Is(err, jetstream.ErrConsumerNotFound):
+		return 0, fmt.Errorf("shard: hand-off durable %s: %w", name, err)
+	}
+	var (
+		owned    bool
+		recorded *int64
+	)
+	err = from.Pool.QueryRow(ctx, `SELECT owned, handoff_from FROM jetinbox_partitions WHERE scope = $1 AND partition = $2`, m.Scope, p).Scan(&owned, &recorded)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("shard: the source %s never owned partition %d (its table has no row for it): check the map and run jetinbox partitions list", from.Name, p)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("shard: source %s: %w", from.Name, err)
+	}
+	var start uint64
+	if !owned && recorded != nil && *recorded > 0 {
+		// Fenced by an earlier run of this move, whose hand-off durable
+		// is gone before the target took the partition: the source has
+		// acked from the recorded start on, so the hand-off starts there.
+		start = uint64(*recorded)
+	} else {
+		src, err := o.JS.Consumer(ctx, m.Stream, m.ShardDurable(from.Name))
+		switch {
+		case errors.Is(err, jetstream.ErrConsumerNotFound):
+			start = 1 // the source never consumed: all of it
+		case err != nil:
+			return 0, fmt.Errorf("shard: the source's durable %s: %w", m.ShardDurable(from.Name), err)
+		default:
+			start = src.CachedInfo().AckFloor.Stream + 1
+		}
+	}
+	d := jsinbox.ConsumerConfig{Stream: m.Stream}.WithDefaults()
+	cfg := jetstream.ConsumerConfig{
+		Durable:       name,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       d.AckWait,
+		MaxDeliver:    d.MaxDeliver,
+		MaxAckPending: d.MaxAckPending,
+		MaxWaiting:    512,
+		FilterSubject: m.Filter(p),
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:   start,
+		Metadata:      map[string]string{metaHandOffFrom: from.Name, metaHandOffTo: to.Name},
+	}
+	c, err = o.JS.CreateConsumer(ctx, m.Stream, cfg)
+	if errors.Is(err, jetstream.ErrConsumerExists) {
+		// Another run of a move made it meanwhile: it must be this move's.
+		if c, err = o.JS.Consumer(ctx, m.Stream, name); err == nil {
+			return handOffOf(c.CachedInfo(), p, from.Name, to.Name)
+		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("shard: make the hand-off durable %s of partition %d: %w", name, p, err)
+	}
+	return start, nil
+}
+
+// handOffOf returns the start of an existing hand-off durable if it is this
+// move's (from and to), and ErrHandOffRunning if it is another's.
+func handOffOf(info *jetstream.ConsumerInfo, p int, from, to string) (uint64, error) {
+	md := info.Config.Metadata
+	if md[metaHandOffFrom] != from || md[metaHandOffTo] != to {
+		return 0, fmt.Errorf("%w: %s hands partition %d from %q to %q; move it once %q deleted it",
+			ErrHandOffRunning, info.Name, p, md[metaHandOffFrom], md[metaHandOffTo], md[metaHandOffTo])
+	}
+	return info.Config.OptStartSeq, nil
+}
+
+// shardState is what a shard's partition table says, for a runner with
+// one durable per shard.
+type shardState struct {
+	owned Set
+	// filter: the partitions the shard's durable reads. Those owned, and
+	// those given away with no hand-off recorded, so that the durable's
+	// ack floor cannot pass a message of theirs it did not ack.
+	filter Set
+	// handedOff[p]: the first sequence of p's hand-off, for p given away
+	// with one (0: none).
+	handedOff []uint64
+}
+
+func (r *Runner) readState(ctx context.Context) (shardState, error) {
+	rows, err := Rows(ctx, r.Pool, r.Map.Scope)
+	if err != nil {
+		return shardState{}, err
+	}
+	st := shardState{handedOff: make([]uint64, r.Map.Partitions)}
+	for _, row := range rows {
+		if row.Partition >= r.Map.Partitions {
+			continue
+		}
+		switch {
+		case row.Owned:
+			st.owned = append(st.owned, row.Partition)
+			st.filter = append(st.filter, row.Partition)
+		case row.HandOffFrom == 0:
+			st.filter = append(st.filter, row.Partition)
+		default:
+			st.handedOff[row.Partition] = row.HandOffFrom
+		}
+	}
+	return st, nil
+}
+
+// filters returns the filter subjects of a set of partitions.
+func (m *Map) filters(s Set) []string {
+	f := make([]string, len(s))
+	for i, p := range s {
+		f[i] = m.Filter(p)
+	}
+	return f
+}
+
+// applyShard brings the shard's durable and hand-offs in line with st:
+// the processor first (it refuses a partition before its durable stops
+// reading it), then the durable's filter, then the hand-offs of the
+// partitions owned.
+func (r *Runner) applyShard(ctx context.Context, st shardState) {
+	r.Proc.SetOwned(st.owned)
+	r.Proc.SetHandedOff(st.handedOff)
+	r.mu.Lock()
+	same := r.main != nil && slices.Equal(r.mainFilter, st.filter)
+	r.mu.Unlock()
+	if !same && (r.main != nil || len(st.filter) > 0) {
+		r.restartMain(ctx, st)
+	}
+	r.runHandOffs(ctx, st)
+}
+
+// restartMain stops the shard durable's consumer, sets the durable's
+// filter to st's (creating it if missing) and starts it again, if it has
+// partitions to read.
+func (r *Runner) restartMain(ctx context.Context, st shardState) {
+	r.mu.Lock()
+	old := r.main
+	r.main, r.mainFilter = nil, nil
+	r.mu.Unlock()
+	if old != nil {
+		old.cancel()
+		<-old.done
+	}
+	if len(st.filter) == 0 {
+		r.Logger.Info("shard: no partition left to read; the shard's durable stops")
+		return
+	}
+	durable := r.Map.ShardDurable(r.Name)
+	if err := r.setFilter(ctx, durable, st.filter); err != nil {
+		r.Logger.Warn("shard: setting the shard durable's partitions failed; retrying at the next poll", "durable", durable, "err", err)
+		return
+	}
+	cfg := r.Consumer
+	if r.MaxBytes > 0 {
+		cfg.MaxBytes = max(r.MaxBytes, 1<<20)
+	}
+	cfg.Stream, cfg.Durable, cfg.FilterSubjects = r.Map.Stream, durable, r.Map.filters(st.filter)
+	cfg.Batcher = r.batcher
+	run := r.startConsumer(ctx, -1, cfg)
+	r.mu.Lock()
+	r.main, r.mainFilter = run, slices.Clone(st.filter)
+	r.mu.Unlock()
+	r.Logger.Info("shard: the shard's durable reads its partitions", "durable", durable, "partitions", st.filter.String())
+}
+
+// setFilter makes durable read the partitions of filter: it creates it
+// (from the start of the stream) if it is missing, or changes its
+// filter subjects.
+func (r *Runner) setFilter(ctx context.Context, durable string, filter Set) error {
+	subjects := r.Map.filters(filter)
+	c, err := r.JS.Consumer(ctx, r.Map.Stream, durable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		d := r.Consumer.WithDefaults()
+		_, err = r.JS.CreateConsumer(ctx, r.Map.Stream, jetstream.ConsumerConfig{
+			Durable:        durable,
+			AckPolicy:      jetstream.AckExplicitPolicy,
+			AckWait:        d.AckWait,
+			MaxDeliver:     d.MaxDeliver,
+			MaxAckPending:  d.MaxAckPending,
+			MaxWaiting:     512,
+			FilterSubjects: subjects,
+		})
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	cfg := c.CachedInfo().Config
+	if slices.Equal(cfg.FilterSubjects, subjects) {
+		return nil
+	}
+	cfg.FilterSubject, cfg.FilterSubjects = "", subjects
+	_, err = r.JS.UpdateConsumer(ctx, r.Map.Stream, cfg)
+	return err
+}
+
+// runHandOffs starts the consumer of every hand-off durable of a partition
+// the shard owns, and ends those whose work is done.
+func (r *Runner) runHandOffs(ctx context.Context, st shardState) {
+	names, err := r.handOffNames(ctx)
+	if err != nil {
+		r.Logger.Warn("shard: listing the hand-off durables failed; retrying at the next poll", "err", err)
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for p, hr := range r.handOffs {
+		if !slices.Contains(st.owned, p) || !names[p] {
+			// Given back before it ended (its next owner runs it), or
+			// deleted.
+			hr.cancel()
+			<-hr.done
+			delete(r.handOffs, p)
+		}
+	}
+	for _, p := range st.owned {
+		if !names[p] || r.handOffs[p] != nil {
+			continue
+		}
+		cfg := r.Consumer
+		cfg.Stream, cfg.Durable, cfg.FilterSubjects = r.Map.Stream, r.Map.HandOff(p), []string{r.Map.Filter(p)}
+		cfg.Batcher = r.batcher
+		r.handOffs[p] = r.startConsumer(ctx, p, cfg)
+		r.Logger.Info("shard: reading a moved partition's hand-off", "partition", p, "durable", cfg.Durable)
+	}
+	if len(r.handOffs) == 0 || r.main == nil {
+		return
+	}
+	main, err := r.JS.Consumer(ctx, r.Map.Stream, r.Map.ShardDurable(r.Name))
+	if err != nil {
+		return
+	}
+	mi := main.CachedInfo()
+	for p, hr := range r.handOffs {
+		if !slices.Contains(mi.Config.FilterSubjects, r.Map.Filter(p)) {
+			continue
+		}
+		if done, err := r.handOffDone(ctx, p, hr, mi.Delivered.Stream); err != nil || !done {
+			continue
+		}
+		hr.cancel()
+		<-hr.done
+		delete(r.handOffs, p)
+		name := r.Map.HandOff(p)
+		if err := r.JS.DeleteConsumer(ctx, r.Map.Stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			r.Logger.Warn("shard: deleting a finished hand-off durable failed; it is read again until deleted", "durable", name, "err", err)
+			continue
+		}
+		if err := r.JS.DeleteConsumer(ctx, jsinbox.AdvisoryStream(r.Map.Stream), name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			r.Logger.Warn("shard: deleting a finished hand-off's rescue durable failed", "durable", name, "err", err)
+		}
+		r.Logger.Info("shard: a moved partition's hand-off ended; the shard's durable reads it on its own", "partition", p, "durable", name)
+	}
+}
+
+// handOffDone reports whether partition p's hand-off has delivered, and
+// seen settled, every message of p up to through, the last sequence the
+// shard's durable had passed when it already read p: from there on the
+// durable delivers p itself. Or, with nothing left of p in the stream to
+// deliver and nothing unacked, everything there is.
+func (r *Runner) handOffDone(ctx context.Context, p int, hr *partitionRun, through uint64) (bool, error) {
+	hr.mu.Lock()
+	c := hr.c
+	hr.mu.Unlock()
+	if c == nil || !c.Ready() {
+		return false, nil
+	}
+	if n, err := c.RescueBacklog(ctx); err != nil || n > 0 {
+		return false, err
+	}
+	h, err := r.JS.Consumer(ctx, r.Map.Stream, r.Map.HandOff(p))
+	if err != nil {
+		return false, err
+	}
+	i := h.CachedInfo()
+	return i.NumAckPending == 0 && (i.Delivered.Stream >= through || i.NumPending == 0), nil
+}
+
+// handOffNames returns the partitions whose hand-off durables exist.
+func (r *Runner) handOffNames(ctx context.Context) (map[int]bool, error) {
+	prefix := r.Map.DurablePrefix + "_h"
+	s, err := r.JS.Stream(ctx, r.Map.Stream)
+	if err != nil {
+		return nil, err
+	}
+	names := s.ConsumerNames(ctx)
+	out := map[int]bool{}
+	for n := range names.Name() {
+		if rest, ok := strings.CutPrefix(n, prefix); ok {
+			if p, err := strconv.Atoi(rest); err == nil && r.Map.HandOff(p) == n {
+				out[p] = true
+			}
+		}
+	}
+	return out, names.Err()
+}

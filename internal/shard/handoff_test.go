@@ -1,0 +1,312 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetinbox/jetinbox/inbox"
+	"github.com/jetinbox/jetinbox/inbox/jsinbox"
+	"github.com/jetinbox/jetinbox/inbox/pginbox"
+	"github.com/jetinbox/jetinbox/internal/testenv/natsenv"
+)
+
+// idsOf returns k IDs of partition p among n, named after prefix.
+func idsOf(prefix string, p, n, k int) []string {
+	var out []string
+	for i := 0; len(out) < k; i++ {
+		if c := fmt.Sprintf("%s-%d", prefix, i); PartitionOf(c, n) == p {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// handOffEnv is two shards, a and b, with one durable each, on one
+// nats-server, whose effect writes a row per message applied.
+type handOffEnv struct {
+	t     *testing.T
+	m     Map
+	pools map[string]*pgxpool.Pool
+	js    jetstream.JetStream
+	procs map[string]*Processor
+	// stop[name] ends that shard's runner and waits for it.
+	stop map[string]func()
+}
+
+func newHandOffEnv(t *testing.T, partitions int, a, b Set) *handOffEnv {
+	t.Helper()
+	ctx := context.Background()
+	e := &handOffEnv{t: t, procs: map[string]*Processor{}, stop: map[string]func(){}}
+	e.m = (&Map{Partitions: partitions, ShardDurables: true,
+		Shards: []Shard{{Name: "a", DatabaseURL: "x", Partitions: a}, {Name: "b", DatabaseURL: "y", Partitions: b}}}).WithDefaults()
+	e.pools = newShardPools(t, &e.m)
+	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	e.js, _ = jetstream.New(nc)
+	if err := e.m.EnsureStream(ctx, e.js, jsinbox.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a", "b"} {
+		if _, err := e.pools[name].Exec(ctx, `CREATE TABLE applied (id text NOT NULL, owned bool NOT NULL)`); err != nil {
+			t.Fatal(err)
+		}
+		inner, err := inbox.NewProcessor(pginbox.New(e.pools[name]), inbox.Handler[pgx.Tx](&Fenced{Map: &e.m, Inner: &applyRows{m: &e.m}}), inbox.Config{Scope: e.m.Scope})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.procs[name] = NewProcessor(inner, &e.m)
+	}
+	t.Cleanup(func() {
+		for _, stop := range e.stop {
+			stop()
+		}
+	})
+	return e
+}
+
+// start runs shard name's runner until stop.
+func (e *handOffEnv) start(name string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Runner{JS: e.js, Pool: e.pools[name], Map: &e.m, Name: name, Proc: e.procs[name], Poll: 200 * time.Millisecond,
+		Consumer: jsinbox.ConsumerConfig{AckWait: 5 * time.Second, Nak: fastNak}}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := r.Run(ctx); err != nil {
+			e.t.Errorf("shard %s: %v", name, err)
+		}
+	}()
+	e.stop[name] = func() {
+		cancel()
+		wg.Wait()
+		delete(e.stop, name)
+	}
+}
+
+func (e *handOffEnv) publish(ids ...string) {
+	e.t.Helper()
+	for _, id := range ids {
+		msg := &nats.Msg{Subject: PublishSubject(e.m.Subject, id, "ledger.credit"), Data: []byte("{}"), Header: nats.Header{}}
+		msg.Header.Set(jetstream.MsgIDHeader, id)
+		if _, err := e.js.PublishMsg(context.Background(), msg); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+// applied returns how many times each ID was applied over both shards.
+func (e *handOffEnv) applied() map[string]int {
+	e.t.Helper()
+	out := map[string]int{}
+	for _, p := range e.pools {
+		rows, err := p.Query(context.Background(), `SELECT id FROM applied`)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		for _, id := range ids {
+			out[id]++
+		}
+	}
+	return out
+}
+
+// waitApplied waits (up to two minutes) until every one of ids is applied.
+func (e *handOffEnv) waitApplied(what string, ids ...string) {
+	e.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		got := e.applied()
+		missing := 0
+		for _, id := range ids {
+			if got[id] == 0 {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s: %d of %d not applied within 2 minutes", what, missing, len(ids))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (e *handOffEnv) side(name string) Side { return Side{name, e.pools[name]} }
+
+// TestHandOffCoversWhatTheSourceLeft moves a partition from a shard that
+// stopped before it read the partition's last messages to a shard whose
+// durable had already passed them: the hand-off durable delivers them to
+// the new owner. Without it (the unsafe move) they are lost, which shows
+// that the test can see the loss. A second move waits for the hand-off.
+func TestHandOffCoversWhatTheSourceLeft(t *testing.T) {
+	for _, unsafe := range []bool{false, true} {
+		t.Run(map[bool]string{false: "hand-off", true: "unsafe no hand-off"}[unsafe], func(t *testing.T) {
+			ctx := context.Background()
+			e := newHandOffEnv(t, 4, Set{0, 1}, Set{2, 3})
+			e.start("a")
+			e.start("b")
+			warm := append(idsOf("warm0", 0, 4, 1), idsOf("warm2", 2, 4, 1)...)
+			e.publish(warm...)
+			e.waitApplied("the first intents", warm...)
+
+			// a stops; partition 0's next intents wait in the stream, and
+			// b's durable passes them while it reads its own partition.
+			e.stop["a"]()
+			left := idsOf("left", 0, 4, 20)
+			e.publish(left...)
+			later := idsOf("later", 2, 4, 20)
+			e.publish(later...)
+			e.waitApplied("b's own intents", later...)
+			e.stop["b"]()
+
+			res, err := MoveWith(ctx, &e.m, 0, e.side("a"), e.side("b"), MoveOptions{JS: e.js, UnsafeNoHandOff: unsafe})
+			if err != nil || res.Already {
+				t.Fatalf("move 0 a→b: %+v %v", res, err)
+			}
+			if !unsafe {
+				if _, err := MoveWith(ctx, &e.m, 0, e.side("b"), e.side("a"), MoveOptions{JS: e.js}); !errors.Is(err, ErrHandOffRunning) {
+					t.Fatalf("a move back while the hand-off runs: %v, want ErrHandOffRunning", err)
+				}
+			}
+			e.start("b")
+			marker := idsOf("marker", 0, 4, 1)
+			e.publish(marker...)
+			e.waitApplied("an intent of partition 0 after the move", marker...)
+			if unsafe {
+				got := e.applied()
+				lost := 0
+				for _, id := range left {
+					if got[id] == 0 {
+						lost++
+					}
+				}
+				if lost == 0 {
+					t.Fatal("the move without a hand-off lost nothing: this test cannot show a loss")
+				}
+				t.Logf("without a hand-off, %d of the %d intents the source had not read are lost", lost, len(left))
+				return
+			}
+			e.waitApplied("the intents the source had not read", left...)
+			// The hand-off ends: b's durable reads partition 0 itself.
+			deadline := time.Now().Add(2 * time.Minute)
+			for {
+				_, err := e.js.Consumer(ctx, e.m.Stream, e.m.HandOff(0))
+				if errors.Is(err, jetstream.ErrConsumerNotFound) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the hand-off durable is still there after 2 minutes (%v)", err)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			// Now the partition moves back, and a applies what comes.
+			e.start("a")
+			if _, err := MoveWith(ctx, &e.m, 0, e.side("b"), e.side("a"), MoveOptions{JS: e.js}); err != nil {
+				t.Fatalf("move 0 b→a after the hand-off: %v", err)
+			}
+			back := idsOf("back", 0, 4, 10)
+			e.publish(back...)
+			e.waitApplied("partition 0's intents after the move back", back...)
+			all := append(append(append(append(warm, left...), later...), marker...), back...)
+			time.Sleep(300 * time.Millisecond) // a second apply would show now
+			got := e.applied()
+			for _, id := range all {
+				if got[id] != 1 {
+					t.Errorf("%s applied %d times over the shards", id, got[id])
+				}
+			}
+		})
+	}
+}
+
+// TestShardDurablesAcrossMoves runs two shards with one durable each while
+// intents flow and partitions move both ways, a partition moving back as
+// soon as its hand-off allows: every intent is applied exactly once, and
+// no shard applies a partition it does not own in that transaction.
+func TestShardDurablesAcrossMoves(t *testing.T) {
+	ctx := context.Background()
+	e := newHandOffEnv(t, 8, Set{0, 1, 2, 3}, Set{4, 5, 6, 7})
+	e.start("a")
+	e.start("b")
+	const n = 600
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("intent-%d", i)
+	}
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		for i, id := range ids {
+			msg := &nats.Msg{Subject: PublishSubject(e.m.Subject, id, "ledger.credit"), Data: []byte("{}"), Header: nats.Header{}}
+			msg.Header.Set(jetstream.MsgIDHeader, id)
+			if _, err := e.js.PublishMsg(ctx, msg); err != nil {
+				t.Error(err)
+				return
+			}
+			if i%10 == 0 {
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	}()
+	refused := 0
+	for _, mv := range []struct {
+		p        int
+		from, to string
+	}{{0, "a", "b"}, {5, "b", "a"}, {0, "b", "a"}} {
+		time.Sleep(400 * time.Millisecond)
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			_, err := MoveWith(ctx, &e.m, mv.p, e.side(mv.from), e.side(mv.to), MoveOptions{JS: e.js})
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, ErrHandOffRunning) || time.Now().After(deadline) {
+				t.Fatalf("move %d %s→%s: %v", mv.p, mv.from, mv.to, err)
+			}
+			refused++
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	<-published
+	e.waitApplied("every intent", ids...)
+	time.Sleep(500 * time.Millisecond) // the last redeliveries settle
+	got := e.applied()
+	total := 0
+	for _, id := range ids {
+		if got[id] != 1 {
+			t.Errorf("%s applied %d times over the shards", id, got[id])
+		}
+		total += got[id]
+	}
+	for name, p := range e.pools {
+		var outside int
+		if err := p.QueryRow(ctx, `SELECT count(*) FROM applied WHERE NOT owned`).Scan(&outside); err != nil || outside != 0 {
+			t.Errorf("shard %s applied %d intents of partitions it did not own in that transaction (%v)", name, outside, err)
+		}
+	}
+	for name, want := range map[string]Set{"a": {0, 1, 2, 3, 5}, "b": {4, 6, 7}} {
+		if got, err := Owned(ctx, e.pools[name], e.m.Scope); err != nil || got.String() != want.String() {
+			t.Errorf("shard %s owns %v (%v), want %v", name, got, err, want)
+		}
+	}
+	t.Logf("%d intents applied once each; the move back of partition 0 waited for its hand-off %d times", total, refused)
+}
