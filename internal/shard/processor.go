@@ -21,8 +21,8 @@ import (
 // dead-lettered. The rest goes to the inner processor.
 type Processor struct {
 	jsinbox.BatchProcessor
-	m      *Map
-	owned  atomic.Pointer[[]bool]
+	m     *Map
+	owned atomic.Pointer[[]bool]
 	// handedOff[q], if not 0: partition q was given away with a hand-off
 	// durable that delivers it from this stream sequence on.
 	handedOff atomic.Pointer[[]uint64]
