@@ -72,6 +72,9 @@ type ShardsOptions struct {
 	// a second time with each partition consumer forming its own batches
 	// (the setting before one batcher per shard), beside it.
 	OneDurable, PartitionBatches bool
+	// ShardDurables runs every shard count a second time with one durable
+	// per shard (the map's shard_durables) beside a durable per partition.
+	ShardDurables bool
 
 	// partitionOf, if set, replaces the server's partition function in
 	// the bench's expectations (a test shows the check goes red).
@@ -155,6 +158,7 @@ func ShardsMain(ctx context.Context, list string, args []string, stdout, stderr 
 	fs.IntVar(&o.NATSCores, "nats-cores", runtime.NumCPU(), "model: cores of the NATS host (the stream leader)")
 	fs.StringVar(&hosts, "model-hosts", "1,2,4,8,16", "model: host counts of the table")
 	fs.BoolVar(&o.OneDurable, "one-durable", true, "also run the messages through one plain consumer on one durable (the baseline of the CPU ratios)")
+	fs.BoolVar(&o.ShardDurables, "beside-shard-durables", true, "also run each shard count with one durable per shard, filtered on its partitions (the map's shard_durables), beside a durable per partition")
 	fs.BoolVar(&o.PartitionBatches, "beside-partition-batches", false, "also run each shard count with every partition consumer forming its own batches (consumer -partition-batches), beside one batcher per shard")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage of jetinbox bench -shards 1,2,4: one stream partitioned by its subject transform, consumed by\n"+
@@ -239,8 +243,8 @@ func (r ShardsRound) Rate() float64 {
 // ShardsRow is one shard count over the rounds.
 type ShardsRow struct {
 	Shards int
-	// Mode is "" (one batcher per shard), modeOneDurable or
-	// modePartitionBatches.
+	// Mode is "" (a durable per partition, one batcher per shard),
+	// modeOneDurable, modeShardDurables or modePartitionBatches.
 	Mode   string
 	Rounds []ShardsRound
 }
@@ -337,6 +341,9 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 	}
 	for _, k := range o.Counts {
 		res.Rows = append(res.Rows, ShardsRow{Shards: k})
+		if o.ShardDurables {
+			res.Rows = append(res.Rows, ShardsRow{Shards: k, Mode: modeShardDurables})
+		}
 		if o.PartitionBatches {
 			res.Rows = append(res.Rows, ShardsRow{Shards: k, Mode: modePartitionBatches})
 		}
@@ -406,7 +413,8 @@ func (b *shardsBench) row(ctx context.Context, exe string, round, k int, mode st
 		return b.oneDurableRow(ctx, exe, round)
 	}
 	m := b.base
-	m.DurablePrefix = fmt.Sprintf("bench_r%d_k%d%s", round, k, map[string]string{modePartitionBatches: "pb"}[mode])
+	m.DurablePrefix = fmt.Sprintf("bench_r%d_k%d%s", round, k, map[string]string{modePartitionBatches: "pb", modeShardDurables: "sd"}[mode])
+	m.ShardDurables = mode == modeShardDurables
 	shards := make([]*shardDB, k)
 	for i := range k {
 		var set shard.Set
@@ -518,7 +526,7 @@ func (b *shardsBench) row(ctx context.Context, exe string, round, k int, mode st
 		}
 		dbs[i] = verify.ShardDB{Name: s.s.Name, DB: s.store.PG}
 	}
-	rep, err := verify.Shards(ctx, b.js, m.Stream, m.Scope, dbs, m.Durables()...)
+	rep, err := verify.Shards(ctx, b.js, m.Stream, m.Scope, dbs, m.ConsumerDurables()...)
 	if err != nil {
 		return ShardsRound{}, err
 	}
@@ -536,11 +544,11 @@ func (b *shardsBench) row(ctx context.Context, exe string, round, k int, mode st
 			return ShardsRound{}, err
 		}
 	}
-	for p := range m.Partitions {
-		if err := b.js.DeleteConsumer(ctx, m.Stream, m.Durable(p)); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+	for _, d := range m.ConsumerDurables() {
+		if err := b.js.DeleteConsumer(ctx, m.Stream, d); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return ShardsRound{}, err
 		}
-		if err := b.js.DeleteConsumer(ctx, jsinbox.AdvisoryStream(m.Stream), m.Durable(p)); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		if err := b.js.DeleteConsumer(ctx, jsinbox.AdvisoryStream(m.Stream), d); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return ShardsRound{}, err
 		}
 	}
@@ -928,8 +936,11 @@ func (m Model) OneMachine() float64 {
 // Model returns the model from the first row (the fewest shards: one
 // host's PostgreSQL applying everything at full speed, which is what each
 // host does in the model).
-func (r *ShardsResult) Model() Model {
-	return Model{Costs: r.Rows[r.firstShardRow()].medianCosts(r.PublishCPU), HostCores: r.Opts.HostCores, NATSCores: r.Opts.NATSCores}
+func (r *ShardsResult) Model() Model { return r.modelOf(r.firstShardRow()) }
+
+// modelOf is the model from row i.
+func (r *ShardsResult) modelOf(i int) Model {
+	return Model{Costs: r.Rows[i].medianCosts(r.PublishCPU), HostCores: r.Opts.HostCores, NATSCores: r.Opts.NATSCores}
 }
 
 func us(d time.Duration) string { return fmt.Sprintf("%.1fµs", float64(d)/float64(time.Microsecond)) }
@@ -989,7 +1000,10 @@ func (r *ShardsResult) Write(w io.Writer) {
 		}
 	}
 	tw.Flush()
-	r.writeModel(w)
+	r.writeModel(w, r.firstShardRow())
+	if i := r.firstRowOf(modeShardDurables); i >= 0 {
+		r.writeModel(w, i)
+	}
 	if r.Verified {
 		fmt.Fprintln(w, "\nledgers verified after every row: each shard applied exactly its partitions' messages, once, balances exact; verify -shards clean")
 	}
@@ -1012,11 +1026,15 @@ func (r *ShardsResult) basemap() *shard.Map {
 	return &m
 }
 
-func (r *ShardsResult) writeModel(w io.Writer) {
-	m := r.Model()
+func (r *ShardsResult) writeModel(w io.Writer, i int) {
+	m := r.modelOf(i)
 	c := m.Costs
-	fmt.Fprintf(w, "\nmodel: N hosts, each a shard's PostgreSQL (%d cores); one NATS host (%d cores) stores, delivers and takes the ack of every message\n", m.HostCores, m.NATSCores)
-	first := r.Rows[r.firstShardRow()]
+	first := r.Rows[i]
+	layout := "a durable per partition"
+	if first.Mode == modeShardDurables {
+		layout = "a durable per shard"
+	}
+	fmt.Fprintf(w, "\nmodel, %s: N hosts, each a shard's PostgreSQL (%d cores); one NATS host (%d cores) stores, delivers and takes the ack of every message\n", layout, m.HostCores, m.NATSCores)
 	fmt.Fprintf(w, "inputs (the %s row, median):\n", first.label())
 	fmt.Fprintf(w, "  PostgreSQL CPU per message    %9s  → a host applies at most %.0f msg/s\n", us(c.PG), m.HostCeiling())
 	natsWhat := "store " + us(c.Store) + " + deliver and ack " + us(c.Process)

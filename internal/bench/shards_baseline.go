@@ -22,6 +22,9 @@ const (
 	// modePartitionBatches: the shards' consumers with
 	// -partition-batches, each partition forming its own batches.
 	modePartitionBatches = "per-partition batches"
+	// modeShardDurables: the shards' map has shard_durables, one durable
+	// per shard filtered on its partitions.
+	modeShardDurables = "one durable per shard"
 )
 
 // label names the row in progress lines and tables.
@@ -31,6 +34,8 @@ func (row ShardsRow) label() string {
 		return "1 durable"
 	case modePartitionBatches:
 		return fmt.Sprintf("%d, per-partition batches", row.Shards)
+	case modeShardDurables:
+		return fmt.Sprintf("%d, a durable per shard", row.Shards)
 	}
 	if row.Shards == 1 {
 		return "1 shard"
@@ -125,12 +130,20 @@ func allPartitions(n int) shard.Set {
 // firstShardRow is the index of the first row of shards with one batcher
 // each: the model's input.
 func (r *ShardsResult) firstShardRow() int {
+	if i := r.firstRowOf(""); i >= 0 {
+		return i
+	}
+	return 0
+}
+
+// firstRowOf is the index of the first row of mode, or -1.
+func (r *ShardsResult) firstRowOf(mode string) int {
 	for i, row := range r.Rows {
-		if row.Mode == "" {
+		if row.Mode == mode {
 			return i
 		}
 	}
-	return 0
+	return -1
 }
 
 // baseline is the one-durable row, if the run has one.

@@ -84,7 +84,7 @@ func TestShardsBench(t *testing.T) {
 	}
 	ctx := context.Background()
 	var progress bytes.Buffer
-	o := ShardsOptions{Counts: []int{1, 2}, N: 3000, Accounts: 64, Batch: 500, InFlight: 2, Rounds: 1, Progress: &progress, OneDurable: true}
+	o := ShardsOptions{Counts: []int{1, 2}, N: 3000, Accounts: 64, Batch: 500, InFlight: 2, Rounds: 1, Progress: &progress, OneDurable: true, ShardDurables: true}
 	res, err := RunShards(ctx, o)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, progress.String())
@@ -92,7 +92,7 @@ func TestShardsBench(t *testing.T) {
 	var out bytes.Buffer
 	res.Write(&out)
 	t.Logf("\n%s", out.String())
-	if !res.Verified || len(res.Rows) != 3 {
+	if !res.Verified || len(res.Rows) != 5 {
 		t.Fatalf("verified %v, %d rows", res.Verified, len(res.Rows))
 	}
 	for _, row := range res.Rows {
@@ -113,6 +113,9 @@ func TestShardsBench(t *testing.T) {
 		`(?m)^ +1 shard +\d+ +\d+\.\d\dx +\d+ +\d+\.\dµs +- +\d+\.\dµs +\d+ B +\d\.\d\d of \d+ +\d+\.\d\dx +\d+\.\d\dx *$`,
 		`(?m)^ +2 shards +\d+ +\d+\.\d\dx +\d+ \d+ +\d+\.\dµs `,
 		`(?m)^ +2 shards +s1 +32-63 +\d+ +\d+ `,
+		`(?m)^ +1, a durable per shard +\d+ +\d+\.\d\dx +\d+ +\d+\.\dµs +- +\d+\.\dµs +\d+ B +\d\.\d\d of \d+ +\d+\.\d\dx +\d+\.\d\dx *$`,
+		`(?m)^ +2, a durable per shard +s1 +32-63 +\d+ +\d+ `,
+		`(?m)^model, a durable per shard: N hosts`,
 		`(?m)^ +1 durable +one +0-63 +3000 `,
 		`(?m)^  NATS CPU per message +\d+\.\dµs  → the stream's ceiling \d+ msg/s`,
 		`(?m)^ +16 +\d+ +\d+ +(NATS|the hosts' PostgreSQL) +\d+\.\d +- +\d+\.\d MB/s *$`,
@@ -123,7 +126,7 @@ func TestShardsBench(t *testing.T) {
 		}
 	}
 
-	o.Counts, o.N = []int{2}, 300
+	o.Counts, o.N, o.ShardDurables = []int{2}, 300, false
 	o.partitionOf = func(id string, n int) int { return shard.PartitionOf(id+" ", n) }
 	_, err = RunShards(ctx, o)
 	if err == nil || !strings.Contains(err.Error(), "more than its partitions' messages hold") {
@@ -137,7 +140,7 @@ func TestShardsBench(t *testing.T) {
 func BenchmarkShards(b *testing.B) {
 	for b.Loop() {
 		var out bytes.Buffer
-		err := Main(context.Background(), []string{"-shards", "1,2", "-n", "3000", "-accounts", "64", "-batch", "500", "-rounds", "1", "-processes=false"}, &out, io.Discard)
+		err := Main(context.Background(), []string{"-shards", "1,2", "-n", "3000", "-accounts", "64", "-batch", "500", "-rounds", "1", "-processes=false", "-beside-shard-durables=false"}, &out, io.Discard)
 		if err != nil || !strings.Contains(out.String(), "ledgers verified") {
 			b.Fatalf("bench -shards 1,2: %v\n%s", err, out.String())
 		}
