@@ -274,7 +274,7 @@ func movePartition(ctx context.Context, m *shard.Map, file string, p int, to str
 		if name == to {
 			// Back to the source: give it back there, if the target its
 			// row names did not take it.
-			return unfencePartition(ctx, m, file, p, from, target, env, stdout, log)
+			return unfencePartition(ctx, m, file, p, from, target, mo, env, stdout, log)
 		}
 		log.Info("partitions: no shard owns the partition: finishing a move that stopped halfway", "partition", p, "from", name, "recorded_target", target)
 	case 1:
@@ -331,7 +331,7 @@ func movePartition(ctx context.Context, m *shard.Map, file string, p int, to str
 // unfencePartition gives partition p back to shard from, which gave it
 // away to target ("" for none) in a move that stopped before target took
 // it.
-func unfencePartition(ctx context.Context, m *shard.Map, file string, p, from int, target string, env cli.Env, stdout io.Writer, log *slog.Logger) error {
+func unfencePartition(ctx context.Context, m *shard.Map, file string, p, from int, target string, mo shard.MoveOptions, env cli.Env, stdout io.Writer, log *slog.Logger) error {
 	src, err := cli.OpenShard(ctx, &m.Shards[from], env, 2, log)
 	if err != nil {
 		return err
@@ -350,7 +350,7 @@ func unfencePartition(ctx context.Context, m *shard.Map, file string, p, from in
 		defer dst.Close()
 		t.Pool = dst.PG
 	}
-	if _, err := shard.Unfence(ctx, m, p, shard.Side{Name: m.Shards[from].Name, Pool: src.PG}, t); err != nil {
+	if _, err := shard.UnfenceWith(ctx, m, p, shard.Side{Name: m.Shards[from].Name, Pool: src.PG}, t, mo); err != nil {
 		return fmt.Errorf("partitions move: %w", err)
 	}
 	if m.Owner(p) != m.Shards[from].Name {

@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
@@ -35,6 +36,20 @@ import (
 // owner is still reading what the old one left. Run the move again once
 // it ended (the new owner deletes the hand-off durable).
 var ErrHandOffRunning = errors.New("shard: the partition's hand-off from an earlier move is still running")
+
+// ErrRescuePending is the error of a move whose source has messages the
+// server gave up on (max deliveries) that its rescue has not applied yet.
+// The source's ack floor has passed them, so the hand-off would not
+// deliver them, and once the partition is gone the source would not apply
+// them either. Run the move again once the source's rescue backlog is
+// empty (it applies them while the source owns the partition).
+var ErrRescuePending = errors.New("shard: the source's rescue has messages to apply first")
+
+// handOffSettle is how long a move waits, after it read the source's ack
+// floor, before it reads the source's rescue backlog: the server queues a
+// max-deliveries advisory as it moves the floor past the message, and
+// stores it a moment later.
+const handOffSettle = time.Second
 
 // The hand-off durable's metadata: the move it belongs to.
 const (
@@ -55,24 +70,34 @@ func prepareHandOff(ctx context.Context, m *Map, p int, from, to Side, o MoveOpt
 	if o.UnsafeNoHandOff {
 		return 1, nil
 	}
-	name := m.HandOff(p)
-	c, err := o.JS.Consumer(ctx, m.Stream, name)
-	switch {
-	case err == nil:
-		return handOffOf(c.CachedInfo(), p, from.Name, to.Name)
-	case !errors.Is(err, jetstream.ErrConsumerNotFound):
-		return 0, fmt.Errorf("shard: hand-off durable %s: %w", name, err)
-	}
 	var (
 		owned    bool
 		recorded *int64
 	)
-	err = from.Pool.QueryRow(ctx, `SELECT owned, handoff_from FROM jetinbox_partitions WHERE scope = $1 AND partition = $2`, m.Scope, p).Scan(&owned, &recorded)
+	err := from.Pool.QueryRow(ctx, `SELECT owned, handoff_from FROM jetinbox_partitions WHERE scope = $1 AND partition = $2`, m.Scope, p).Scan(&owned, &recorded)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("shard: the source %s never owned partition %d (its table has no row for it): check the map and run jetinbox partitions list", from.Name, p)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("shard: source %s: %w", from.Name, err)
+	}
+	// Before the fence, the source's rescue must have applied what the
+	// server gave up on (see [ErrRescuePending]); checked after the
+	// hand-off is made, so that nothing given up on later escapes both.
+	rescued := func(start uint64, err error) (uint64, error) {
+		if err == nil && owned {
+			err = sourceRescued(ctx, m, o.JS, from.Name)
+		}
+		return start, err
+	}
+	name := m.HandOff(p)
+	c, err := o.JS.Consumer(ctx, m.Stream, name)
+	switch {
+	case err == nil:
+		// Made by an earlier run of this move (or another's: refused).
+		return rescued(handOffOf(c.CachedInfo(), p, from.Name, to.Name))
+	case !errors.Is(err, jetstream.ErrConsumerNotFound):
+		return 0, fmt.Errorf("shard: hand-off durable %s: %w", name, err)
 	}
 	var start uint64
 	if !owned && recorded != nil && *recorded > 0 {
@@ -108,13 +133,55 @@ func prepareHandOff(ctx context.Context, m *Map, p int, from, to Side, o MoveOpt
 	if errors.Is(err, jetstream.ErrConsumerExists) {
 		// Another run of a move made it meanwhile: it must be this move's.
 		if c, err = o.JS.Consumer(ctx, m.Stream, name); err == nil {
-			return handOffOf(c.CachedInfo(), p, from.Name, to.Name)
+			start, err = handOffOf(c.CachedInfo(), p, from.Name, to.Name)
 		}
 	}
 	if err != nil {
 		return 0, fmt.Errorf("shard: make the hand-off durable %s of partition %d: %w", name, p, err)
 	}
-	return start, nil
+	return rescued(start, nil)
+}
+
+// sourceRescued fails with [ErrRescuePending] if the source shard's
+// durable has max-deliveries advisories its rescue has not settled: the
+// messages they name may be the moved partition's, behind the hand-off's
+// start. Their rescue needs the partition, so it must end before the
+// fence.
+func sourceRescued(ctx context.Context, m *Map, js jetstream.JetStream, source string) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(handOffSettle):
+	}
+	durable := m.ShardDurable(source)
+	adv, err := js.Stream(ctx, jsinbox.AdvisoryStream(m.Stream))
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil // no advisory was ever kept
+	}
+	if err != nil {
+		return fmt.Errorf("shard: the advisory stream: %w", err)
+	}
+	var backlog uint64
+	rc, err := adv.Consumer(ctx, durable)
+	switch {
+	case err == nil:
+		i := rc.CachedInfo()
+		backlog = i.NumPending + uint64(i.NumAckPending)
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		// Never rescued: every advisory kept for the durable waits.
+		subject := "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + m.Stream + "." + durable
+		info, err := adv.Info(ctx, jetstream.WithSubjectFilter(subject))
+		if err != nil {
+			return fmt.Errorf("shard: the advisory stream: %w", err)
+		}
+		backlog = info.State.Subjects[subject]
+	default:
+		return fmt.Errorf("shard: the rescue durable %s: %w", durable, err)
+	}
+	if backlog > 0 {
+		return fmt.Errorf("%w: %d advisories of %s await its rescue; run the move again once the source's consumer applied them", ErrRescuePending, backlog, durable)
+	}
+	return nil
 }
 
 // handOffOf returns the start of an existing hand-off durable if it is this
@@ -216,7 +283,7 @@ func (r *Runner) restartMain(ctx context.Context, st shardState) {
 	}
 	cfg.Stream, cfg.Durable, cfg.FilterSubjects = r.Map.Stream, durable, r.Map.filters(st.filter)
 	cfg.Batcher = r.batcher
-	run := r.startConsumer(ctx, -1, cfg)
+	run := r.startConsumer(ctx, -1, cfg, r.Proc)
 	r.mu.Lock()
 	r.main, r.mainFilter = run, slices.Clone(st.filter)
 	r.mu.Unlock()
@@ -254,10 +321,13 @@ func (r *Runner) setFilter(ctx context.Context, durable string, filter Set) erro
 	return err
 }
 
-// runHandOffs starts the consumer of every hand-off durable of a partition
-// the shard owns, and ends those whose work is done.
+// runHandOffs starts the consumer of every hand-off durable to this shard
+// of a partition it owns, and ends those whose work is done. A hand-off
+// to another shard is left alone even while this shard owns its partition:
+// its source owns it until the fence, and must neither read it (its
+// messages are for the target) nor end it.
 func (r *Runner) runHandOffs(ctx context.Context, st shardState) {
-	names, err := r.handOffNames(ctx)
+	names, err := r.handOffsTo(ctx)
 	if err != nil {
 		r.Logger.Warn("shard: listing the hand-off durables failed; retrying at the next poll", "err", err)
 		return
@@ -280,7 +350,7 @@ func (r *Runner) runHandOffs(ctx context.Context, st shardState) {
 		cfg := r.Consumer
 		cfg.Stream, cfg.Durable, cfg.FilterSubjects = r.Map.Stream, r.Map.HandOff(p), []string{r.Map.Filter(p)}
 		cfg.Batcher = r.batcher
-		r.handOffs[p] = r.startConsumer(ctx, p, cfg)
+		r.handOffs[p] = r.startConsumer(ctx, p, cfg, r.Proc.HandOffProcessor())
 		r.Logger.Info("shard: reading a moved partition's hand-off", "partition", p, "durable", cfg.Durable)
 	}
 	if len(r.handOffs) == 0 || r.main == nil {
@@ -336,21 +406,48 @@ func (r *Runner) handOffDone(ctx context.Context, p int, hr *partitionRun, throu
 	return i.NumAckPending == 0 && (i.Delivered.Stream >= through || i.NumPending == 0), nil
 }
 
-// handOffNames returns the partitions whose hand-off durables exist.
-func (r *Runner) handOffNames(ctx context.Context) (map[int]bool, error) {
+// handOffsTo returns the partitions whose hand-off durables exist and
+// hand them to this shard.
+func (r *Runner) handOffsTo(ctx context.Context) (map[int]bool, error) {
 	prefix := r.Map.DurablePrefix + "_h"
 	s, err := r.JS.Stream(ctx, r.Map.Stream)
 	if err != nil {
 		return nil, err
 	}
-	names := s.ConsumerNames(ctx)
+	infos := s.ListConsumers(ctx)
 	out := map[int]bool{}
-	for n := range names.Name() {
-		if rest, ok := strings.CutPrefix(n, prefix); ok {
-			if p, err := strconv.Atoi(rest); err == nil && r.Map.HandOff(p) == n {
+	for i := range infos.Info() {
+		if rest, ok := strings.CutPrefix(i.Name, prefix); ok && i.Config.Metadata[metaHandOffTo] == r.Name {
+			if p, err := strconv.Atoi(rest); err == nil && r.Map.HandOff(p) == i.Name {
 				out[p] = true
 			}
 		}
 	}
-	return out, names.Err()
+	return out, infos.Err()
+}
+
+// retargetHandOff makes partition p's hand-off durable, if any, hand the
+// partition to shard to (its source given it back, see [UnfenceWith]).
+func retargetHandOff(ctx context.Context, m *Map, js jetstream.JetStream, p int, to string) error {
+	c, err := js.Consumer(ctx, m.Stream, m.HandOff(p))
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("shard: hand-off durable %s: %w", m.HandOff(p), err)
+	}
+	cfg := c.CachedInfo().Config
+	if cfg.Metadata[metaHandOffTo] == to {
+		return nil
+	}
+	md := map[string]string{}
+	for k, v := range cfg.Metadata {
+		md[k] = v
+	}
+	md[metaHandOffTo] = to
+	cfg.Metadata = md
+	if _, err := js.UpdateConsumer(ctx, m.Stream, cfg); err != nil {
+		return fmt.Errorf("shard: hand the hand-off durable %s to %s: %w", m.HandOff(p), to, err)
+	}
+	return nil
 }

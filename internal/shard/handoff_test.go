@@ -287,7 +287,7 @@ func TestShardDurablesAcrossMoves(t *testing.T) {
 		}
 	}
 	<-published
-	e.waitApplied("every intent", ids...)
+	e.waitAppliedOrDump("every intent", ids...)
 	time.Sleep(500 * time.Millisecond) // the last redeliveries settle
 	got := e.applied()
 	total := 0
@@ -309,4 +309,80 @@ func TestShardDurablesAcrossMoves(t *testing.T) {
 		}
 	}
 	t.Logf("%d intents applied once each; the move back of partition 0 waited for its hand-off %d times", total, refused)
+}
+
+// TestMoveWaitsForTheSourcesRescue: a move whose source has a
+// max-deliveries advisory its rescue has not settled is refused (the
+// message may be the partition's, behind the hand-off's start), and goes
+// through once the rescue settled it.
+func TestMoveWaitsForTheSourcesRescue(t *testing.T) {
+	ctx := context.Background()
+	e := newHandOffEnv(t, 4, Set{0, 1}, Set{2, 3})
+	subject := "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + e.m.Stream + "." + e.m.ShardDurable("a")
+	if _, err := e.js.Publish(ctx, subject, []byte(`{"type":"io.nats.jetstream.advisory.v1.max_deliver","stream":"`+e.m.Stream+`","consumer":"`+e.m.ShardDurable("a")+`","stream_seq":1,"deliveries":20}`)); err != nil {
+		t.Fatal(err)
+	}
+	_, refused := MoveWith(ctx, &e.m, 0, e.side("a"), e.side("b"), MoveOptions{JS: e.js})
+	if !errors.Is(refused, ErrRescuePending) {
+		t.Fatalf("a move while the source's rescue has an advisory to settle: %v, want ErrRescuePending", refused)
+	}
+	if got, _ := Owned(ctx, e.pools["a"], e.m.Scope); got.String() != "0-1" {
+		t.Fatalf("the refused move fenced the partition: a owns %v", got)
+	}
+	// The source's rescue settles it (here by hand).
+	rc, err := e.js.CreateConsumer(ctx, jsinbox.AdvisoryStream(e.m.Stream), jetstream.ConsumerConfig{Durable: e.m.ShardDurable("a"), FilterSubject: subject, AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := rc.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for msg := range batch.Messages() {
+		if err := msg.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := MoveWith(ctx, &e.m, 0, e.side("a"), e.side("b"), MoveOptions{JS: e.js}); err != nil {
+		t.Fatalf("the move once the rescue settled: %v", err)
+	}
+	t.Logf("refused first: %v", refused)
+}
+
+// waitAppliedOrDump is waitApplied that, on failure, says which intents
+// are missing, of which partitions, and what every durable holds.
+func (e *handOffEnv) waitAppliedOrDump(what string, ids ...string) {
+	e.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		got := e.applied()
+		var missing []string
+		for _, id := range ids {
+			if got[id] == 0 {
+				missing = append(missing, fmt.Sprintf("%s(p%d)", id, PartitionOf(id, e.m.Partitions)))
+			}
+		}
+		if len(missing) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			ctx := context.Background()
+			s, _ := e.js.Stream(ctx, e.m.Stream)
+			for name := range s.ConsumerNames(ctx).Name() {
+				c, err := e.js.Consumer(ctx, e.m.Stream, name)
+				if err != nil {
+					continue
+				}
+				i := c.CachedInfo()
+				e.t.Logf("durable %s: filters %v %q, delivered %d, ack floor %d, pending %d, ack pending %d, redelivered %d",
+					name, i.Config.FilterSubjects, i.Config.FilterSubject, i.Delivered.Stream, i.AckFloor.Stream, i.NumPending, i.NumAckPending, i.NumRedelivered)
+			}
+			for name, p := range e.pools {
+				rows, _ := Rows(ctx, p, e.m.Scope)
+				e.t.Logf("shard %s rows: %+v", name, rows)
+			}
+			e.t.Fatalf("%s: %d of %d not applied within 2 minutes: %v", what, len(missing), len(ids), missing)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

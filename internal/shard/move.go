@@ -365,6 +365,17 @@ func Rows(ctx context.Context, db interface {
 // that starts later finds the row owned and takes nothing. It reports
 // whether the row changed (false: src owned p already).
 func Unfence(ctx context.Context, m *Map, p int, src, target Side) (bool, error) {
+	return UnfenceWith(ctx, m, p, src, target, MoveOptions{})
+}
+
+// UnfenceWith is [Unfence] with options: with [Map.ShardDurables] (o.JS
+// set), the partition's hand-off durable, which holds what src acked
+// unapplied since the fence, is given to src first, whose runner then
+// reads it.
+func UnfenceWith(ctx context.Context, m *Map, p int, src, target Side, o MoveOptions) (bool, error) {
+	if m.ShardDurables && o.JS == nil {
+		return false, errors.New("shard: the map has shard_durables: giving a partition back needs JetStream for its hand-off durable")
+	}
 	tx, err := src.Pool.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("shard: source %s: %w", src.Name, err)
@@ -401,6 +412,11 @@ func Unfence(ctx context.Context, m *Map, p int, src, target Side) (bool, error)
 		}
 		if o {
 			return false, fmt.Errorf("shard: %s owns partition %d (the move to it finished): move it from %s instead", target.Name, p, target.Name)
+		}
+	}
+	if m.ShardDurables {
+		if err := retargetHandOff(ctx, m, o.JS, p, src.Name); err != nil {
+			return false, err
 		}
 	}
 	if _, err := tx.Exec(ctx, `UPDATE jetinbox_partitions SET owned = true, moved_to = NULL, handoff_from = NULL, changed_at = now() WHERE scope = $1 AND partition = $2`, m.Scope, p); err != nil {

@@ -61,11 +61,26 @@ func (p *Processor) SetHandedOff(from []uint64) {
 
 // Process implements jsinbox.BatchProcessor.
 func (p *Processor) Process(ctx context.Context, msgs []inbox.Message) ([]inbox.Outcome, error) {
-	owned := *p.owned.Load()
 	var handedOff []uint64
 	if h := p.handedOff.Load(); h != nil {
 		handedOff = *h
 	}
+	return p.process(ctx, msgs, handedOff)
+}
+
+// HandOffProcessor returns the processor a hand-off durable's consumer
+// runs: p, except that it never acks a message as handed off. A hand-off
+// is where such messages go; settling one there unapplied would lose it.
+func (p *Processor) HandOffProcessor() jsinbox.BatchProcessor { return handOffProcessor{p} }
+
+type handOffProcessor struct{ *Processor }
+
+func (h handOffProcessor) Process(ctx context.Context, msgs []inbox.Message) ([]inbox.Outcome, error) {
+	return h.process(ctx, msgs, nil)
+}
+
+func (p *Processor) process(ctx context.Context, msgs []inbox.Message, handedOff []uint64) ([]inbox.Outcome, error) {
+	owned := *p.owned.Load()
 	var out []inbox.Outcome
 	var keep []int
 	for i := range msgs {

@@ -236,13 +236,13 @@ func (r *Runner) start(ctx context.Context, p, owned int) *partitionRun {
 	}
 	cfg.Stream, cfg.Durable, cfg.FilterSubjects = r.Map.Stream, r.Map.Durable(p), []string{r.Map.Filter(p)}
 	cfg.Batcher = r.batcher
-	return r.startConsumer(ctx, p, cfg)
+	return r.startConsumer(ctx, p, cfg, r.Proc)
 }
 
 // startConsumer runs a consumer with cfg, restarting it after a crash,
 // until the run is cancelled; p is its partition for the logs (-1: the
 // shard's durable).
-func (r *Runner) startConsumer(ctx context.Context, p int, cfg jsinbox.ConsumerConfig) *partitionRun {
+func (r *Runner) startConsumer(ctx context.Context, p int, cfg jsinbox.ConsumerConfig, proc jsinbox.BatchProcessor) *partitionRun {
 	pctx, cancel := context.WithCancel(ctx)
 	pr := &partitionRun{cancel: cancel, done: make(chan struct{})}
 	go func() {
@@ -250,7 +250,7 @@ func (r *Runner) startConsumer(ctx context.Context, p int, cfg jsinbox.ConsumerC
 		wait := 100 * time.Millisecond // grows while the consumer keeps failing
 		for pctx.Err() == nil {
 			began := time.Now()
-			var bp jsinbox.BatchProcessor = r.Proc
+			bp := proc
 			if r.Batch != nil {
 				bp = r.Batch
 			}
