@@ -386,3 +386,62 @@ func (e *handOffEnv) waitAppliedOrDump(what string, ids ...string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestUnfenceReadsTheHandOff: a move whose copy fails leaves the partition
+// fenced at its source, which acks what still reaches it of the partition
+// unapplied, for the hand-off. Given back, the source reads the hand-off
+// itself: nothing it acked there is lost, and the hand-off ends.
+func TestUnfenceReadsTheHandOff(t *testing.T) {
+	ctx := context.Background()
+	e := newHandOffEnv(t, 4, Set{0, 1}, Set{2, 3})
+	e.start("a")
+	e.start("b")
+	warm := append(idsOf("warm0", 0, 4, 1), idsOf("warm2", 2, 4, 1)...)
+	e.publish(warm...)
+	e.waitApplied("the first intents", warm...)
+	if _, err := e.pools["b"].Exec(ctx, `CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'disk full'; END $$;
+CREATE TRIGGER refuse BEFORE INSERT ON inbox FOR EACH ROW EXECUTE FUNCTION refuse()`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := MoveWith(ctx, &e.m, 0, e.side("a"), e.side("b"), MoveOptions{JS: e.js}); err == nil {
+		t.Fatal("the move with a failing copy succeeded")
+	}
+	// Fenced at a, taken by nobody: a acks these unapplied, for the
+	// hand-off, once its runner has read its row.
+	during := idsOf("during", 0, 4, 10)
+	e.publish(during...)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		c, err := e.js.Consumer(ctx, e.m.Stream, e.m.ShardDurable("a"))
+		if err == nil && c.CachedInfo().NumAckPending == 0 && c.CachedInfo().NumPending == 0 && c.CachedInfo().Delivered.Stream >= 12 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a's durable did not settle the fenced partition's intents within 2 minutes (%v)", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := e.applied(); got[during[0]] != 0 {
+		t.Fatalf("%s applied while its partition was fenced", during[0])
+	}
+	if _, err := UnfenceWith(ctx, &e.m, 0, e.side("a"), e.side("b"), MoveOptions{JS: e.js}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitAppliedOrDump("the intents a acked for the hand-off", during...)
+	for {
+		_, err := e.js.Consumer(ctx, e.m.Stream, e.m.HandOff(0))
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the hand-off durable is still there (%v)", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	got := e.applied()
+	for _, id := range append(warm, during...) {
+		if got[id] != 1 {
+			t.Errorf("%s applied %d times", id, got[id])
+		}
+	}
+}
