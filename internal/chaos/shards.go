@@ -76,9 +76,13 @@ type ShardsOptions struct {
 	// subjects), its relay, and a client that retries with the same key
 	// when an answer is lost (at the LosePubAck rate), while the partition
 	// moves.
-	Intake   bool
-	Seed     uint64
-	Progress io.Writer
+	Intake bool
+	// ShardDurables gives each shard one durable filtered on its
+	// partitions (the map's shard_durables): a move hands the partition
+	// over through a hand-off durable. Unsafe then moves without one.
+	ShardDurables bool
+	Seed          uint64
+	Progress      io.Writer
 
 	// Mutations, for the tests that show the checks go red.
 	noBinding, noCopy bool
@@ -111,8 +115,10 @@ type ShardsResult struct {
 	// replay during the move applied in the source and had refused there.
 	MovesRefused, ReplayApplied, ReplayNotOwned int
 	Unsafe                                      bool
-	Verify                                      *verify.ShardsReport
-	Elapsed                                     time.Duration
+	// ShardDurables: the run had one durable per shard.
+	ShardDurables bool
+	Verify        *verify.ShardsReport
+	Elapsed       time.Duration
 }
 
 // Clean reports whether the count and verify both found nothing wrong, and
@@ -138,13 +144,16 @@ func WriteShards(w io.Writer, r *ShardsResult) {
 // WriteShardsBeside prints the shipped run and the unsafe one side by side.
 func WriteShardsBeside(w io.Writer, shipped, unsafe *ShardsResult) {
 	fmt.Fprintln(w, "moves and a replay raced, shipped checks beside the unsafe ones:")
-	fmt.Fprintf(w, "  %-60s %8s %6s %10s %13s %s\n", "setting", "applied", "lost", "duplicated", "in two shards", "owners of the moved partition")
+	fmt.Fprintf(w, "  %-74s %8s %6s %10s %13s %s\n", "setting", "applied", "lost", "duplicated", "in two shards", "owners of the moved partition")
 	for _, r := range []*ShardsResult{shipped, unsafe} {
 		name := "shipped (target recorded and re-checked; replay fenced)"
 		if r.Unsafe {
 			name = "unsafe (any given-away row; replay through plain processor)"
 		}
-		fmt.Fprintf(w, "  %-60s %8d %6d %10d %13d %v\n", name, r.AppliedOnce, r.Lost, r.Duplicated, r.InTwoShards, r.MovedOwners)
+		if r.ShardDurables {
+			name = strings.Replace(strings.Replace(name, "(target", "(hand-off durable; target", 1), "(any", "(no hand-off; any", 1)
+		}
+		fmt.Fprintf(w, "  %-74s %8d %6d %10d %13d %v\n", name, r.AppliedOnce, r.Lost, r.Duplicated, r.InTwoShards, r.MovedOwners)
 	}
 }
 
@@ -162,6 +171,7 @@ func ShardsMain(ctx context.Context, n string, args []string, stdout, stderr io.
 	fs.BoolVar(&o.Move, "move", true, "move a partition from the first shard to the last mid-run")
 	fs.BoolVar(&o.RaceMoves, "race-moves", true, "with -move: two moves of the partition to two targets at once, a rerun to the other, and a replay -apply of the source through the move (3 shards or more)")
 	beside := fs.Bool("beside-unsafe", false, "run again with the unsafe move check and replay (any given-away row; no fence in the replay) and print both")
+	fs.BoolVar(&o.ShardDurables, "shard-durables", false, "one durable per shard filtered on its partitions, a hand-off durable per move (the unsafe run: moves without it)")
 	fs.BoolVar(&o.Intake, "intake", false, "post the intents through an HTTP intake (its own database, partitioned subjects, lost answers retried with the same key) instead of publishing them")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed for the fault dice")
 	fs.Usage = func() {
@@ -303,7 +313,7 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 	r.js, _ = jetstream.New(nc)
 
 	// The map: partitions dealt out in runs, a PostgreSQL per shard.
-	m := (&shard.Map{Partitions: o.Partitions}).WithDefaults()
+	m := (&shard.Map{Partitions: o.Partitions, ShardDurables: o.ShardDurables}).WithDefaults()
 	for i := range o.Shards {
 		if i == 0 || !o.OnePostgres {
 			pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
@@ -400,7 +410,7 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 			}
 			r.waitApplied(ctx, moveP)
 			last := len(r.pools) - 1
-			mo := shard.MoveOptions{UnsafeAnyGivenAway: o.unsafeMoves}
+			mo := shard.MoveOptions{UnsafeAnyGivenAway: o.unsafeMoves, JS: r.js, UnsafeNoHandOff: o.unsafeMoves && o.ShardDurables}
 			var res shard.MoveResult
 			var err error
 			winner := last
@@ -518,7 +528,7 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 	for _, p := range r.pools {
 		p.Reset() // connections the kill ended may pass for alive
 	}
-	res := &ShardsResult{Intents: len(intents), Moved: moved, Unsafe: o.Unsafe, MovesRefused: r.refused,
+	res := &ShardsResult{Intents: len(intents), Moved: moved, Unsafe: o.Unsafe, ShardDurables: o.ShardDurables, MovesRefused: r.refused,
 		ReplayApplied: int(replayed.applied.Load()), ReplayNotOwned: int(replayed.notOwned.Load())}
 	if o.Move {
 		res.MovedOwners = []string{}
@@ -539,7 +549,7 @@ func RunShards(ctx context.Context, o ShardsOptions) (*ShardsResult, error) {
 	for i, s := range r.m.Shards {
 		dbs[i] = verify.ShardDB{Name: s.Name, DB: r.pools[i]}
 	}
-	if res.Verify, err = verify.Shards(ctx, r.js, r.m.Stream, r.m.Scope, dbs, r.m.Durables()...); err != nil {
+	if res.Verify, err = verify.Shards(ctx, r.js, r.m.Stream, r.m.Scope, dbs, r.m.ConsumerDurables()...); err != nil {
 		return nil, err
 	}
 	for _, fp := range r.fps {
@@ -583,7 +593,7 @@ func (r *shardRun) startShard(ctx context.Context, wg *sync.WaitGroup, i int) er
 			return ps.Key == shard.Key(ps.Rest) && ps.Partition == shard.Partition(ps.Key, r.m.Partitions)
 		}}
 	}
-	run := &shard.Runner{JS: r.js, Pool: pool, Map: r.m, Proc: proc, Batch: bp, Logger: r.log, Poll: 200 * time.Millisecond,
+	run := &shard.Runner{JS: r.js, Pool: pool, Map: r.m, Name: r.m.Shards[i].Name, Proc: proc, Batch: bp, Logger: r.log, Poll: 200 * time.Millisecond,
 		Consumer: jsinbox.ConsumerConfig{BatchSize: 200, InFlight: 1, AckWait: 2 * time.Second, MaxDeliver: 50},
 		OnConsumer: func(p int, c *jsinbox.Consumer) {
 			fp := failpoint.New()
@@ -703,8 +713,12 @@ func (r *shardRun) publishSubject(id, kind string) string {
 // partitions keep running meanwhile).
 func (r *shardRun) waitApplied(ctx context.Context, p int) {
 	deadline := time.Now().Add(10 * time.Second)
+	durable := r.m.Durable(p)
+	if r.m.ShardDurables {
+		durable = r.m.ShardDurable(r.m.Shards[0].Name)
+	}
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if done, _ := r.settled(ctx, p); done {
+		if done, _ := r.settled(ctx, durable); done {
 			return
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -713,16 +727,35 @@ func (r *shardRun) waitApplied(ctx context.Context, p int) {
 
 // waitSettled waits until every partition's durable has nothing pending
 // or awaiting an ack, and its rescue durable nothing either.
+//
+// With one durable per shard: every shard's durable, once no hand-off
+// durable is left.
 func (r *shardRun) waitSettled(ctx context.Context) error {
-	for p := range r.m.Partitions {
+	durables := r.m.ConsumerDurables()
+	if r.m.ShardDurables {
+		for p := range r.m.Partitions {
+			for {
+				_, err := r.js.Consumer(ctx, r.m.Stream, r.m.HandOff(p))
+				if errors.Is(err, jetstream.ErrConsumerNotFound) {
+					break
+				}
+				select {
+				case <-ctx.Done():
+					return fmt.Errorf("partition %d's hand-off did not end (%v): %w", p, err, ctx.Err())
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		}
+	}
+	for _, d := range durables {
 		for {
-			done, why := r.settled(ctx, p)
+			done, why := r.settled(ctx, d)
 			if done {
 				break
 			}
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("partition %d did not settle: %s: %w", p, why, ctx.Err())
+				return fmt.Errorf("durable %s did not settle: %s: %w", d, why, ctx.Err())
 			case <-time.After(100 * time.Millisecond):
 			}
 		}
@@ -730,8 +763,8 @@ func (r *shardRun) waitSettled(ctx context.Context) error {
 	return nil
 }
 
-func (r *shardRun) settled(ctx context.Context, p int) (bool, string) {
-	c, err := r.js.Consumer(ctx, r.m.Stream, r.m.Durable(p))
+func (r *shardRun) settled(ctx context.Context, durable string) (bool, string) {
+	c, err := r.js.Consumer(ctx, r.m.Stream, durable)
 	if err != nil {
 		return false, err.Error()
 	}
@@ -742,7 +775,7 @@ func (r *shardRun) settled(ctx context.Context, p int) (bool, string) {
 	if info.NumPending > 0 || info.NumAckPending > 0 {
 		return false, fmt.Sprintf("%d pending, %d awaiting an ack", info.NumPending, info.NumAckPending)
 	}
-	rc, err := r.js.Consumer(ctx, jsinbox.AdvisoryStream(r.m.Stream), r.m.Durable(p))
+	rc, err := r.js.Consumer(ctx, jsinbox.AdvisoryStream(r.m.Stream), durable)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return true, ""
 	}
@@ -913,7 +946,7 @@ func (r *shardRun) raceMoves(ctx context.Context, p int, mo shard.MoveOptions) (
 			if winner < 0 {
 				winner, won = targets[k], x.res
 			}
-		case errors.Is(x.err, shard.ErrOtherTarget):
+		case errors.Is(x.err, shard.ErrOtherTarget), errors.Is(x.err, shard.ErrHandOffRunning):
 			r.refused++
 		default:
 			return 0, won, x.err
@@ -930,7 +963,7 @@ func (r *shardRun) raceMoves(ctx context.Context, p int, mo shard.MoveOptions) (
 	}
 	_, err := shard.MoveWith(ctx, r.m, p, r.side(0), r.side(other), mo)
 	switch {
-	case errors.Is(err, shard.ErrOtherTarget):
+	case errors.Is(err, shard.ErrOtherTarget), errors.Is(err, shard.ErrHandOffRunning):
 		r.refused++
 	case err != nil:
 		return 0, won, fmt.Errorf("the rerun to s%d: %w", other, err)

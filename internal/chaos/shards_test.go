@@ -131,3 +131,33 @@ func TestShardsThroughIntake(t *testing.T) {
 		t.Errorf("applied once %d, dead-lettered %d, lost %d, duplicated %d", r.AppliedOnce, r.DeadLettered, r.Lost, r.Duplicated)
 	}
 }
+
+// TestShardsWithShardDurables is the sharded run with one durable per
+// shard: moves raced, a PostgreSQL killed, strays; clean. Beside it, the
+// same run moving without a hand-off durable loses intents: the harness
+// can see what the hand-off prevents.
+func TestShardsWithShardDurables(t *testing.T) {
+	t.Parallel()
+	for _, unsafe := range []bool{false, true} {
+		o := ShardsOptions{Shards: 3, Partitions: 8, Intents: 200, LosePubAck: 0.03, Poison: 0.01,
+			Stray: 5, KillPostgres: !unsafe, Move: true, RaceMoves: !unsafe, OnePostgres: true, ShardDurables: true, Seed: 4}
+		if unsafe {
+			o.unsafeMoves = true
+		}
+		r, err := RunShards(context.Background(), o)
+		if err != nil {
+			t.Fatalf("unsafe %v: %v", unsafe, err)
+		}
+		var b bytes.Buffer
+		WriteShards(&b, r)
+		t.Logf("unsafe %v:\n%s", unsafe, b.String())
+		switch {
+		case !unsafe && !r.Clean():
+			t.Error("the sharded run with one durable per shard is not clean")
+		case !unsafe && (len(r.MovedOwners) != 1 || r.MovesRefused != 2):
+			t.Errorf("the moved partition is owned by %v, %d raced moves refused: want one owner and 2 refused", r.MovedOwners, r.MovesRefused)
+		case unsafe && r.Lost == 0:
+			t.Error("moves without a hand-off durable lost nothing: the run cannot show what the hand-off prevents")
+		}
+	}
+}

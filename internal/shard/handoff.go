@@ -73,13 +73,20 @@ func prepareHandOff(ctx context.Context, m *Map, p int, from, to Side, o MoveOpt
 	var (
 		owned    bool
 		recorded *int64
+		movedTo  *string
 	)
-	err := from.Pool.QueryRow(ctx, `SELECT owned, handoff_from FROM jetinbox_partitions WHERE scope = $1 AND partition = $2`, m.Scope, p).Scan(&owned, &recorded)
+	err := from.Pool.QueryRow(ctx, `SELECT owned, handoff_from, moved_to FROM jetinbox_partitions WHERE scope = $1 AND partition = $2`, m.Scope, p).Scan(&owned, &recorded, &movedTo)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("shard: the source %s never owned partition %d (its table has no row for it): check the map and run jetinbox partitions list", from.Name, p)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("shard: source %s: %w", from.Name, err)
+	}
+	if !owned && movedTo != nil && *movedTo != to.Name && !o.UnsafeAnyGivenAway {
+		// Given to another shard: no hand-off for this target (the fence
+		// refuses the move too, but a hand-off made first would stay).
+		return 0, fmt.Errorf("%w: %s gave partition %d to shard %s, not %s: finish that move (jetinbox partitions move %d --to %s) or move it back (--to %s)",
+			ErrOtherTarget, from.Name, p, *movedTo, to.Name, p, *movedTo, from.Name)
 	}
 	// Before the fence, the source's rescue must have applied what the
 	// server gave up on (see [ErrRescuePending]); checked after the
