@@ -76,8 +76,11 @@ func (c *Console) readOverview(ctx context.Context) *Overview {
 	}
 	durables := []string{c.cfg.Durable}
 	if c.cfg.Shards != nil {
-		durables = c.cfg.Shards.Durables()
+		durables = c.cfg.Shards.ConsumerDurables()
 		o.Durable = fmt.Sprintf("%d partition durables", len(durables))
+		if c.cfg.Shards.ShardDurables {
+			o.Durable = fmt.Sprintf("%d shard durables", len(durables))
+		}
 	}
 	var ready, total int
 	for _, d := range durables {
@@ -228,7 +231,7 @@ func (c *Console) charts(w http.ResponseWriter, r *http.Request) {
 	}
 	durables := []string{c.cfg.Durable}
 	if c.cfg.Shards != nil {
-		durables = c.cfg.Shards.Durables()
+		durables = c.cfg.Shards.ConsumerDurables()
 	}
 	for _, d := range durables {
 		if cons, err := c.cfg.JS.Consumer(ctx, c.cfg.Stream, d); err == nil {

@@ -317,6 +317,11 @@ func (c *Console) partitions(w http.ResponseWriter, r *http.Request) {
 	}
 	for part := range m.Partitions {
 		row := partitionRow{Partition: part, Durable: m.Durable(part), Owner: strings.Join(owners[part], ", "), MapOwner: m.Owner(part), State: "ok"}
+		if m.ShardDurables && len(owners[part]) == 1 {
+			// Its owner's durable, which reads every partition the shard
+			// owns: the lag is the shard's.
+			row.Durable = m.ShardDurable(owners[part][0])
+		}
 		switch n := len(owners[part]); {
 		case n == 0 && movedTo[part] != "":
 			row.State = "move in progress (" + movedTo[part] + "): owned by no shard"

@@ -205,7 +205,11 @@ func listPartitions(ctx context.Context, m *shard.Map, env cli.Env, verbose bool
 		}
 		bad++
 	}
-	fmt.Fprintf(stdout, "stream %s, %d partitions, scope %q, durables %s\n", m.Stream, m.Partitions, m.Scope, m.Durable(0)+"…")
+	if m.ShardDurables {
+		fmt.Fprintf(stdout, "stream %s, %d partitions, scope %q, one durable per shard: %s\n", m.Stream, m.Partitions, m.Scope, strings.Join(m.ConsumerDurables(), ", "))
+	} else {
+		fmt.Fprintf(stdout, "stream %s, %d partitions, scope %q, durables %s\n", m.Stream, m.Partitions, m.Scope, m.Durable(0)+"…")
+	}
 	if verbose {
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "partition\tdurable\tfilter\towner (database)\towner (map file)")
@@ -214,7 +218,14 @@ func listPartitions(ctx context.Context, m *shard.Map, env cli.Env, verbose bool
 			if len(owners[p]) > 0 {
 				owner = strings.Join(owners[p], ",")
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", p, m.Durable(p), m.Filter(p), owner, m.Owner(p))
+			durable := m.Durable(p)
+			if m.ShardDurables {
+				durable = "-"
+				if len(owners[p]) == 1 {
+					durable = m.ShardDurable(owners[p][0])
+				}
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", p, durable, m.Filter(p), owner, m.Owner(p))
 		}
 		tw.Flush()
 	}

@@ -58,6 +58,9 @@ func Prune(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout,
 			return cli.UsageError{Err: err}
 		}
 		*dbURL, *stream, *scope, *durable = u, m.Stream, m.Scope, m.Durable(0)
+		if m.ShardDurables {
+			*durable = m.ShardDurable(s.Name)
+		}
 	}
 	if err := nf.Validate(); err != nil {
 		return cli.UsageError{Err: err}
