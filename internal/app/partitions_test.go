@@ -30,9 +30,15 @@ import (
 // and verify -shards over all shards; then breaks the end state to see
 // verify -shards go red.
 func TestShardedCommands(t *testing.T) {
+	for _, sd := range []bool{false, true} {
+		t.Run(map[bool]string{false: "a durable per partition", true: "a durable per shard"}[sd], func(t *testing.T) { testShardedCommands(t, sd) })
+	}
+}
+
+func testShardedCommands(t *testing.T, shardDurables bool) {
 	srv := natsenv.NewNATS(t, natsenv.NATSOptions{})
 	urls := map[string]string{}
-	m := shard.Map{Partitions: 8}
+	m := shard.Map{Partitions: 8, ShardDurables: shardDurables}
 	for i, name := range []string{"a", "b", "c"} {
 		urls[name] = testenv.NewDatabase(t)
 		set, _ := shard.ParseSet([]string{"0-2", "3-5", "6-7"}[i])
@@ -149,7 +155,11 @@ func TestShardedCommands(t *testing.T) {
 	if nm.Owner(moved) != "c" {
 		t.Errorf("the map file gives partition %d to %q after the move", moved, nm.Owner(moved))
 	}
-	if out := mustRun("partitions", "list", "-v", "-shards", file); !strings.Contains(strings.Join(strings.Fields(out), " "), fmt.Sprintf("%d ledger_p%02d pintents.%d.> c c", moved, moved, moved)) {
+	durable := fmt.Sprintf("ledger_p%02d", moved)
+	if shardDurables {
+		durable = "ledger_s_c"
+	}
+	if out := mustRun("partitions", "list", "-v", "-shards", file); !strings.Contains(strings.Join(strings.Fields(out), " "), fmt.Sprintf("%d %s pintents.%d.> c c", moved, durable, moved)) {
 		t.Errorf("partitions list -v does not show partition %d at c in both:\n%s", moved, out)
 	}
 	// A replay of each shard: its partitions only, every message a
