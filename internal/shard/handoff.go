@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -286,7 +287,8 @@ func (r *Runner) restartMain(ctx context.Context, st shardState) {
 	}
 	cfg := r.Consumer
 	if r.MaxBytes > 0 {
-		cfg.MaxBytes = max(r.MaxBytes, 1<<20)
+		// Three quarters; the rest for two hand-offs at a time.
+		cfg.MaxBytes = max(r.MaxBytes-r.MaxBytes/4, 1<<20)
 	}
 	cfg.Stream, cfg.Durable, cfg.FilterSubjects = r.Map.Stream, durable, r.Map.filters(st.filter)
 	cfg.Batcher = r.batcher
@@ -339,28 +341,45 @@ func (r *Runner) runHandOffs(ctx context.Context, st shardState) {
 		r.Logger.Warn("shard: listing the hand-off durables failed; retrying at the next poll", "err", err)
 		return
 	}
+	// Only this poll changes r.handOffs; the lock is for the readers
+	// (Ready, RescueBacklog), never held while a consumer stops.
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	for p, hr := range r.handOffs {
+	running := maps.Clone(r.handOffs)
+	hasMain := r.main != nil
+	r.mu.Unlock()
+	stop := func(p int, hr *partitionRun) {
+		hr.cancel()
+		<-hr.done
+		r.mu.Lock()
+		delete(r.handOffs, p)
+		r.mu.Unlock()
+		delete(running, p)
+	}
+	for p, hr := range running {
 		if !slices.Contains(st.owned, p) || !names[p] {
 			// Given back before it ended (its next owner runs it), or
 			// deleted.
-			hr.cancel()
-			<-hr.done
-			delete(r.handOffs, p)
+			stop(p, hr)
 		}
 	}
 	for _, p := range st.owned {
-		if !names[p] || r.handOffs[p] != nil {
+		if !names[p] || running[p] != nil {
 			continue
 		}
 		cfg := r.Consumer
+		if r.MaxBytes > 0 {
+			cfg.MaxBytes = max(r.MaxBytes/8, 1<<20)
+		}
 		cfg.Stream, cfg.Durable, cfg.FilterSubjects = r.Map.Stream, r.Map.HandOff(p), []string{r.Map.Filter(p)}
 		cfg.Batcher = r.batcher
-		r.handOffs[p] = r.startConsumer(ctx, p, cfg, r.Proc.HandOffProcessor())
+		hr := r.startConsumer(ctx, p, cfg, r.Proc.HandOffProcessor())
+		r.mu.Lock()
+		r.handOffs[p] = hr
+		r.mu.Unlock()
+		running[p] = hr
 		r.Logger.Info("shard: reading a moved partition's hand-off", "partition", p, "durable", cfg.Durable)
 	}
-	if len(r.handOffs) == 0 || r.main == nil {
+	if len(running) == 0 || !hasMain {
 		return
 	}
 	main, err := r.JS.Consumer(ctx, r.Map.Stream, r.Map.ShardDurable(r.Name))
@@ -368,16 +387,14 @@ func (r *Runner) runHandOffs(ctx context.Context, st shardState) {
 		return
 	}
 	mi := main.CachedInfo()
-	for p, hr := range r.handOffs {
+	for p, hr := range running {
 		if !slices.Contains(mi.Config.FilterSubjects, r.Map.Filter(p)) {
 			continue
 		}
 		if done, err := r.handOffDone(ctx, p, hr, mi.Delivered.Stream); err != nil || !done {
 			continue
 		}
-		hr.cancel()
-		<-hr.done
-		delete(r.handOffs, p)
+		stop(p, hr)
 		name := r.Map.HandOff(p)
 		if err := r.JS.DeleteConsumer(ctx, r.Map.Stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			r.Logger.Warn("shard: deleting a finished hand-off durable failed; it is read again until deleted", "durable", name, "err", err)

@@ -46,6 +46,8 @@ type Runner struct {
 	// partitions the database says the shard owns then (at least 1 MiB),
 	// in place of Consumer.MaxBytes. A partition moved in later gets its
 	// share of the new count; those running keep theirs until restarted.
+	// With [Map.ShardDurables], the shard's durable gets three quarters
+	// and each hand-off an eighth.
 	MaxBytes int64
 	// Poll is how often the partition table is read. Default 1s.
 	Poll time.Duration
