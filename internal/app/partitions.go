@@ -14,6 +14,9 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/jetinbox/jetinbox/inbox/jsinbox"
 	"github.com/jetinbox/jetinbox/internal/cli"
 	"github.com/jetinbox/jetinbox/internal/shard"
@@ -25,7 +28,8 @@ const partitionsUsage = `jetinbox partitions: the partitions of a sharded stream
   jetinbox partitions list -shards FILE [-v]     each shard's partitions, as its database says, against the map file
   jetinbox partitions stream -shards FILE        create the stream with its partition transform, dead-letter and advisory streams
   jetinbox partitions move P --to B -shards FILE move partition P to shard B while every shard runs, then rewrite FILE;
-                                                 a move stopped halfway: run it again to the same B, or to its source to give P back`
+                                                 a move stopped halfway: run it again to the same B, or to its source to give P back;
+                                                 with shard_durables in FILE it makes P's hand-off durable (NATS flags as for stream)`
 
 // Partitions is `jetinbox partitions`.
 func Partitions(ctx context.Context, args []string, env cli.Env, _ io.Reader, stdout, stderr io.Writer) error {
@@ -69,12 +73,9 @@ func Partitions(ctx context.Context, args []string, env cli.Env, _ io.Reader, st
 		if len(pos) > 0 {
 			return cli.UsageError{Err: errors.New("partitions stream: unexpected arguments")}
 		}
-		if err := nf.Validate(); err != nil {
-			return cli.UsageError{Err: err}
-		}
-		nc, js, err := nf.Connect("jetinbox-partitions", cli.DefaultReconnect(), log)
+		nc, js, err := connectPartitions(&nf, log)
 		if err != nil {
-			return cli.UsageError{Err: err}
+			return err
 		}
 		defer nc.Close()
 		if err := m.EnsureStream(ctx, js, jsinbox.StreamConfig{Replicas: *replicas, DuplicateWindow: *window}); err != nil {
@@ -93,12 +94,9 @@ func Partitions(ctx context.Context, args []string, env cli.Env, _ io.Reader, st
 		}
 		var mo shard.MoveOptions
 		if m.ShardDurables {
-			if err := nf.Validate(); err != nil {
-				return cli.UsageError{Err: err}
-			}
-			nc, js, err := nf.Connect("jetinbox-partitions", cli.DefaultReconnect(), log)
+			nc, js, err := connectPartitions(&nf, log)
 			if err != nil {
-				return cli.UsageError{Err: err}
+				return err
 			}
 			defer nc.Close()
 			mo.JS = js
@@ -106,6 +104,19 @@ func Partitions(ctx context.Context, args []string, env cli.Env, _ io.Reader, st
 		return movePartition(ctx, m, sf.File, p, *to, mo, env, stdout, log)
 	}
 	return cli.UsageError{Err: fmt.Errorf("partitions: unknown subcommand %q (list, stream, move)", sub)}
+}
+
+// connectPartitions connects to NATS with the command's flags; a bad flag
+// or a server that cannot be reached is a usage error.
+func connectPartitions(nf *cli.NATSFlags, log *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
+	if err := nf.Validate(); err != nil {
+		return nil, nil, cli.UsageError{Err: err}
+	}
+	nc, js, err := nf.Connect("jetinbox-partitions", cli.DefaultReconnect(), log)
+	if err != nil {
+		return nil, nil, cli.UsageError{Err: err}
+	}
+	return nc, js, nil
 }
 
 // parseInterspersed parses flags that may come before or after the

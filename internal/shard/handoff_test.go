@@ -152,6 +152,23 @@ func (e *handOffEnv) waitApplied(what string, ids ...string) {
 
 func (e *handOffEnv) side(name string) Side { return Side{name, e.pools[name]} }
 
+// waitHandOffGone waits (up to two minutes) until partition p's hand-off
+// durable is deleted: its target read it to the end.
+func (e *handOffEnv) waitHandOffGone(p int) {
+	e.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		_, err := e.js.Consumer(context.Background(), e.m.Stream, e.m.HandOff(p))
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("partition %d's hand-off durable is still there after 2 minutes (%v)", p, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // TestHandOffCoversWhatTheSourceLeft moves a partition from a shard that
 // stopped before it read the partition's last messages to a shard whose
 // durable had already passed them: the hand-off durable delivers them to
@@ -207,17 +224,7 @@ func TestHandOffCoversWhatTheSourceLeft(t *testing.T) {
 			}
 			e.waitApplied("the intents the source had not read", left...)
 			// The hand-off ends: b's durable reads partition 0 itself.
-			deadline := time.Now().Add(2 * time.Minute)
-			for {
-				_, err := e.js.Consumer(ctx, e.m.Stream, e.m.HandOff(0))
-				if errors.Is(err, jetstream.ErrConsumerNotFound) {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("the hand-off durable is still there after 2 minutes (%v)", err)
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+			e.waitHandOffGone(0)
 			// Now the partition moves back, and a applies what comes.
 			e.start("a")
 			if _, err := MoveWith(ctx, &e.m, 0, e.side("b"), e.side("a"), MoveOptions{JS: e.js}); err != nil {
@@ -428,16 +435,7 @@ CREATE TRIGGER refuse BEFORE INSERT ON inbox FOR EACH ROW EXECUTE FUNCTION refus
 		t.Fatal(err)
 	}
 	e.waitAppliedOrDump("the intents a acked for the hand-off", during...)
-	for {
-		_, err := e.js.Consumer(ctx, e.m.Stream, e.m.HandOff(0))
-		if errors.Is(err, jetstream.ErrConsumerNotFound) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the hand-off durable is still there (%v)", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	e.waitHandOffGone(0)
 	got := e.applied()
 	for _, id := range append(warm, during...) {
 		if got[id] != 1 {
