@@ -59,17 +59,22 @@ const (
 )
 
 // prepareHandOff makes (or finds, for a move run again) partition p's
-// hand-off durable and returns its first sequence: right after the ack
-// floor of the source's durable. The source's durable is filtered on p
-// until its row records the hand-off (see [Runner]), so its ack floor
-// cannot pass a message of p it did not ack, and it acked only what it
-// applied: everything of p it did not apply is at or after the start.
-func prepareHandOff(ctx context.Context, m *Map, p int, from, to Side, o MoveOptions) (uint64, error) {
+// hand-off durable and returns its first sequence, and whether the
+// source's row said it owned p. The first sequence is right after the ack
+// floor of the source's durable: that durable is filtered on p until its
+// row records the hand-off (see [Runner]), so its ack floor cannot pass a
+// message of p it did not ack, and it acked only what it applied:
+// everything of p it did not apply is at or after the start.
+//
+// While the source owns p, nobody reads a hand-off of it to another shard,
+// so one found then (left by a move that stopped before its fence) is made
+// anew, from the floor as it is now. One handed back to the source (a
+// give-back after the fence) is the source's to read: the move waits for
+// it. After the fence, the hand-off must be this move's, and starts where
+// the source's row says.
+func prepareHandOff(ctx context.Context, m *Map, p int, from, to Side, o MoveOptions) (uint64, bool, error) {
 	if o.JS == nil {
-		return 0, errors.New("shard: the map has shard_durables: a move needs JetStream for the partition's hand-off durable")
-	}
-	if o.UnsafeNoHandOff {
-		return 1, nil
+		return 0, false, errors.New("shard: the map has shard_durables: a move needs JetStream for the partition's hand-off durable")
 	}
 	var (
 		owned    bool
@@ -78,34 +83,45 @@ func prepareHandOff(ctx context.Context, m *Map, p int, from, to Side, o MoveOpt
 	)
 	err := from.Pool.QueryRow(ctx, `SELECT owned, handoff_from, moved_to FROM jetinbox_partitions WHERE scope = $1 AND partition = $2`, m.Scope, p).Scan(&owned, &recorded, &movedTo)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, fmt.Errorf("shard: the source %s never owned partition %d (its table has no row for it): check the map and run jetinbox partitions list", from.Name, p)
+		return 0, false, fmt.Errorf("shard: the source %s never owned partition %d (its table has no row for it): check the map and run jetinbox partitions list", from.Name, p)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("shard: source %s: %w", from.Name, err)
+		return 0, false, fmt.Errorf("shard: source %s: %w", from.Name, err)
+	}
+	if o.UnsafeNoHandOff {
+		return 1, owned, nil
 	}
 	if !owned && movedTo != nil && *movedTo != to.Name && !o.UnsafeAnyGivenAway {
 		// Given to another shard: no hand-off for this target (the fence
 		// refuses the move too, but a hand-off made first would stay).
-		return 0, fmt.Errorf("%w: %s gave partition %d to shard %s, not %s: finish that move (jetinbox partitions move %d --to %s) or move it back (--to %s)",
+		return 0, false, fmt.Errorf("%w: %s gave partition %d to shard %s, not %s: finish that move (jetinbox partitions move %d --to %s) or move it back (--to %s)",
 			ErrOtherTarget, from.Name, p, *movedTo, to.Name, p, *movedTo, from.Name)
-	}
-	// Before the fence, the source's rescue must have applied what the
-	// server gave up on (see [ErrRescuePending]); checked after the
-	// hand-off is made, so that nothing given up on later escapes both.
-	rescued := func(start uint64, err error) (uint64, error) {
-		if err == nil && owned {
-			err = sourceRescued(ctx, m, o.JS, from.Name)
-		}
-		return start, err
 	}
 	name := m.HandOff(p)
 	c, err := o.JS.Consumer(ctx, m.Stream, name)
 	switch {
-	case err == nil:
-		// Made by an earlier run of this move (or another's: refused).
-		return rescued(handOffOf(c.CachedInfo(), p, from.Name, to.Name))
-	case !errors.Is(err, jetstream.ErrConsumerNotFound):
-		return 0, fmt.Errorf("shard: hand-off durable %s: %w", name, err)
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+	case err != nil:
+		return 0, false, fmt.Errorf("shard: hand-off durable %s: %w", name, err)
+	default:
+		md := c.CachedInfo().Config.Metadata
+		switch {
+		case md[metaHandOffTo] == from.Name && md[metaHandOffTo] != "":
+			// Given back to the source, which reads it to the end.
+			_, err := handOffOf(c.CachedInfo(), p, from.Name, to.Name)
+			return 0, false, err
+		case !owned && md[metaHandOffFrom] == from.Name && md[metaHandOffTo] == to.Name:
+			// Made by an earlier run of this move, fenced since.
+			return c.CachedInfo().Config.OptStartSeq, false, nil
+		case !owned && md[metaHandOffTo] != "":
+			_, err := handOffOf(c.CachedInfo(), p, from.Name, to.Name)
+			return 0, false, err
+		}
+		// Left by a move that stopped before its fence, or without the
+		// metadata of a move: nobody has read it for the move; made anew.
+		if err := deleteUnfencedHandOff(ctx, m, o.JS, p, from); err != nil {
+			return 0, false, err
+		}
 	}
 	var start uint64
 	if !owned && recorded != nil && *recorded > 0 {
@@ -119,7 +135,7 @@ func prepareHandOff(ctx context.Context, m *Map, p int, from, to Side, o MoveOpt
 		case errors.Is(err, jetstream.ErrConsumerNotFound):
 			start = 1 // the source never consumed: all of it
 		case err != nil:
-			return 0, fmt.Errorf("shard: the source's durable %s: %w", m.ShardDurable(from.Name), err)
+			return 0, false, fmt.Errorf("shard: the source's durable %s: %w", m.ShardDurable(from.Name), err)
 		default:
 			start = src.CachedInfo().AckFloor.Stream + 1
 		}
@@ -137,17 +153,60 @@ func prepareHandOff(ctx context.Context, m *Map, p int, from, to Side, o MoveOpt
 		OptStartSeq:   start,
 		Metadata:      map[string]string{metaHandOffFrom: from.Name, metaHandOffTo: to.Name},
 	}
-	c, err = o.JS.CreateConsumer(ctx, m.Stream, cfg)
-	if errors.Is(err, jetstream.ErrConsumerExists) {
-		// Another run of a move made it meanwhile: it must be this move's.
-		if c, err = o.JS.Consumer(ctx, m.Stream, name); err == nil {
-			start, err = handOffOf(c.CachedInfo(), p, from.Name, to.Name)
+	if _, err := o.JS.CreateConsumer(ctx, m.Stream, cfg); err != nil {
+		if errors.Is(err, jetstream.ErrConsumerExists) {
+			// Another move of p made one meanwhile.
+			return 0, false, fmt.Errorf("%w: another move of partition %d made %s meanwhile: %v", ErrHandOffRunning, p, name, err)
+		}
+		return 0, false, fmt.Errorf("shard: make the hand-off durable %s of partition %d: %w", name, p, err)
+	}
+	if owned {
+		// Before the fence, the source's rescue must have applied what
+		// the server gave up on (see [ErrRescuePending]); checked after
+		// the hand-off is made, so that nothing given up on later escapes
+		// both.
+		if err := sourceRescued(ctx, m, o.JS, from.Name); err != nil {
+			return 0, false, err
 		}
 	}
+	return start, owned, nil
+}
+
+// deleteUnfencedHandOff deletes partition p's hand-off durable while the
+// source's row, locked, says it owns p: a fence, which must find its own
+// hand-off under the same row's lock, cannot commit in between and lose
+// the hand-off it made.
+func deleteUnfencedHandOff(ctx context.Context, m *Map, js jetstream.JetStream, p int, from Side) error {
+	tx, err := from.Pool.Begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("shard: make the hand-off durable %s of partition %d: %w", name, p, err)
+		return fmt.Errorf("shard: source %s: %w", from.Name, err)
 	}
-	return rescued(start, nil)
+	defer tx.Rollback(ctx) //nolint:errcheck // read only
+	if err := moveSettings(ctx, tx); err != nil {
+		return fmt.Errorf("shard: source %s: %w", from.Name, err)
+	}
+	var owned bool
+	if err := tx.QueryRow(ctx, `SELECT owned FROM jetinbox_partitions WHERE scope = $1 AND partition = $2 FOR SHARE`, m.Scope, p).Scan(&owned); err != nil {
+		return fmt.Errorf("shard: source %s: %w", from.Name, err)
+	}
+	if !owned {
+		return fmt.Errorf("%w: partition %d was fenced by another move meanwhile", ErrHandOffRunning, p)
+	}
+	if err := js.DeleteConsumer(ctx, m.Stream, m.HandOff(p)); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("shard: replace the hand-off durable %s: %w", m.HandOff(p), err)
+	}
+	return nil
+}
+
+// handOffStill fails unless partition p's hand-off durable exists and
+// hands it from from to to.
+func handOffStill(ctx context.Context, m *Map, js jetstream.JetStream, p int, from, to string) error {
+	c, err := js.Consumer(ctx, m.Stream, m.HandOff(p))
+	if err != nil {
+		return fmt.Errorf("shard: the hand-off durable %s of partition %d is gone (%w): run the move again", m.HandOff(p), p, err)
+	}
+	_, err = handOffOf(c.CachedInfo(), p, from, to)
+	return err
 }
 
 // sourceRescued fails with [ErrRescuePending] if the source shard's
@@ -269,45 +328,61 @@ func (r *Runner) applyShard(ctx context.Context, st shardState) {
 // partitions to read.
 func (r *Runner) restartMain(ctx context.Context, st shardState) {
 	r.mu.Lock()
-	old := r.main
+	old, oldFilter := r.main, r.mainFilter
 	r.main, r.mainFilter = nil, nil
 	r.mu.Unlock()
 	if old != nil {
-		old.cancel()
-		<-old.done
+		old.stop()
 	}
+	durable := r.Map.ShardDurable(r.Name)
 	if len(st.filter) == 0 {
+		// Every partition handed off: what the durable still holds of them
+		// is at or after their hand-offs' starts. Deleted, so that the
+		// next partition moved in is not read from where it stopped.
+		if err := r.JS.DeleteConsumer(ctx, r.Map.Stream, durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			r.Logger.Warn("shard: deleting the shard's durable, which has no partition left, failed", "durable", durable, "err", err)
+		}
 		r.Logger.Info("shard: no partition left to read; the shard's durable stops")
 		return
 	}
-	durable := r.Map.ShardDurable(r.Name)
-	if err := r.setFilter(ctx, durable, st.filter); err != nil {
-		r.Logger.Warn("shard: setting the shard durable's partitions failed; retrying at the next poll", "durable", durable, "err", err)
-		return
+	filter := st.filter
+	if err := r.setFilter(ctx, durable, filter); err != nil {
+		if old == nil {
+			r.Logger.Warn("shard: setting the shard durable's partitions failed; retrying at the next poll", "durable", durable, "err", err)
+			return
+		}
+		// Read on with the partitions it had: the processor already
+		// refuses those given away, and the next poll tries again.
+		r.Logger.Warn("shard: setting the shard durable's partitions failed; reading on with the ones it had, retrying at the next poll", "durable", durable, "err", err)
+		r.mu.Lock()
+		filter = oldFilter
+		r.mu.Unlock()
 	}
 	cfg := r.Consumer
 	if r.MaxBytes > 0 {
 		// Three quarters; the rest for two hand-offs at a time.
 		cfg.MaxBytes = max(r.MaxBytes-r.MaxBytes/4, 1<<20)
 	}
-	cfg.Stream, cfg.Durable, cfg.FilterSubjects = r.Map.Stream, durable, r.Map.filters(st.filter)
+	cfg.Stream, cfg.Durable, cfg.FilterSubjects = r.Map.Stream, durable, r.Map.filters(filter)
 	cfg.Batcher = r.batcher
 	run := r.startConsumer(ctx, -1, cfg, r.Proc)
 	r.mu.Lock()
-	r.main, r.mainFilter = run, slices.Clone(st.filter)
+	r.main, r.mainFilter = run, slices.Clone(filter)
 	r.mu.Unlock()
-	r.Logger.Info("shard: the shard's durable reads its partitions", "durable", durable, "partitions", st.filter.String())
+	r.Logger.Info("shard: the shard's durable reads its partitions", "durable", durable, "partitions", filter.String())
 }
 
-// setFilter makes durable read the partitions of filter: it creates it
-// (from the start of the stream) if it is missing, or changes its
-// filter subjects.
+// setFilter makes durable read the partitions of filter: it creates it if
+// it is missing, or changes its filter subjects. A durable created for
+// partitions that all came with hand-offs to this shard starts where the
+// earliest of those starts (they deliver everything of their partitions
+// from there); any other starts at the stream's beginning.
 func (r *Runner) setFilter(ctx context.Context, durable string, filter Set) error {
 	subjects := r.Map.filters(filter)
 	c, err := r.JS.Consumer(ctx, r.Map.Stream, durable)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		d := r.Consumer.WithDefaults()
-		_, err = r.JS.CreateConsumer(ctx, r.Map.Stream, jetstream.ConsumerConfig{
+		cfg := jetstream.ConsumerConfig{
 			Durable:        durable,
 			AckPolicy:      jetstream.AckExplicitPolicy,
 			AckWait:        d.AckWait,
@@ -315,7 +390,26 @@ func (r *Runner) setFilter(ctx context.Context, durable string, filter Set) erro
 			MaxAckPending:  d.MaxAckPending,
 			MaxWaiting:     512,
 			FilterSubjects: subjects,
-		})
+		}
+		starts, err := r.handOffStarts(ctx)
+		if err != nil {
+			return err
+		}
+		var first uint64
+		for _, p := range filter {
+			s, ok := starts[p]
+			if !ok {
+				first = 0
+				break
+			}
+			if first == 0 || s < first {
+				first = s
+			}
+		}
+		if first > 0 {
+			cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, first
+		}
+		_, err = r.JS.CreateConsumer(ctx, r.Map.Stream, cfg)
 		return err
 	}
 	if err != nil {
@@ -348,8 +442,7 @@ func (r *Runner) runHandOffs(ctx context.Context, st shardState) {
 	hasMain := r.main != nil
 	r.mu.Unlock()
 	stop := func(p int, hr *partitionRun) {
-		hr.cancel()
-		<-hr.done
+		hr.stop()
 		r.mu.Lock()
 		delete(r.handOffs, p)
 		r.mu.Unlock()
@@ -371,8 +464,21 @@ func (r *Runner) runHandOffs(ctx context.Context, st shardState) {
 			cfg.MaxBytes = max(r.MaxBytes/8, 1<<20)
 		}
 		cfg.Stream, cfg.Durable, cfg.FilterSubjects = r.Map.Stream, r.Map.HandOff(p), []string{r.Map.Filter(p)}
-		cfg.Batcher = r.batcher
+		// A batcher of its own: a batcher's batches run through one
+		// processor, and the hand-off's never acks unapplied.
+		b := jsinbox.NewBatcher(r.Consumer.BatchSize, r.Consumer.InFlight)
+		bctx, stopB := context.WithCancel(context.WithoutCancel(ctx))
+		bdone := make(chan struct{})
+		go func() {
+			defer close(bdone)
+			b.Run(bctx)
+		}()
+		cfg.Batcher = b
 		hr := r.startConsumer(ctx, p, cfg, r.Proc.HandOffProcessor())
+		hr.stopBatcher = func() {
+			stopB()
+			<-bdone
+		}
 		r.mu.Lock()
 		r.handOffs[p] = hr
 		r.mu.Unlock()
@@ -419,31 +525,59 @@ func (r *Runner) handOffDone(ctx context.Context, p int, hr *partitionRun, throu
 	if c == nil || !c.Ready() {
 		return false, nil
 	}
+	done := func() (bool, uint64, error) {
+		h, err := r.JS.Consumer(ctx, r.Map.Stream, r.Map.HandOff(p))
+		if err != nil {
+			return false, 0, err
+		}
+		i := h.CachedInfo()
+		return i.NumAckPending == 0 && (i.Delivered.Stream >= through || i.NumPending == 0), i.Delivered.Stream, nil
+	}
+	if ok, _, err := done(); err != nil || !ok {
+		return false, err
+	}
+	// The hand-off's own give-ups first: a message dropped at its last
+	// delivery leaves the pending count before its advisory is stored, so
+	// the advisories are counted a moment after the count looked done, and
+	// the count must still look so, with nothing delivered since.
+	_, delivered, _ := done()
+	select {
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case <-time.After(handOffSettle):
+	}
 	if n, err := c.RescueBacklog(ctx); err != nil || n > 0 {
 		return false, err
 	}
-	h, err := r.JS.Consumer(ctx, r.Map.Stream, r.Map.HandOff(p))
-	if err != nil {
-		return false, err
-	}
-	i := h.CachedInfo()
-	return i.NumAckPending == 0 && (i.Delivered.Stream >= through || i.NumPending == 0), nil
+	ok, again, err := done()
+	return ok && again == delivered, err
 }
 
 // handOffsTo returns the partitions whose hand-off durables exist and
 // hand them to this shard.
 func (r *Runner) handOffsTo(ctx context.Context) (map[int]bool, error) {
+	starts, err := r.handOffStarts(ctx)
+	out := make(map[int]bool, len(starts))
+	for p := range starts {
+		out[p] = true
+	}
+	return out, err
+}
+
+// handOffStarts returns, for each partition whose hand-off durable exists
+// and hands it to this shard, the hand-off's first sequence.
+func (r *Runner) handOffStarts(ctx context.Context) (map[int]uint64, error) {
 	prefix := r.Map.DurablePrefix + "_h"
 	s, err := r.JS.Stream(ctx, r.Map.Stream)
 	if err != nil {
 		return nil, err
 	}
 	infos := s.ListConsumers(ctx)
-	out := map[int]bool{}
+	out := map[int]uint64{}
 	for i := range infos.Info() {
 		if rest, ok := strings.CutPrefix(i.Name, prefix); ok && i.Config.Metadata[metaHandOffTo] == r.Name {
 			if p, err := strconv.Atoi(rest); err == nil && r.Map.HandOff(p) == i.Name {
-				out[p] = true
+				out[p] = i.Config.OptStartSeq
 			}
 		}
 	}

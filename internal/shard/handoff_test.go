@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -435,6 +436,95 @@ CREATE TRIGGER refuse BEFORE INSERT ON inbox FOR EACH ROW EXECUTE FUNCTION refus
 	}
 	if _, err := UnfenceWith(ctx, &e.m, 0, e.side("a"), e.side("b"), MoveOptions{JS: e.js}); err != nil {
 		t.Fatal(err)
+	}
+	e.waitAppliedOrDump("the intents a acked for the hand-off", during...)
+	e.waitHandOffGone(0)
+	got := e.applied()
+	for _, id := range append(warm, during...) {
+		if got[id] != 1 {
+			t.Errorf("%s applied %d times", id, got[id])
+		}
+	}
+}
+
+// TestProcessorAfterAHandOff: a shard that gave a partition away with a
+// hand-off from sequence 100 acks, unapplied, what reaches it of the
+// partition from there (the hand-off delivers it to the owner), and
+// dead-letters with the way to the owner an earlier one (only a late
+// rescue brings it): neither is retried for ever. The hand-off's own
+// processor never acks unapplied.
+func TestProcessorAfterAHandOff(t *testing.T) {
+	m := (&Map{Partitions: 4, Shards: []Shard{{Name: "a", DatabaseURL: "x", Partitions: Set{0, 1, 2, 3}}}}).WithDefaults()
+	inner := &fakeProc{}
+	p := NewProcessor(inner, &m)
+	p.SetOwned(Set{1, 2, 3})
+	p.SetHandedOff([]uint64{100, 0, 0, 0})
+	id := idOf(0, 4)
+	msg := func(seq uint64) inbox.Message {
+		return inbox.Message{ID: id, Payload: []byte("{}"), Subject: StoredSubject(m.Subject, id, "ledger.1", 4), StreamSeq: seq}
+	}
+	out, err := p.Process(context.Background(), []inbox.Message{msg(100), msg(99)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out[0].Status != inbox.StatusDuplicate {
+		t.Errorf("at the hand-off's start: %v (%s), want acked unapplied", out[0].Status, out[0].Reason)
+	}
+	if out[1].Status != inbox.StatusRejected || !strings.Contains(out[1].Reason, "re-drive") {
+		t.Errorf("before the hand-off's start: %v (%s), want dead-lettered with the way to the owner", out[1].Status, out[1].Reason)
+	}
+	out, err = p.HandOffProcessor().Process(context.Background(), []inbox.Message{msg(100)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out[0].Status != inbox.StatusRetry {
+		t.Errorf("through the hand-off's processor: %v, want a retry (never acked unapplied)", out[0].Status)
+	}
+	if len(inner.got) != 0 {
+		t.Errorf("the inner processor saw %d messages of a partition not owned", len(inner.got))
+	}
+}
+
+// TestGiveBackDuringARerun: a move whose copy failed is run again, and
+// while it prepares the partition is given back to its source: the re-run
+// must not fence and take it (it would leave the hand-off, now the
+// source's, read by nobody). The source reads the hand-off itself, and
+// what it acked there unapplied is applied once.
+func TestGiveBackDuringARerun(t *testing.T) {
+	ctx := context.Background()
+	e := newHandOffEnv(t, 4, Set{0, 1}, Set{2, 3})
+	e.start("a")
+	e.start("b")
+	warm := append(idsOf("warm0", 0, 4, 1), idsOf("warm2", 2, 4, 1)...)
+	e.publish(warm...)
+	e.waitApplied("the first intents", warm...)
+	if _, err := e.pools["b"].Exec(ctx, `CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'disk full'; END $$;
+CREATE TRIGGER refuse BEFORE INSERT ON inbox FOR EACH ROW EXECUTE FUNCTION refuse()`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := MoveWith(ctx, &e.m, 0, e.side("a"), e.side("b"), MoveOptions{JS: e.js}); err == nil {
+		t.Fatal("the move with a failing copy succeeded")
+	}
+	during := idsOf("during", 0, 4, 10)
+	e.publish(during...)
+	if _, err := e.pools["b"].Exec(ctx, `DROP TRIGGER refuse ON inbox`); err != nil {
+		t.Fatal(err)
+	}
+	var gaveBack error
+	_, err := MoveWith(ctx, &e.m, 0, e.side("a"), e.side("b"), MoveOptions{JS: e.js, beforeFence: func() {
+		_, gaveBack = UnfenceWith(ctx, &e.m, 0, e.side("a"), e.side("b"), MoveOptions{JS: e.js})
+	}})
+	if gaveBack != nil {
+		t.Fatal(gaveBack)
+	}
+	if err == nil {
+		t.Fatal("the re-run fenced and took a partition given back meanwhile")
+	}
+	t.Logf("the re-run: %v", err)
+	for name, want := range map[string]Set{"a": {0, 1}, "b": {2, 3}} {
+		if got, err := Owned(ctx, e.pools[name], e.m.Scope); err != nil || got.String() != want.String() {
+			t.Errorf("shard %s owns %v (%v), want %v", name, got, err, want)
+		}
 	}
 	e.waitAppliedOrDump("the intents a acked for the hand-off", during...)
 	e.waitHandOffGone(0)

@@ -53,12 +53,22 @@ type MoveOptions struct {
 	// target's durable takes the partition from where it stands, past the
 	// messages the source had not applied.
 	UnsafeNoHandOff bool
+
+	// beforeFence, if set, runs between the hand-off and the fence
+	// (tests race a give-back there).
+	beforeFence func()
 }
 
 // ErrOtherTarget is the error of a move whose source gave the partition to
 // another shard than the move's target: that move must be finished (or the
 // partition moved back to its source) first.
 var ErrOtherTarget = errors.New("shard: the partition was given to another shard")
+
+// ErrMoveFinished is the error of a move, or a give-back, whose target took
+// the partition at a later point than the source's row records: the move
+// finished long ago and the partition may have moved on since (a stale run
+// of the move command). Run jetinbox partitions list to see who owns it.
+var ErrMoveFinished = errors.New("shard: the target took the partition since the source gave it away")
 
 // Move takes partition p from the shard from and gives it to the shard to,
 // while both run:
@@ -103,15 +113,26 @@ func MoveWith(ctx context.Context, m *Map, p int, from, to Side, o MoveOptions) 
 		res.Already = true
 		return res, nil
 	}
+	if !o.UnsafeAnyGivenAway {
+		if err := notTakenSince(ctx, m, p, from, to); err != nil {
+			return res, err
+		}
+	}
 	// 0. With one durable per shard, the hand-off durable first, so that
 	// it exists before the source refuses a message of p.
-	var handOffFrom *uint64
+	var (
+		handOffFrom *uint64
+		sawOwned    bool
+	)
 	if m.ShardDurables {
-		from, err := prepareHandOff(ctx, m, p, from, to, o)
+		start, owned, err := prepareHandOff(ctx, m, p, from, to, o)
 		if err != nil {
 			return res, err
 		}
-		handOffFrom = &from
+		handOffFrom, sawOwned = &start, owned
+	}
+	if o.beforeFence != nil {
+		o.beforeFence()
 	}
 	// 1. The fence.
 	tx, err := from.Pool.Begin(ctx)
@@ -135,6 +156,24 @@ func MoveWith(ctx context.Context, m *Map, p int, from, to Side, o MoveOptions) 
 			return res, err
 		}
 		res.Resumed = true
+		if handOffFrom != nil {
+			// Fenced before the hand-off's start was recorded (a fence of
+			// a durable per partition): record it now.
+			if _, err := tx.Exec(ctx, `UPDATE jetinbox_partitions SET handoff_from = $3 WHERE scope = $1 AND partition = $2 AND NOT owned AND handoff_from IS NULL`, m.Scope, p, handOffFrom); err != nil {
+				return res, fmt.Errorf("shard: source %s: record the hand-off of partition %d: %w", from.Name, p, err)
+			}
+		}
+	} else if m.ShardDurables && !o.UnsafeNoHandOff {
+		// Fenced now, with the row locked: the hand-off made for it must
+		// be this move's still (a give-back in between hands it to the
+		// source under the same lock), and made for an owned row, after
+		// the source's rescue was checked.
+		if !sawOwned {
+			return res, fmt.Errorf("shard: partition %d was given back to %s while the move prepared its hand-off: run the move again", p, from.Name)
+		}
+		if err := handOffStill(ctx, m, o.JS, p, from.Name, to.Name); err != nil {
+			return res, err
+		}
 	}
 	// The fence must be as durable as the target's taking will be: a
 	// resumed move that changed no row writes WAL of its own, so that its
@@ -217,12 +256,13 @@ func copyRows(ctx context.Context, m *Map, p int, from, to Side, o MoveOptions) 
 	if err := moveSettings(ctx, stx); err != nil {
 		return 0, fmt.Errorf("shard: source %s: %w", from.Name, err)
 	}
+	var epoch int64
 	if !o.UnsafeAnyGivenAway {
 		var (
 			owned   bool
 			movedTo *string
 		)
-		err := stx.QueryRow(ctx, `SELECT owned, moved_to FROM jetinbox_partitions WHERE scope = $1 AND partition = $2 FOR SHARE`, m.Scope, p).Scan(&owned, &movedTo)
+		err := stx.QueryRow(ctx, `SELECT owned, moved_to, epoch FROM jetinbox_partitions WHERE scope = $1 AND partition = $2 FOR SHARE`, m.Scope, p).Scan(&owned, &movedTo, &epoch)
 		if err != nil {
 			return 0, fmt.Errorf("shard: source %s: the row of partition %d: %w", from.Name, p, err)
 		}
@@ -266,9 +306,19 @@ func copyRows(ctx context.Context, m *Map, p int, from, to Side, o MoveOptions) 
 		}
 		after = *end
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO jetinbox_partitions (scope, partition, owned) VALUES ($1, $2, true)
-ON CONFLICT (scope, partition) DO UPDATE SET owned = true, moved_to = NULL, handoff_from = NULL, changed_at = now()`, m.Scope, p); err != nil {
+	// Taken with the source's epoch plus one, over a row of the target's
+	// only if that is older (the unsafe check takes it whatever it holds).
+	take := `INSERT INTO jetinbox_partitions (scope, partition, owned, epoch) VALUES ($1, $2, true, $3)
+ON CONFLICT (scope, partition) DO UPDATE SET owned = true, moved_to = NULL, handoff_from = NULL, epoch = excluded.epoch, changed_at = now()`
+	if !o.UnsafeAnyGivenAway {
+		take += ` WHERE jetinbox_partitions.epoch < excluded.epoch`
+	}
+	tag, err := tx.Exec(ctx, take, m.Scope, p, epoch+1)
+	if err != nil {
 		return copied, fmt.Errorf("shard: take partition %d in the target %s: %w", p, to.Name, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return copied, fmt.Errorf("%w: %s's row of partition %d is newer than %s's: not taken again", ErrMoveFinished, to.Name, p, from.Name)
 	}
 	if err := pgwatch.Commit(ctx, tx); err != nil {
 		return copied, fmt.Errorf("shard: take partition %d in the target %s: %w", p, to.Name, err)
@@ -413,6 +463,9 @@ func UnfenceWith(ctx context.Context, m *Map, p int, src, target Side, o MoveOpt
 		if o {
 			return false, fmt.Errorf("shard: %s owns partition %d (the move to it finished): move it from %s instead", target.Name, p, target.Name)
 		}
+		if err := notTakenSince(ctx, m, p, src, target); err != nil {
+			return false, err
+		}
 	}
 	if m.ShardDurables {
 		if err := retargetHandOff(ctx, m, o.JS, p, src.Name); err != nil {
@@ -426,6 +479,32 @@ func UnfenceWith(ctx context.Context, m *Map, p int, src, target Side, o MoveOpt
 		return false, fmt.Errorf("shard: give partition %d back to %s: %w", p, src.Name, err)
 	}
 	return true, nil
+}
+
+// notTakenSince fails with [ErrMoveFinished] if to's row of p has a later
+// epoch than from's: to took p after from gave it away, so a move from
+// from to to finished already, and p may have moved on from to since.
+func notTakenSince(ctx context.Context, m *Map, p int, from, to Side) error {
+	epochOf := func(db *pgxpool.Pool) (int64, error) {
+		var e int64
+		err := db.QueryRow(ctx, `SELECT epoch FROM jetinbox_partitions WHERE scope = $1 AND partition = $2`, m.Scope, p).Scan(&e)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, nil
+		}
+		return e, err
+	}
+	fe, err := epochOf(from.Pool)
+	if err != nil {
+		return fmt.Errorf("shard: source %s: %w", from.Name, err)
+	}
+	te, err := epochOf(to.Pool)
+	if err != nil {
+		return fmt.Errorf("shard: target %s: %w", to.Name, err)
+	}
+	if te > fe {
+		return fmt.Errorf("%w: %s took partition %d after %s gave it away (a move finished; run jetinbox partitions list)", ErrMoveFinished, to.Name, p, from.Name)
+	}
+	return nil
 }
 
 func owns(ctx context.Context, db *pgxpool.Pool, scope string, p int) (bool, error) {

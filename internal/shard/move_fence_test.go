@@ -362,3 +362,41 @@ func waitFencedAndTaking(t *testing.T, pools map[string]*pgxpool.Pool, scope str
 		}
 	}
 }
+
+// TestStaleMoveRerunRefused: a move run again long after it finished,
+// once its target moved the partition on, is refused (the target's row is
+// newer than the source's), and so is giving the partition back to the
+// first source: one owner. Without the epoch the re-run made the first
+// target an owner beside the second.
+func TestStaleMoveRerunRefused(t *testing.T) {
+	ctx := context.Background()
+	m := threeShards()
+	pools := newShardPools(t, &m)
+	side := func(n string) Side { return Side{n, pools[n]} }
+	if _, err := Move(ctx, &m, 0, side("a"), side("b")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Move(ctx, &m, 0, side("b"), side("c")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Move(ctx, &m, 0, side("a"), side("b")); !errors.Is(err, ErrMoveFinished) {
+		t.Errorf("the first move run again: %v, want ErrMoveFinished", err)
+	}
+	if _, err := Unfence(ctx, &m, 0, side("a"), side("b")); !errors.Is(err, ErrMoveFinished) {
+		t.Errorf("giving it back to a: %v, want ErrMoveFinished", err)
+	}
+	if o := owners(t, &m, pools, 0); len(o) != 1 || o[0] != "c" {
+		t.Errorf("partition 0 owned by %v, want [c]", o)
+	}
+	// Moves on from the owner still go through, back to a shard that had
+	// it before too.
+	if _, err := Move(ctx, &m, 0, side("c"), side("a")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Move(ctx, &m, 0, side("a"), side("b")); err != nil {
+		t.Fatal(err)
+	}
+	if o := owners(t, &m, pools, 0); len(o) != 1 || o[0] != "b" {
+		t.Errorf("partition 0 owned by %v, want [b]", o)
+	}
+}

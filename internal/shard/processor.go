@@ -69,8 +69,10 @@ func (p *Processor) Process(ctx context.Context, msgs []inbox.Message) ([]inbox.
 }
 
 // HandOffProcessor returns the processor a hand-off durable's consumer
-// runs: p, except that it never acks a message as handed off. A hand-off
-// is where such messages go; settling one there unapplied would lose it.
+// runs (with a batcher of its own: a batcher runs all its batches through
+// one processor): p, except that it never acks a message as handed off. A
+// hand-off is where such messages go; settling one there unapplied would
+// lose it.
 func (p *Processor) HandOffProcessor() jsinbox.BatchProcessor { return handOffProcessor{p} }
 
 type handOffProcessor struct{ *Processor }
@@ -93,6 +95,13 @@ func (p *Processor) process(ctx context.Context, msgs []inbox.Message, handedOff
 			// Settled here, applied by the partition's owner, to which its
 			// hand-off durable delivers it.
 			o = inbox.Outcome{Status: inbox.StatusDuplicate, Reason: fmt.Sprintf("partition %d handed off from stream sequence %d", part, handedOff[part])}
+		case !owned[part] && part < len(handedOff) && handedOff[part] > 0:
+			// Before the hand-off's start: it can reach this shard only
+			// through a max-deliveries rescue that came after the move,
+			// and no shard reads it any more. Dead-lettered with the way
+			// to the owner, never left to retry for ever.
+			err = inbox.Permanent(fmt.Errorf("partition %d was handed off to its new owner from stream sequence %d; this earlier message reached the old owner after the move: re-drive it (jetinbox dlq -shards FILE -redrive -id ID) for the new owner", part, handedOff[part]))
+			o = inbox.Outcome{Status: inbox.StatusRejected, Cause: inbox.CausePermanent, Reason: inbox.SanitizeReason(err.Error()), Err: err}
 		case !owned[part]:
 			err = fmt.Errorf("%w: partition %d", ErrNotOwned, part)
 			// Not the message's fault: on its last delivery it is left

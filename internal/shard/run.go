@@ -80,6 +80,23 @@ type partitionRun struct {
 	done   chan struct{}
 	mu     sync.Mutex
 	c      *jsinbox.Consumer
+	// stopBatcher, if set, stops the run's own batcher once its consumer
+	// returned (a hand-off's).
+	stopBatcher func()
+}
+
+// stop ends the run and waits for it.
+func (pr *partitionRun) stop() {
+	pr.cancel()
+	pr.wait()
+}
+
+// wait waits for a cancelled run, then stops its own batcher.
+func (pr *partitionRun) wait() {
+	<-pr.done
+	if pr.stopBatcher != nil {
+		pr.stopBatcher()
+	}
 }
 
 // Running returns the partitions whose consumers run now.
@@ -313,6 +330,6 @@ func (r *Runner) stopAll() {
 		pr.cancel()
 	}
 	for _, pr := range all {
-		<-pr.done
+		pr.wait()
 	}
 }
