@@ -60,7 +60,7 @@ func TestCancelledSyncWaitsThroughFailover(t *testing.T) {
 		}
 	}
 
-	p, err := f.Primary(ctx)
+	p, err := f.WaitPrimary(ctx, 2*time.Minute)
 	if err != nil || p < 0 {
 		t.Fatalf("primary %d: %v", p, err)
 	}

@@ -408,7 +408,7 @@ func (r *pgRun) worker(ctx context.Context, js jetstream.JetStream, pool *pgxpoo
 // fault applies one fault, waits until the formation has a primary and a
 // secondary again, and says what happened.
 func (r *pgRun) fault(ctx context.Context, kind string) (string, error) {
-	p, err := r.f.Primary(ctx)
+	p, err := r.f.WaitPrimary(ctx, 2*time.Minute)
 	if err != nil {
 		return "", err
 	}

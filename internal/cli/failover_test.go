@@ -95,7 +95,7 @@ func TestConsumerCommandThroughFailover(t *testing.T) {
 		}
 	}
 	waitReady(http.StatusOK, 30*time.Second)
-	p, err := f.Primary(ctx)
+	p, err := f.WaitPrimary(ctx, 2*time.Minute)
 	if err != nil || p < 0 {
 		t.Fatalf("primary %d: %v", p, err)
 	}
@@ -103,7 +103,7 @@ func TestConsumerCommandThroughFailover(t *testing.T) {
 	publish("during")
 	waitReady(http.StatusServiceUnavailable, time.Minute)
 	waitReady(http.StatusOK, 2*time.Minute)
-	if q, err := f.Primary(ctx); err != nil || q != 1-p {
+	if q, err := f.WaitPrimary(ctx, 2*time.Minute); err != nil || q != 1-p {
 		t.Fatalf("primary after the kill: %d (%v), want %s", q, err, f.Name(1-p))
 	}
 	publish("after")

@@ -424,6 +424,28 @@ func (f *AutoFailover) Primary(ctx context.Context) (int, error) {
 	return -1, nil
 }
 
+// WaitPrimary polls Primary until the formation has one (the monitor's
+// states are briefly in between during a failover) or timeout passes.
+func (f *AutoFailover) WaitPrimary(ctx context.Context, timeout time.Duration) (int, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		p, err := f.Primary(ctx)
+		if err == nil && p >= 0 {
+			return p, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			if err == nil {
+				err = fmt.Errorf("testenv: no primary within %v", timeout)
+			}
+			return -1, err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // URL returns a multi-host connection string for database db, as the
 // superuser, through both nodes' proxies, with
 // target_session_attrs=read-write: pgx tries the hosts in turn and keeps

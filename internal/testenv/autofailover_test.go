@@ -25,14 +25,14 @@ func TestAutoFailoverFormation(t *testing.T) {
 	if !strings.Contains(names, "ANY 1") && !strings.Contains(names, "FIRST 1") {
 		t.Fatalf("synchronous_standby_names = %q: the secondary is not a synchronous standby", names)
 	}
-	before, err := f.Primary(ctx)
+	before, err := f.WaitPrimary(ctx, 2*time.Minute)
 	if err != nil || before < 0 {
 		t.Fatalf("primary %d: %v", before, err)
 	}
 	if err := f.PerformFailover(ctx); err != nil {
 		t.Fatal(err)
 	}
-	after, err := f.Primary(ctx)
+	after, err := f.WaitPrimary(ctx, 2*time.Minute)
 	if err != nil || after != 1-before {
 		t.Fatalf("primary after the failover: %d (was %d): %v", after, before, err)
 	}
