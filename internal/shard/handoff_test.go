@@ -395,11 +395,12 @@ func (e *handOffEnv) waitAppliedOrDump(what string, ids ...string) {
 	}
 }
 
-// TestUnfenceReadsTheHandOff: a move whose copy fails leaves the partition
-// fenced at its source, which acks what still reaches it of the partition
-// unapplied, for the hand-off. Given back, the source reads the hand-off
-// itself: nothing it acked there is lost, and the hand-off ends.
-func TestUnfenceReadsTheHandOff(t *testing.T) {
+// newFailedMove runs shards a (partitions 0-1) and b (2-3), applies an
+// intent in each, and moves partition 0 from a to b with b's inbox
+// refusing every insert (trigger "refuse"): the copy fails after the
+// fence. It returns the intents applied first.
+func newFailedMove(t *testing.T) (*handOffEnv, []string) {
+	t.Helper()
 	ctx := context.Background()
 	e := newHandOffEnv(t, 4, Set{0, 1}, Set{2, 3})
 	e.start("a")
@@ -414,6 +415,16 @@ CREATE TRIGGER refuse BEFORE INSERT ON inbox FOR EACH ROW EXECUTE FUNCTION refus
 	if _, err := MoveWith(ctx, &e.m, 0, e.side("a"), e.side("b"), MoveOptions{JS: e.js}); err == nil {
 		t.Fatal("the move with a failing copy succeeded")
 	}
+	return e, warm
+}
+
+// TestUnfenceReadsTheHandOff: a move whose copy fails leaves the partition
+// fenced at its source, which acks what still reaches it of the partition
+// unapplied, for the hand-off. Given back, the source reads the hand-off
+// itself: nothing it acked there is lost, and the hand-off ends.
+func TestUnfenceReadsTheHandOff(t *testing.T) {
+	ctx := context.Background()
+	e, warm := newFailedMove(t)
 	// Fenced at a, taken by nobody: a acks these unapplied, for the
 	// hand-off, once its runner has read its row.
 	during := idsOf("during", 0, 4, 10)
@@ -492,19 +503,7 @@ func TestProcessorAfterAHandOff(t *testing.T) {
 // what it acked there unapplied is applied once.
 func TestGiveBackDuringARerun(t *testing.T) {
 	ctx := context.Background()
-	e := newHandOffEnv(t, 4, Set{0, 1}, Set{2, 3})
-	e.start("a")
-	e.start("b")
-	warm := append(idsOf("warm0", 0, 4, 1), idsOf("warm2", 2, 4, 1)...)
-	e.publish(warm...)
-	e.waitApplied("the first intents", warm...)
-	if _, err := e.pools["b"].Exec(ctx, `CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'disk full'; END $$;
-CREATE TRIGGER refuse BEFORE INSERT ON inbox FOR EACH ROW EXECUTE FUNCTION refuse()`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := MoveWith(ctx, &e.m, 0, e.side("a"), e.side("b"), MoveOptions{JS: e.js}); err == nil {
-		t.Fatal("the move with a failing copy succeeded")
-	}
+	e, warm := newFailedMove(t)
 	during := idsOf("during", 0, 4, 10)
 	e.publish(during...)
 	if _, err := e.pools["b"].Exec(ctx, `DROP TRIGGER refuse ON inbox`); err != nil {
