@@ -106,6 +106,13 @@ func prepareHandOff(ctx context.Context, m *Map, p int, from, to Side, o MoveOpt
 	default:
 		md := c.CachedInfo().Config.Metadata
 		switch {
+		case !owned && md[metaHandOffFrom] == from.Name && md[metaHandOffTo] == from.Name && movedTo != nil && *movedTo == to.Name:
+			// A give-back that handed the hand-off to the source and
+			// did not commit: nobody has read it; this move's again.
+			if err := retargetUnreturned(ctx, m, o.JS, p, from, to.Name); err != nil {
+				return 0, false, err
+			}
+			return c.CachedInfo().Config.OptStartSeq, false, nil
 		case md[metaHandOffTo] == from.Name && md[metaHandOffTo] != "":
 			// Given back to the source, which reads it to the end.
 			_, err := handOffOf(c.CachedInfo(), p, from.Name, to.Name)
@@ -196,6 +203,32 @@ func deleteUnfencedHandOff(ctx context.Context, m *Map, js jetstream.JetStream, 
 		return fmt.Errorf("shard: replace the hand-off durable %s: %w", m.HandOff(p), err)
 	}
 	return nil
+}
+
+// retargetUnreturned hands partition p's hand-off back to the move's
+// target while the source's row, locked, still says p was given to it: a
+// give-back, which holds the row FOR UPDATE while it hands the hand-off to
+// the source and commits, cannot be undone halfway by this.
+func retargetUnreturned(ctx context.Context, m *Map, js jetstream.JetStream, p int, from Side, to string) error {
+	tx, err := from.Pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("shard: source %s: %w", from.Name, err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // read only
+	if err := moveSettings(ctx, tx); err != nil {
+		return fmt.Errorf("shard: source %s: %w", from.Name, err)
+	}
+	var (
+		owned   bool
+		movedTo *string
+	)
+	if err := tx.QueryRow(ctx, `SELECT owned, moved_to FROM jetinbox_partitions WHERE scope = $1 AND partition = $2 FOR SHARE`, m.Scope, p).Scan(&owned, &movedTo); err != nil {
+		return fmt.Errorf("shard: source %s: %w", from.Name, err)
+	}
+	if owned || movedTo == nil || *movedTo != to {
+		return fmt.Errorf("%w: partition %d was given back to %s meanwhile", ErrHandOffRunning, p, from.Name)
+	}
+	return retargetHandOff(ctx, m, js, p, to)
 }
 
 // handOffStill fails unless partition p's hand-off durable exists and

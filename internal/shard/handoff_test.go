@@ -534,3 +534,31 @@ func TestGiveBackDuringARerun(t *testing.T) {
 		}
 	}
 }
+
+// TestRerunAfterAnUnfinishedGiveBack: a give-back that handed the hand-off
+// to the source but did not commit leaves the partition fenced with a
+// hand-off nobody reads; the move run again hands it back to its target,
+// which reads it: nothing the source acked there is lost.
+func TestRerunAfterAnUnfinishedGiveBack(t *testing.T) {
+	ctx := context.Background()
+	e, warm := newFailedMove(t)
+	during := idsOf("during", 0, 4, 10)
+	e.publish(during...)
+	if err := retargetHandOff(ctx, &e.m, e.js, 0, "a"); err != nil { // the give-back's first step only
+		t.Fatal(err)
+	}
+	if _, err := e.pools["b"].Exec(ctx, `DROP TRIGGER refuse ON inbox`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := MoveWith(ctx, &e.m, 0, e.side("a"), e.side("b"), MoveOptions{JS: e.js}); err != nil {
+		t.Fatalf("the move run again: %v", err)
+	}
+	e.waitAppliedOrDump("the intents a acked for the hand-off", during...)
+	e.waitHandOffGone(0)
+	got := e.applied()
+	for _, id := range append(warm, during...) {
+		if got[id] != 1 {
+			t.Errorf("%s applied %d times", id, got[id])
+		}
+	}
+}
