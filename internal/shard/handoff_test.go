@@ -129,29 +129,19 @@ func (e *handOffEnv) applied() map[string]int {
 	return out
 }
 
-// waitApplied waits (up to two minutes) until every one of ids is applied.
-func (e *handOffEnv) waitApplied(what string, ids ...string) {
+func (e *handOffEnv) side(name string) Side { return Side{name, e.pools[name]} }
+
+// wantOnce fails the test for each of ids not applied exactly once over
+// both shards.
+func (e *handOffEnv) wantOnce(ids ...string) {
 	e.t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		got := e.applied()
-		missing := 0
-		for _, id := range ids {
-			if got[id] == 0 {
-				missing++
-			}
+	got := e.applied()
+	for _, id := range ids {
+		if got[id] != 1 {
+			e.t.Errorf("%s applied %d times over the shards", id, got[id])
 		}
-		if missing == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("%s: %d of %d not applied within 2 minutes", what, missing, len(ids))
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
-
-func (e *handOffEnv) side(name string) Side { return Side{name, e.pools[name]} }
 
 // waitHandOffGone waits (up to two minutes) until partition p's hand-off
 // durable is deleted: its target read it to the end.
@@ -236,12 +226,7 @@ func TestHandOffCoversWhatTheSourceLeft(t *testing.T) {
 			e.waitApplied("partition 0's intents after the move back", back...)
 			all := append(append(append(append(warm, left...), later...), marker...), back...)
 			time.Sleep(300 * time.Millisecond) // a second apply would show now
-			got := e.applied()
-			for _, id := range all {
-				if got[id] != 1 {
-					t.Errorf("%s applied %d times over the shards", id, got[id])
-				}
-			}
+			e.wantOnce(all...)
 		})
 	}
 }
@@ -295,16 +280,9 @@ func TestShardDurablesAcrossMoves(t *testing.T) {
 		}
 	}
 	<-published
-	e.waitAppliedOrDump("every intent", ids...)
+	e.waitApplied("every intent", ids...)
 	time.Sleep(500 * time.Millisecond) // the last redeliveries settle
-	got := e.applied()
-	total := 0
-	for _, id := range ids {
-		if got[id] != 1 {
-			t.Errorf("%s applied %d times over the shards", id, got[id])
-		}
-		total += got[id]
-	}
+	e.wantOnce(ids...)
 	for name, p := range e.pools {
 		var outside int
 		if err := p.QueryRow(ctx, `SELECT count(*) FROM applied WHERE NOT owned`).Scan(&outside); err != nil || outside != 0 {
@@ -316,7 +294,7 @@ func TestShardDurablesAcrossMoves(t *testing.T) {
 			t.Errorf("shard %s owns %v (%v), want %v", name, got, err, want)
 		}
 	}
-	t.Logf("%d intents applied once each; the move back of partition 0 waited for its hand-off %d times", total, refused)
+	t.Logf("%d intents applied once each; the move back of partition 0 waited for its hand-off %d times", len(ids), refused)
 }
 
 // TestMoveWaitsForTheSourcesRescue: a move whose source has a
@@ -357,9 +335,10 @@ func TestMoveWaitsForTheSourcesRescue(t *testing.T) {
 	t.Logf("refused first: %v", refused)
 }
 
-// waitAppliedOrDump is waitApplied that, on failure, says which intents
-// are missing, of which partitions, and what every durable holds.
-func (e *handOffEnv) waitAppliedOrDump(what string, ids ...string) {
+// waitApplied waits (up to two minutes) until every one of ids is applied;
+// on failure it says which are missing, of which partitions, and what
+// every durable holds.
+func (e *handOffEnv) waitApplied(what string, ids ...string) {
 	e.t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
@@ -448,14 +427,9 @@ func TestUnfenceReadsTheHandOff(t *testing.T) {
 	if _, err := UnfenceWith(ctx, &e.m, 0, e.side("a"), e.side("b"), MoveOptions{JS: e.js}); err != nil {
 		t.Fatal(err)
 	}
-	e.waitAppliedOrDump("the intents a acked for the hand-off", during...)
+	e.waitApplied("the intents a acked for the hand-off", during...)
 	e.waitHandOffGone(0)
-	got := e.applied()
-	for _, id := range append(warm, during...) {
-		if got[id] != 1 {
-			t.Errorf("%s applied %d times", id, got[id])
-		}
-	}
+	e.wantOnce(append(warm, during...)...)
 }
 
 // TestProcessorAfterAHandOff: a shard that gave a partition away with a
@@ -525,14 +499,9 @@ func TestGiveBackDuringARerun(t *testing.T) {
 			t.Errorf("shard %s owns %v (%v), want %v", name, got, err, want)
 		}
 	}
-	e.waitAppliedOrDump("the intents a acked for the hand-off", during...)
+	e.waitApplied("the intents a acked for the hand-off", during...)
 	e.waitHandOffGone(0)
-	got := e.applied()
-	for _, id := range append(warm, during...) {
-		if got[id] != 1 {
-			t.Errorf("%s applied %d times", id, got[id])
-		}
-	}
+	e.wantOnce(append(warm, during...)...)
 }
 
 // TestRerunAfterAnUnfinishedGiveBack: a give-back that handed the hand-off
@@ -553,12 +522,7 @@ func TestRerunAfterAnUnfinishedGiveBack(t *testing.T) {
 	if _, err := MoveWith(ctx, &e.m, 0, e.side("a"), e.side("b"), MoveOptions{JS: e.js}); err != nil {
 		t.Fatalf("the move run again: %v", err)
 	}
-	e.waitAppliedOrDump("the intents a acked for the hand-off", during...)
+	e.waitApplied("the intents a acked for the hand-off", during...)
 	e.waitHandOffGone(0)
-	got := e.applied()
-	for _, id := range append(warm, during...) {
-		if got[id] != 1 {
-			t.Errorf("%s applied %d times", id, got[id])
-		}
-	}
+	e.wantOnce(append(warm, during...)...)
 }
