@@ -169,12 +169,7 @@ func TestHandOffCoversWhatTheSourceLeft(t *testing.T) {
 	for _, unsafe := range []bool{false, true} {
 		t.Run(map[bool]string{false: "hand-off", true: "unsafe no hand-off"}[unsafe], func(t *testing.T) {
 			ctx := context.Background()
-			e := newHandOffEnv(t, 4, Set{0, 1}, Set{2, 3})
-			e.start("a")
-			e.start("b")
-			warm := append(idsOf("warm0", 0, 4, 1), idsOf("warm2", 2, 4, 1)...)
-			e.publish(warm...)
-			e.waitApplied("the first intents", warm...)
+			e, warm := newRunningPair(t)
 
 			// a stops; partition 0's next intents wait in the stream, and
 			// b's durable passes them while it reads its own partition.
@@ -374,6 +369,19 @@ func (e *handOffEnv) waitApplied(what string, ids ...string) {
 	}
 }
 
+// newRunningPair runs shards a (partitions 0-1) and b (2-3), each with an
+// intent applied (so both durables exist); it returns those intents.
+func newRunningPair(t *testing.T) (*handOffEnv, []string) {
+	t.Helper()
+	e := newHandOffEnv(t, 4, Set{0, 1}, Set{2, 3})
+	e.start("a")
+	e.start("b")
+	warm := append(idsOf("warm0", 0, 4, 1), idsOf("warm2", 2, 4, 1)...)
+	e.publish(warm...)
+	e.waitApplied("the first intents", warm...)
+	return e, warm
+}
+
 // newFailedMove runs shards a (partitions 0-1) and b (2-3), applies an
 // intent in each, and moves partition 0 from a to b with b's inbox
 // refusing every insert (trigger "refuse"): the copy fails after the
@@ -381,12 +389,7 @@ func (e *handOffEnv) waitApplied(what string, ids ...string) {
 func newFailedMove(t *testing.T) (*handOffEnv, []string) {
 	t.Helper()
 	ctx := context.Background()
-	e := newHandOffEnv(t, 4, Set{0, 1}, Set{2, 3})
-	e.start("a")
-	e.start("b")
-	warm := append(idsOf("warm0", 0, 4, 1), idsOf("warm2", 2, 4, 1)...)
-	e.publish(warm...)
-	e.waitApplied("the first intents", warm...)
+	e, warm := newRunningPair(t)
 	if _, err := e.pools["b"].Exec(ctx, `CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'disk full'; END $$;
 CREATE TRIGGER refuse BEFORE INSERT ON inbox FOR EACH ROW EXECUTE FUNCTION refuse()`); err != nil {
 		t.Fatal(err)
